@@ -1,0 +1,43 @@
+# goep: two commands matter. `make run` runs the main job (ep-bench on the GPUs
+# when there are any, else on the host backend); `make test` runs the tests.
+
+GO        ?= go
+DEVBIN    ?= .devbin
+BENCH_ARGS ?= doctor
+# Never NVLink multicast: it can take shared GPUs out of service.
+export NCCL_NVLS_ENABLE := 0
+
+# Packages whose test binaries hold GPU tests (they skip without a GPU).
+GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels
+
+.PHONY: all build test vet run device-bin clean
+
+all: build
+
+build:
+	$(GO) build ./...
+
+vet:
+	$(GO) vet ./...
+
+# go vet + every test, race detector on. Kernels are compiled by NVRTC when it
+# is installed (CI installs Debian's libnvrtc11.2 and sets GOEP_REQUIRE_NVRTC=1).
+test: vet
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+run:
+	$(GO) run ./bench/cmd/ep-bench $(BENCH_ARGS)
+
+# Binaries for a GPU machine that has no Go toolchain: ep-bench and the GPU
+# test binaries, stripped, linux/amd64. scripts/device-run.sh runs them there.
+device-bin:
+	@mkdir -p $(DEVBIN)
+	GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) build -trimpath -ldflags='-s -w' -o $(DEVBIN)/ep-bench ./bench/cmd/ep-bench
+	@for p in $(GPU_TEST_PKGS); do \
+		n=$$(basename $$p); \
+		GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/$$n.test $$p || exit 1; \
+	done
+	@ls -la $(DEVBIN)
+
+clean:
+	rm -rf $(DEVBIN)

@@ -1,0 +1,5 @@
+package bench
+
+import "syscall"
+
+func syscallClose(fd int) { _ = syscall.Close(fd) }

@@ -1,0 +1,143 @@
+package device
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Args packs kernel parameters the way the CUDA ABI lays them out: each value
+// at its natural alignment in one byte buffer. The CUDA backend hands the
+// buffer to the driver; the host backend's Go kernels read the same values
+// back by index, so a kernel's parameter list is written once.
+//
+// An Args is reusable (Reset) so hot paths do not allocate.
+type Args struct {
+	buf     []byte
+	offsets []uint32
+	kinds   []argKind
+}
+
+type argKind uint8
+
+const (
+	kindPtr argKind = iota + 1
+	kindU32
+	kindU64
+	kindF32
+)
+
+func (k argKind) String() string {
+	switch k {
+	case kindPtr:
+		return "pointer"
+	case kindU32:
+		return "32-bit integer"
+	case kindU64:
+		return "64-bit integer"
+	case kindF32:
+		return "float32"
+	}
+	return "unknown"
+}
+
+// NewArgs returns an empty argument list with room for n parameters.
+func NewArgs(n int) *Args {
+	return &Args{buf: make([]byte, 0, 8*n), offsets: make([]uint32, 0, n), kinds: make([]argKind, 0, n)}
+}
+
+// Reset empties the list, keeping its storage.
+func (a *Args) Reset() *Args {
+	a.buf, a.offsets, a.kinds = a.buf[:0], a.offsets[:0], a.kinds[:0]
+	return a
+}
+
+func (a *Args) put(kind argKind, size int, v uint64) *Args {
+	off := (len(a.buf) + size - 1) &^ (size - 1)
+	for len(a.buf) < off+size {
+		a.buf = append(a.buf, 0)
+	}
+	if size == 4 {
+		binary.LittleEndian.PutUint32(a.buf[off:], uint32(v))
+	} else {
+		binary.LittleEndian.PutUint64(a.buf[off:], v)
+	}
+	a.offsets = append(a.offsets, uint32(off))
+	a.kinds = append(a.kinds, kind)
+	return a
+}
+
+// Ptr appends a device pointer.
+func (a *Args) Ptr(p uintptr) *Args { return a.put(kindPtr, 8, uint64(p)) }
+
+// U32 appends an unsigned 32-bit integer.
+func (a *Args) U32(v uint32) *Args { return a.put(kindU32, 4, uint64(v)) }
+
+// I32 appends a signed 32-bit integer.
+func (a *Args) I32(v int32) *Args { return a.put(kindU32, 4, uint64(uint32(v))) }
+
+// U64 appends an unsigned 64-bit integer.
+func (a *Args) U64(v uint64) *Args { return a.put(kindU64, 8, v) }
+
+// I64 appends a signed 64-bit integer.
+func (a *Args) I64(v int64) *Args { return a.put(kindU64, 8, uint64(v)) }
+
+// F32 appends a float32.
+func (a *Args) F32(v float32) *Args { return a.put(kindF32, 4, uint64(math.Float32bits(v))) }
+
+// Len is the number of parameters.
+func (a *Args) Len() int { return len(a.offsets) }
+
+// Bytes is the packed parameter buffer; Offsets gives each parameter's offset.
+func (a *Args) Bytes() []byte { return a.buf }
+
+// Offsets gives the byte offset of each parameter in Bytes.
+func (a *Args) Offsets() []uint32 { return a.offsets }
+
+func (a *Args) at(i int, want argKind) (int, error) {
+	if i < 0 || i >= len(a.offsets) {
+		return 0, fmt.Errorf("kernel argument %d out of range (have %d)", i, len(a.offsets))
+	}
+	if a.kinds[i] != want {
+		return 0, fmt.Errorf("kernel argument %d is a %v, read as a %v", i, a.kinds[i], want)
+	}
+	return int(a.offsets[i]), nil
+}
+
+// The readers below are for host kernels. They panic on a mismatch because a
+// mismatch is a bug in a kernel's Go twin, and the host backend turns a host
+// kernel's panic into an error naming the kernel.
+
+// GetPtr reads parameter i as a pointer.
+func (a *Args) GetPtr(i int) uintptr { return uintptr(a.get64(i, kindPtr)) }
+
+// GetU64 reads parameter i as an unsigned 64-bit integer.
+func (a *Args) GetU64(i int) uint64 { return a.get64(i, kindU64) }
+
+// GetI64 reads parameter i as a signed 64-bit integer.
+func (a *Args) GetI64(i int) int64 { return int64(a.get64(i, kindU64)) }
+
+// GetU32 reads parameter i as an unsigned 32-bit integer.
+func (a *Args) GetU32(i int) uint32 { return a.get32(i, kindU32) }
+
+// GetI32 reads parameter i as a signed 32-bit integer.
+func (a *Args) GetI32(i int) int32 { return int32(a.get32(i, kindU32)) }
+
+// GetF32 reads parameter i as a float32.
+func (a *Args) GetF32(i int) float32 { return math.Float32frombits(a.get32(i, kindF32)) }
+
+func (a *Args) get64(i int, k argKind) uint64 {
+	off, err := a.at(i, k)
+	if err != nil {
+		panic(err)
+	}
+	return binary.LittleEndian.Uint64(a.buf[off:])
+}
+
+func (a *Args) get32(i int, k argKind) uint32 {
+	off, err := a.at(i, k)
+	if err != nil {
+		panic(err)
+	}
+	return binary.LittleEndian.Uint32(a.buf[off:])
+}

@@ -1,0 +1,447 @@
+package device
+
+import (
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/goep-dev/goep/internal/cuda"
+	"github.com/goep-dev/goep/kernels"
+)
+
+// CUDADeviceCount loads the driver and counts GPUs; the error says why there
+// are none to use (no driver, no device).
+func CUDADeviceCount() (int, error) {
+	if err := cuda.Load(); err != nil {
+		return 0, err
+	}
+	return cuda.DeviceCount()
+}
+
+// cudaDevice is one GPU through its primary context.
+type cudaDevice struct {
+	info     Info
+	dev      cuda.Device
+	ctx      *cuda.Context
+	target   kernels.Target
+	compiler *kernels.Compiler
+	stream   *cudaStream
+
+	mu      sync.Mutex
+	closed  bool
+	allocs  map[uintptr]int
+	imports map[uintptr]cudaImport
+	modules map[string]*cuda.Module
+	funcs   sync.Map // kernel name -> *cuda.Function
+}
+
+// cudaImport remembers how a peer buffer was opened, to close it the same way.
+type cudaImport struct {
+	ipc     bool          // opened with cuIpcOpenMemHandle
+	peerCtx *cuda.Context // retained peer context (same-process import)
+}
+
+// OpenCUDA opens GPU ordinal through its primary context, with the process's
+// default kernel compiler.
+func OpenCUDA(ordinal int) (Device, error) {
+	return OpenCUDAWith(ordinal, kernels.Default())
+}
+
+// OpenCUDAWith is OpenCUDA with a chosen kernel compiler.
+func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error) {
+	n, err := CUDADeviceCount()
+	if err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("device cuda:%d: no such GPU (%d visible)", ordinal, n)
+	}
+	dev, err := cuda.GetDevice(ordinal)
+	if err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	d := &cudaDevice{dev: dev, compiler: compiler, allocs: map[uintptr]int{}, imports: map[uintptr]cudaImport{}, modules: map[string]*cuda.Module{}}
+	d.info = Info{Kind: CUDA, Ordinal: ordinal}
+	if d.info.Name, err = dev.Name(); err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	if d.info.SMs, err = dev.MultiprocessorCount(); err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	if d.info.Major, d.info.Minor, err = dev.ComputeCapability(); err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	mem, err := dev.TotalMem()
+	if err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	d.info.MemoryBytes = uint64(mem)
+	if d.info.PCIBusID, err = dev.PCIBusID(); err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	d.target = kernels.Target{Major: d.info.Major, Minor: d.info.Minor}
+	if d.ctx, err = dev.Retain(); err != nil {
+		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
+	}
+	s, err := cuda.NewStream(d.ctx, cuda.StreamNonBlocking, 0)
+	if err != nil {
+		_ = d.ctx.Release()
+		return nil, fmt.Errorf("device cuda:%d: default stream: %w", ordinal, err)
+	}
+	d.stream = &cudaStream{s: s, owned: true}
+	return d, nil
+}
+
+func (d *cudaDevice) Info() Info { return d.info }
+
+// Context is the GPU's primary context, for layers that need CUDA-only
+// features (mapped host memory, VMM, stream memory operations).
+func (d *cudaDevice) Context() *cuda.Context { return d.ctx }
+
+func (d *cudaDevice) errorf(format string, a ...any) error {
+	return fmt.Errorf("device cuda:%d: "+format, append([]any{d.info.Ordinal}, a...)...)
+}
+
+func (d *cudaDevice) Alloc(size int) (Buffer, error) {
+	if size < 0 {
+		return Buffer{}, d.errorf("alloc of %d bytes", size)
+	}
+	if size == 0 {
+		return Buffer{}, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return Buffer{}, ErrClosed
+	}
+	p, err := cuda.MemAlloc(d.ctx, size)
+	if err != nil {
+		return Buffer{}, d.errorf("alloc %d bytes: %w", size, err)
+	}
+	d.allocs[uintptr(p)] = size
+	return Buffer{Ptr: uintptr(p), Size: size}, nil
+}
+
+func (d *cudaDevice) Free(b Buffer) error {
+	if b.Ptr == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	_, ok := d.allocs[b.Ptr]
+	delete(d.allocs, b.Ptr)
+	d.mu.Unlock()
+	if !ok {
+		return d.errorf("free of %#x, which this device did not allocate", b.Ptr)
+	}
+	if err := cuda.MemFree(d.ctx, cuda.DevicePtr(b.Ptr)); err != nil {
+		return d.errorf("free %#x: %w", b.Ptr, err)
+	}
+	return nil
+}
+
+func (d *cudaDevice) CopyIn(dst uintptr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	if err := cuda.MemcpyHtoD(d.ctx, cuda.DevicePtr(dst), src); err != nil {
+		return d.errorf("copy %d bytes in: %w", len(src), err)
+	}
+	return nil
+}
+
+func (d *cudaDevice) CopyOut(dst []byte, src uintptr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := cuda.MemcpyDtoH(d.ctx, dst, cuda.DevicePtr(src)); err != nil {
+		return d.errorf("copy %d bytes out: %w", len(dst), err)
+	}
+	return nil
+}
+
+func (d *cudaDevice) stream0(s Stream) (*cuda.Stream, error) {
+	if s == nil {
+		return d.stream.s, nil
+	}
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return nil, d.errorf("stream of another backend (%T)", s)
+	}
+	return cs.s, nil
+}
+
+func (d *cudaDevice) CopyAsync(dst, src uintptr, n int, s Stream) error {
+	cs, err := d.stream0(s)
+	if err != nil || n == 0 {
+		return err
+	}
+	if err := cuda.MemcpyDtoDAsync(cuda.DevicePtr(dst), cuda.DevicePtr(src), n, cs); err != nil {
+		return d.errorf("copy %d bytes: %w", n, err)
+	}
+	return nil
+}
+
+func (d *cudaDevice) MemsetAsync(dst uintptr, v byte, n int, s Stream) error {
+	cs, err := d.stream0(s)
+	if err != nil || n == 0 {
+		return err
+	}
+	if err := cuda.MemsetD8Async(cuda.DevicePtr(dst), v, n, cs); err != nil {
+		return d.errorf("memset %d bytes: %w", n, err)
+	}
+	return nil
+}
+
+// Function returns a kernel by name, compiling (or loading from the cache)
+// and loading its module on first use.
+func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
+	if f, ok := d.funcs.Load(name); ok {
+		return f.(*cuda.Function), nil
+	}
+	m, ok := kernels.ModuleForKernel(name)
+	if !ok {
+		return nil, d.errorf("kernel %s is in no registered module", name)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	mod := d.modules[m.Name]
+	if mod == nil {
+		c, err := d.compiler.Compile(m, d.target)
+		if err != nil {
+			return nil, d.errorf("%w", err)
+		}
+		if mod, err = cuda.ModuleLoadData(d.ctx, c.CUBIN); err != nil {
+			return nil, d.errorf("load module %s: %w", m.Name, err)
+		}
+		d.modules[m.Name] = mod
+	}
+	f, err := mod.Function(name)
+	if err != nil {
+		return nil, d.errorf("kernel %s: %w", name, err)
+	}
+	d.funcs.Store(name, f)
+	return f, nil
+}
+
+func (d *cudaDevice) Launch(name string, grid, block Dim3, smem int, s Stream, args *Args) error {
+	cs, err := d.stream0(s)
+	if err != nil {
+		return err
+	}
+	f, err := d.Function(name)
+	if err != nil {
+		return err
+	}
+	if err := cuda.LaunchPacked(f, dim3(grid), dim3(block), smem, cs, args.Bytes(), args.Offsets()); err != nil {
+		return d.errorf("launch %s: %w", name, err)
+	}
+	return nil
+}
+
+func dim3(d Dim3) cuda.Dim3 {
+	one := func(v int) uint32 {
+		if v <= 0 {
+			return 1
+		}
+		return uint32(v)
+	}
+	return cuda.Dim3{X: one(d.X), Y: one(d.Y), Z: one(d.Z)}
+}
+
+type cudaStream struct {
+	s     *cuda.Stream
+	owned bool
+}
+
+func (s *cudaStream) Handle() uintptr    { return s.s.Handle() }
+func (s *cudaStream) Synchronize() error { return s.s.Synchronize() }
+func (s *cudaStream) Close() error {
+	if !s.owned {
+		return nil
+	}
+	return s.s.Destroy()
+}
+
+// WrapStream makes an engine's CUstream usable as a Stream; closing it does
+// not destroy it.
+func WrapStream(d Device, handle uintptr) (Stream, error) {
+	cd, ok := d.(*cudaDevice)
+	if !ok {
+		return d.DefaultStream(), nil
+	}
+	return &cudaStream{s: cuda.WrapStream(cd.ctx, handle)}, nil
+}
+
+func (d *cudaDevice) DefaultStream() Stream { return d.stream }
+
+func (d *cudaDevice) NewStream() (Stream, error) {
+	s, err := cuda.NewStream(d.ctx, cuda.StreamNonBlocking, 0)
+	if err != nil {
+		return nil, d.errorf("new stream: %w", err)
+	}
+	return &cudaStream{s: s, owned: true}, nil
+}
+
+type cudaEvent struct{ e *cuda.Event }
+
+func (e *cudaEvent) Record(s Stream) error {
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return fmt.Errorf("event: stream of another backend (%T)", s)
+	}
+	return e.e.Record(cs.s)
+}
+func (e *cudaEvent) Synchronize() error { return e.e.Synchronize() }
+func (e *cudaEvent) Close() error       { return e.e.Destroy() }
+
+func (d *cudaDevice) NewEvent() (Event, error) {
+	e, err := cuda.NewEvent(d.ctx, 0)
+	if err != nil {
+		return nil, d.errorf("new event: %w", err)
+	}
+	return &cudaEvent{e}, nil
+}
+
+func (d *cudaDevice) Elapsed(a, b Event) (time.Duration, error) {
+	ea, ok1 := a.(*cudaEvent)
+	eb, ok2 := b.(*cudaEvent)
+	if !ok1 || !ok2 {
+		return 0, d.errorf("elapsed between events of another backend")
+	}
+	ms, err := cuda.ElapsedTime(ea.e, eb.e)
+	if err != nil {
+		return 0, d.errorf("elapsed: %w", err)
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+}
+
+// A CUDA export carries the owner's process id, GPU ordinal, address, size
+// and a legacy IPC handle. An importer in another process opens the IPC
+// handle; an importer in the same process (goroutine ranks) cannot open its
+// own process's IPC handle, so it uses peer access to the owner's GPU and the
+// address itself, which is valid everywhere under unified addressing.
+const cudaShareTag = "cuda1"
+
+func (d *cudaDevice) Export(b Buffer) (Shared, error) {
+	d.mu.Lock()
+	_, ok := d.allocs[b.Ptr]
+	d.mu.Unlock()
+	if !ok {
+		return nil, d.errorf("export of %#x, which this device did not allocate", b.Ptr)
+	}
+	ipc, err := cuda.IpcGetMemHandle(d.ctx, cuda.DevicePtr(b.Ptr))
+	if err != nil {
+		return nil, d.errorf("export: %w", err)
+	}
+	o := len(cudaShareTag)
+	h := make([]byte, o+24+len(ipc))
+	copy(h, cudaShareTag)
+	binary.LittleEndian.PutUint32(h[o:], uint32(os.Getpid()))
+	binary.LittleEndian.PutUint32(h[o+4:], uint32(d.info.Ordinal))
+	binary.LittleEndian.PutUint64(h[o+8:], uint64(b.Ptr))
+	binary.LittleEndian.PutUint64(h[o+16:], uint64(b.Size))
+	copy(h[o+24:], ipc[:])
+	return h, nil
+}
+
+func (d *cudaDevice) Import(h Shared) (Buffer, error) {
+	o := len(cudaShareTag)
+	var ipc [cuda.IpcHandleSize]byte
+	if len(h) != o+24+len(ipc) || string(h[:o]) != cudaShareTag {
+		return Buffer{}, d.errorf("import: not a CUDA-backend export")
+	}
+	pid := binary.LittleEndian.Uint32(h[o:])
+	owner := int(binary.LittleEndian.Uint32(h[o+4:]))
+	b := Buffer{Ptr: uintptr(binary.LittleEndian.Uint64(h[o+8:])), Size: int(binary.LittleEndian.Uint64(h[o+16:]))}
+	copy(ipc[:], h[o+24:])
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return Buffer{}, ErrClosed
+	}
+	if pid != uint32(os.Getpid()) {
+		p, err := cuda.IpcOpenMemHandle(d.ctx, ipc)
+		if err != nil {
+			return Buffer{}, d.errorf("import from process %d (GPU %d): %w", pid, owner, err)
+		}
+		b.Ptr = uintptr(p)
+		d.imports[b.Ptr] = cudaImport{ipc: true}
+		return b, nil
+	}
+	if owner == d.info.Ordinal {
+		return b, nil // our own memory: nothing to open
+	}
+	peerDev, err := cuda.GetDevice(owner)
+	if err != nil {
+		return Buffer{}, d.errorf("import from GPU %d: %w", owner, err)
+	}
+	peerCtx, err := peerDev.Retain()
+	if err != nil {
+		return Buffer{}, d.errorf("import from GPU %d: %w", owner, err)
+	}
+	if err := d.ctx.EnablePeerAccess(peerCtx); err != nil {
+		_ = peerCtx.Release()
+		return Buffer{}, d.errorf("import from GPU %d: peer access: %w", owner, err)
+	}
+	d.imports[b.Ptr] = cudaImport{peerCtx: peerCtx}
+	return b, nil
+}
+
+func (d *cudaDevice) CloseImport(b Buffer) error {
+	d.mu.Lock()
+	imp, ok := d.imports[b.Ptr]
+	delete(d.imports, b.Ptr)
+	d.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	return d.closeImport(b.Ptr, imp)
+}
+
+func (d *cudaDevice) closeImport(p uintptr, imp cudaImport) error {
+	if imp.ipc {
+		return cuda.IpcCloseMemHandle(d.ctx, cuda.DevicePtr(p))
+	}
+	if imp.peerCtx != nil {
+		return imp.peerCtx.Release()
+	}
+	return nil
+}
+
+func (d *cudaDevice) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	var errs []error
+	keep := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	keep(d.ctx.Synchronize())
+	for p, imp := range d.imports {
+		keep(d.closeImport(p, imp))
+	}
+	for p := range d.allocs {
+		keep(cuda.MemFree(d.ctx, cuda.DevicePtr(p)))
+	}
+	for _, m := range d.modules {
+		keep(m.Unload())
+	}
+	keep(d.stream.Close())
+	keep(d.ctx.Release())
+	d.imports, d.allocs, d.modules = nil, nil, nil
+	if len(errs) > 0 {
+		return d.errorf("close: %v", errs)
+	}
+	return nil
+}

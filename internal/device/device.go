@@ -1,0 +1,131 @@
+package device
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind names a backend.
+type Kind string
+
+const (
+	// CUDA runs kernels on an NVIDIA GPU.
+	CUDA Kind = "cuda"
+	// Host runs the Go twins of the kernels on host memory (goroutine ranks).
+	Host Kind = "host"
+)
+
+// ParseKind accepts "cuda", "host" and "auto" ("" means auto). Auto picks
+// CUDA when a GPU is usable, else Host; the reason CUDA was not picked comes
+// back so callers can say it plainly.
+func ParseKind(s string) (kind Kind, why string, err error) {
+	switch s {
+	case "cuda":
+		return CUDA, "", nil
+	case "host":
+		return Host, "", nil
+	case "", "auto":
+		n, err := CUDADeviceCount()
+		if err != nil {
+			return Host, err.Error(), nil
+		}
+		if n == 0 {
+			return Host, "the NVIDIA driver reports no GPU", nil
+		}
+		return CUDA, "", nil
+	}
+	return "", "", fmt.Errorf("backend %q: want cuda, host or auto", s)
+}
+
+// Dim3 is a launch grid or block shape.
+type Dim3 struct{ X, Y, Z int }
+
+// D1 is a one-dimensional Dim3.
+func D1(x int) Dim3 { return Dim3{x, 1, 1} }
+
+// Info describes the device behind a Device.
+type Info struct {
+	Kind         Kind
+	Ordinal      int
+	Name         string
+	SMs          int
+	MemoryBytes  uint64
+	Major, Minor int // compute capability; 0.0 on the host backend
+	PCIBusID     string
+}
+
+// Buffer is a span of device memory.
+type Buffer struct {
+	Ptr  uintptr
+	Size int
+}
+
+// Stream orders work on one device.
+type Stream interface {
+	// Handle is the backend's stream handle (a CUstream on CUDA, 0 on host).
+	Handle() uintptr
+	Synchronize() error
+	Close() error
+}
+
+// Event marks a point in a stream, for timing and cross-stream ordering.
+type Event interface {
+	Record(s Stream) error
+	Synchronize() error
+	Close() error
+}
+
+// Shared is a serialisable handle to a Buffer that another rank can Import.
+type Shared []byte
+
+// Device is one rank's accelerator. Methods may be called from any goroutine;
+// the CUDA backend binds its context inside every call.
+type Device interface {
+	Info() Info
+
+	Alloc(size int) (Buffer, error)
+	Free(b Buffer) error
+
+	// CopyIn and CopyOut are synchronous host<->device copies for setup and
+	// checks; the hot paths launch kernels instead.
+	CopyIn(dst uintptr, src []byte) error
+	CopyOut(dst []byte, src uintptr) error
+	// CopyAsync copies n bytes device-to-device (also to a peer's imported
+	// buffer) in stream order; MemsetAsync fills n bytes.
+	CopyAsync(dst, src uintptr, n int, s Stream) error
+	MemsetAsync(dst uintptr, value byte, n int, s Stream) error
+
+	// Launch runs the kernel with this name (CUDA: from package kernels; host:
+	// its registered Go twin).
+	Launch(kernel string, grid, block Dim3, sharedMem int, s Stream, args *Args) error
+
+	DefaultStream() Stream
+	NewStream() (Stream, error)
+	NewEvent() (Event, error)
+	Elapsed(start, end Event) (time.Duration, error)
+
+	// Export makes b importable by other ranks on the same host; Import opens
+	// a peer's export and CloseImport releases it.
+	Export(b Buffer) (Shared, error)
+	Import(h Shared) (Buffer, error)
+	CloseImport(b Buffer) error
+
+	// Close frees everything this Device allocated or imported.
+	Close() error
+}
+
+// ErrClosed is returned by a Device used after Close.
+var ErrClosed = errors.New("device is closed")
+
+// Open opens the device of the given kind and ordinal (the GPU index on
+// CUDA, the rank on host).
+func Open(kind Kind, ordinal int) (Device, error) {
+	switch kind {
+	case CUDA:
+		return OpenCUDA(ordinal)
+	case Host:
+		return OpenHost(ordinal), nil
+	}
+	return nil, fmt.Errorf("device: unknown backend %q", kind)
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs every GPU check, test binary and benchmark built by `make device-bin`
+# on a GPU machine that has no Go toolchain. Logs go to $OUT (default ./out)
+# as one archive; a short table is printed last.
+#
+#   scripts/device-run.sh [step ...]      steps: doctor launch cuda device kernels bench (default: all)
+#
+# The kernel cache lives in .devcache/ (GOEP_KERNEL_CACHE); its archive comes
+# back as $OUT/kernel-cache.tgz so the next run can carry it and skip compiles.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+BIN=${BIN:-$PWD/.devbin}
+LOGS=$(mktemp -d)
+mkdir -p "$OUT" .devcache/kernels
+export NCCL_NVLS_ENABLE=0 # never NVLink multicast
+export GOEP_KERNEL_CACHE=$PWD/.devcache/kernels
+[ -f .devcache/kernel-cache.tgz ] && tar -xzf .devcache/kernel-cache.tgz -C .devcache/kernels 2>/dev/null
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+STEPS=${*:-doctor launch cuda device kernels bench}
+declare -a TABLE
+
+step() { # name, command...
+	local name=$1; shift
+	local t0=$SECONDS
+	echo "=== $name: $*" | tee -a "$LOGS/all.log"
+	"$@" >"$LOGS/$name.log" 2>&1
+	local rc=$?
+	local skips fails
+	skips=$(grep -c -- '--- SKIP' "$LOGS/$name.log")
+	fails=$(grep -c -- '--- FAIL' "$LOGS/$name.log")
+	TABLE+=("$(printf '%-10s rc=%-3s %4ss  fails=%s skips=%s' "$name" "$rc" $((SECONDS - t0)) "$fails" "$skips")")
+	tail -n 40 "$LOGS/$name.log"
+}
+
+{ nvidia-smi; nvidia-smi topo -m; } >"$LOGS/nvidia-smi.log" 2>&1
+for s in $STEPS; do
+	case $s in
+	doctor) step doctor "$BIN/ep-bench" doctor --json "$LOGS/doctor.json" ;;
+	launch) [ "$NGPU" -gt 1 ] && step launch "$BIN/ep-bench" launch -n "$NGPU" -- doctor --json "$LOGS/doctor-launch.json" ;;
+	cuda) step cuda "$BIN/cuda.test" -test.v -test.count=1 -test.timeout=8m ;;
+	device) step device "$BIN/device.test" -test.v -test.count=1 -test.timeout=8m ;;
+	kernels) step kernels "$BIN/kernels.test" -test.v -test.count=1 -test.timeout=8m ;;
+	bench) step bench "$BIN/cuda.test" -test.run '^$' -test.bench . -test.benchtime=20000x ;;
+	*) echo "unknown step $s" ;;
+	esac
+done
+
+tar -czf "$OUT/kernel-cache.tgz" -C .devcache/kernels . 2>/dev/null
+tar -czf "$OUT/logs.tgz" -C "$LOGS" .
+printf '%s\n' "${TABLE[@]}" | tee "$OUT/summary.txt"

@@ -1,0 +1,47 @@
+package launch
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"os"
+	"sync"
+)
+
+// maxLine bounds the memory one line may take; a longer "line" is emitted in
+// pieces, each prefixed.
+const maxLine = 1 << 20
+
+// output serialises whole lines from all children onto the two writers, so
+// lines never interleave mid-line.
+type output struct {
+	mu             sync.Mutex
+	stdout, stderr io.Writer
+}
+
+func newOutput(stdout, stderr io.Writer) *output {
+	return &output{stdout: stdout, stderr: stderr}
+}
+
+// copyLines reads r until EOF or until r is closed, writing each line to w
+// with prefix.
+func (o *output) copyLines(r *os.File, w io.Writer, prefix string) {
+	br := bufio.NewReaderSize(r, maxLine)
+	buf := make([]byte, 0, 256)
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(chunk) > 0 {
+			buf = append(buf[:0], prefix...)
+			buf = append(buf, chunk...)
+			if buf[len(buf)-1] != '\n' { // over-long line, or the last one without newline
+				buf = append(buf, '\n')
+			}
+			o.mu.Lock()
+			w.Write(buf) // a broken writer must not stop us draining the child
+			o.mu.Unlock()
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return
+		}
+	}
+}

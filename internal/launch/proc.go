@@ -1,0 +1,219 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// child is one running rank.
+type child struct {
+	rank  int
+	cmd   *exec.Cmd
+	pipes []*os.File // read ends of stdout and stderr
+}
+
+type job struct {
+	opts     Options
+	out      *output
+	children []*child
+	readers  sync.WaitGroup
+}
+
+// start launches rank in its own process group, so that signalling the group
+// reaches whatever it spawned, and so that a terminal's Ctrl-C reaches the
+// launcher only, which forwards it.
+func (j *job) start(rank int, env []string) error {
+	cmd := exec.Command(j.opts.Executable, j.opts.Args...)
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setpgid: true,
+		// If the launcher dies without cleaning up (SIGKILL), take the
+		// child with it. (Go does not retire the OS threads that fork.)
+		Pdeathsig: syscall.SIGKILL,
+	}
+	c := &child{rank: rank, cmd: cmd}
+	prefix := fmt.Sprintf("[rank %d] ", rank)
+	// Our copies of the write ends must be closed once the child has its
+	// own, or the readers would never see EOF.
+	var writeEnds []*os.File
+	defer func() {
+		for _, f := range writeEnds {
+			f.Close()
+		}
+	}()
+	for range 2 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			c.closePipes()
+			return err
+		}
+		c.pipes = append(c.pipes, r)
+		writeEnds = append(writeEnds, w)
+	}
+	cmd.Stdout, cmd.Stderr = writeEnds[0], writeEnds[1]
+	if err := cmd.Start(); err != nil {
+		c.closePipes()
+		return err
+	}
+	j.children = append(j.children, c)
+	for i, r := range c.pipes {
+		w := j.opts.Stdout
+		if i == 1 {
+			w = j.opts.Stderr
+		}
+		j.readers.Add(1)
+		go func() {
+			defer j.readers.Done()
+			j.out.copyLines(r, w, prefix)
+		}()
+	}
+	return nil
+}
+
+func (c *child) closePipes() {
+	for _, f := range c.pipes {
+		f.Close()
+	}
+}
+
+// signalAll signals every child's process group, including groups whose
+// leader already exited: their descendants may still be there.
+func (j *job) signalAll(sig syscall.Signal) {
+	for _, c := range j.children {
+		syscall.Kill(-c.cmd.Process.Pid, sig) // ESRCH: the group is gone
+	}
+}
+
+// abort kills whatever was started when starting the job failed midway.
+func (j *job) abort() {
+	j.signalAll(syscall.SIGKILL)
+	for _, c := range j.children {
+		c.cmd.Wait()
+	}
+	j.drain()
+}
+
+type exitInfo struct {
+	rank  int
+	state *os.ProcessState
+}
+
+// supervise waits for every child, stopping the job on the first failure or
+// when ctx ends, and reports the outcome.
+func (j *job) supervise(ctx context.Context) error {
+	exits := make(chan exitInfo, len(j.children))
+	for _, c := range j.children {
+		go func() {
+			c.cmd.Wait() // the state carries the outcome; the error adds nothing
+			exits <- exitInfo{c.rank, c.cmd.ProcessState}
+		}()
+	}
+	var (
+		failure   *RankError
+		interrupt error
+		stopping  bool
+		stopBy    time.Time
+		killTimer <-chan time.Time
+		running   = len(j.children)
+		ctxDone   = ctx.Done()
+	)
+	stop := func(sig syscall.Signal) {
+		stopping = true
+		stopBy = time.Now().Add(j.opts.GracePeriod)
+		killTimer = time.After(j.opts.GracePeriod)
+		j.signalAll(sig)
+	}
+	for running > 0 {
+		select {
+		case e := <-exits:
+			running--
+			if !stopping && !e.state.Success() {
+				failure = rankError(e, running, len(j.children)-1)
+				stop(syscall.SIGTERM)
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			if !stopping {
+				interrupt = ctx.Err()
+				stop(forwardedSignal(ctx))
+			}
+		case <-killTimer:
+			killTimer = nil
+			j.signalAll(syscall.SIGKILL)
+		}
+	}
+	if stopping {
+		j.reapGroups(stopBy)
+	}
+	j.drain()
+	switch {
+	case failure != nil:
+		return failure
+	case interrupt != nil:
+		cause := context.Cause(ctx)
+		return fmt.Errorf("launch: %w (%v); stopped %d %s: %w", errInterrupted, cause, len(j.children), plural(len(j.children), "rank"), interrupt)
+	}
+	return nil
+}
+
+// reapGroups waits, until the grace deadline, for the descendants left in the
+// children's process groups to go, then kills what remains.
+func (j *job) reapGroups(deadline time.Time) {
+	for time.Now().Before(deadline) {
+		alive := false
+		for _, c := range j.children {
+			if groupAlive(c.cmd.Process.Pid) {
+				alive = true
+				break
+			}
+		}
+		if !alive {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	j.signalAll(syscall.SIGKILL)
+}
+
+// drainTimeout bounds how long output is read after the children exited: a
+// descendant that outlives its rank may keep the pipe open indefinitely.
+const drainTimeout = 2 * time.Second
+
+func (j *job) drain() {
+	done := make(chan struct{})
+	go func() {
+		j.readers.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(drainTimeout):
+	}
+	for _, c := range j.children {
+		c.closePipes() // unblocks readers still waiting
+	}
+	<-done
+}
+
+func rankError(e exitInfo, stopped, others int) *RankError {
+	re := &RankError{Rank: e.rank, ExitCode: e.state.ExitCode(), Stopped: stopped, Others: others}
+	if ws, ok := e.state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		re.Signal = ws.Signal()
+	}
+	return re
+}
+
+// forwardedSignal picks what to send the children when ctx ends: SIGINT if
+// ctx came from signal.NotifyContext and an interrupt ended it (its cause
+// then reads "interrupt signal received"), SIGTERM otherwise.
+func forwardedSignal(ctx context.Context) syscall.Signal {
+	if cause := context.Cause(ctx); cause != nil && cause.Error() == syscall.SIGINT.String()+" signal received" {
+		return syscall.SIGINT
+	}
+	return syscall.SIGTERM
+}

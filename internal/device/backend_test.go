@@ -248,3 +248,70 @@ func TestEventsTimeWork(t *testing.T) {
 		})
 	}
 }
+
+func TestHostMappedFlagWrittenByKernel(t *testing.T) {
+	for kind := range backends(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			d, err := device.Open(kind, 0)
+			require.NoError(t, err)
+			defer d.Close()
+			m, err := d.AllocHostMapped(64)
+			require.NoError(t, err)
+			for i := range m.Host {
+				m.Host[i] = 0
+			}
+			v := rand.Uint32() | 1
+			require.NoError(t, d.Launch("goep_write_host_flag", device.D1(1), device.D1(32), 0, nil,
+				device.NewArgs(2).Ptr(m.Dev+8).U32(v)))
+			require.NoError(t, d.DefaultStream().Synchronize())
+			require.Equal(t, v, binary.LittleEndian.Uint32(m.Host[8:]))
+			require.Equal(t, uint32(0), binary.LittleEndian.Uint32(m.Host[0:]), "neighbouring word untouched")
+			require.NoError(t, d.FreeHostMapped(m))
+			require.Error(t, d.FreeHostMapped(m), "double free is refused")
+		})
+	}
+}
+
+// A captured graph replays its work: poison the buffer between replays and
+// check every replay restores the pattern.
+func TestCapturedGraphReplays(t *testing.T) {
+	for kind := range backends(t) {
+		t.Run(string(kind), func(t *testing.T) {
+			d, err := device.Open(kind, 0)
+			require.NoError(t, err)
+			defer d.Close()
+			s, err := d.NewStream()
+			require.NoError(t, err)
+			defer s.Close()
+			const n = 1 << 16
+			buf, err := d.Alloc(4 * n)
+			require.NoError(t, err)
+			seed := rand.Uint32()
+			g, err := d.Capture(s, func() error {
+				if err := d.MemsetAsync(buf.Ptr, 0, 4*n, s); err != nil {
+					return err
+				}
+				return d.Launch("goep_fill_pattern", device.D1(64), device.D1(256), 0, s,
+					device.NewArgs(3).Ptr(buf.Ptr).U64(n).U32(seed))
+			})
+			require.NoError(t, err)
+			defer g.Close()
+			want := make([]uint32, n)
+			kernels.FillPattern(want, seed)
+			poison := make([]byte, 4*n)
+			for i := range poison {
+				poison[i] = 0xEE
+			}
+			for rep := 0; rep < 100; rep++ {
+				require.NoError(t, d.CopyIn(buf.Ptr, poison))
+				require.NoError(t, g.Launch(s))
+				require.NoError(t, s.Synchronize())
+				if rep%10 == 0 || rep == 99 {
+					got := make([]byte, 4*n)
+					require.NoError(t, d.CopyOut(got, buf.Ptr))
+					require.Equal(t, want, u32s(got), "replay %d", rep)
+				}
+			}
+		})
+	}
+}

@@ -32,6 +32,7 @@ type cudaDevice struct {
 	mu      sync.Mutex
 	closed  bool
 	allocs  map[uintptr]int
+	mapped  map[uintptr]*cuda.HostBuffer
 	imports map[uintptr]cudaImport
 	modules map[string]*cuda.Module
 	funcs   sync.Map // kernel name -> *cuda.Function
@@ -62,7 +63,7 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 	if err != nil {
 		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
 	}
-	d := &cudaDevice{dev: dev, compiler: compiler, allocs: map[uintptr]int{}, imports: map[uintptr]cudaImport{}, modules: map[string]*cuda.Module{}}
+	d := &cudaDevice{dev: dev, compiler: compiler, allocs: map[uintptr]int{}, mapped: map[uintptr]*cuda.HostBuffer{}, imports: map[uintptr]cudaImport{}, modules: map[string]*cuda.Module{}}
 	d.info = Info{Kind: CUDA, Ordinal: ordinal}
 	if d.info.Name, err = dev.Name(); err != nil {
 		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
@@ -434,14 +435,91 @@ func (d *cudaDevice) Close() error {
 	for p := range d.allocs {
 		keep(cuda.MemFree(d.ctx, cuda.DevicePtr(p)))
 	}
+	for _, hb := range d.mapped {
+		keep(hb.Free())
+	}
 	for _, m := range d.modules {
 		keep(m.Unload())
 	}
 	keep(d.stream.Close())
 	keep(d.ctx.Release())
-	d.imports, d.allocs, d.modules = nil, nil, nil
+	d.imports, d.allocs, d.mapped, d.modules = nil, nil, nil, nil
 	if len(errs) > 0 {
 		return d.errorf("close: %v", errs)
 	}
 	return nil
+}
+
+func (d *cudaDevice) AllocHostMapped(size int) (HostMapped, error) {
+	if size <= 0 {
+		return HostMapped{}, d.errorf("host-mapped alloc of %d bytes", size)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return HostMapped{}, ErrClosed
+	}
+	hb, err := cuda.HostAlloc(d.ctx, size, cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	if err != nil {
+		return HostMapped{}, d.errorf("host-mapped alloc %d bytes: %w", size, err)
+	}
+	p, err := hb.DevicePointer()
+	if err != nil {
+		_ = hb.Free()
+		return HostMapped{}, d.errorf("host-mapped alloc: %w", err)
+	}
+	d.mapped[uintptr(p)] = hb
+	return HostMapped{Host: hb.Bytes(), Dev: uintptr(p)}, nil
+}
+
+func (d *cudaDevice) FreeHostMapped(m HostMapped) error {
+	d.mu.Lock()
+	hb, ok := d.mapped[m.Dev]
+	delete(d.mapped, m.Dev)
+	d.mu.Unlock()
+	if !ok {
+		return d.errorf("free of host-mapped %#x, which this device did not allocate", m.Dev)
+	}
+	return hb.Free()
+}
+
+type cudaGraph struct{ exec *cuda.GraphExec }
+
+func (g *cudaGraph) Launch(s Stream) error {
+	cs, ok := s.(*cudaStream)
+	if !ok {
+		return fmt.Errorf("graph: stream of another backend (%T)", s)
+	}
+	return g.exec.Launch(cs.s)
+}
+
+func (g *cudaGraph) Close() error { return g.exec.Destroy() }
+
+// Capture uses relaxed capture mode: goroutines move between OS threads, so
+// the thread-scoped modes would judge calls by the wrong thread.
+func (d *cudaDevice) Capture(s Stream, issue func() error) (Graph, error) {
+	cs, err := d.stream0(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.BeginCapture(cuda.CaptureModeRelaxed); err != nil {
+		return nil, d.errorf("begin capture: %w", err)
+	}
+	issueErr := issue()
+	g, err := cs.EndCapture()
+	if issueErr != nil || err != nil {
+		if g != nil {
+			_ = g.Destroy()
+		}
+		if issueErr != nil {
+			return nil, d.errorf("capture: %w", issueErr)
+		}
+		return nil, d.errorf("end capture: %w", err)
+	}
+	defer g.Destroy()
+	exec, err := g.Instantiate()
+	if err != nil {
+		return nil, d.errorf("instantiate graph: %w", err)
+	}
+	return &cudaGraph{exec}, nil
 }

@@ -76,6 +76,18 @@ type Event interface {
 	Close() error
 }
 
+// HostMapped is pinned host memory mapped into the device's address space.
+type HostMapped struct {
+	Host []byte
+	Dev  uintptr
+}
+
+// Graph is a captured sequence of stream work.
+type Graph interface {
+	Launch(s Stream) error
+	Close() error
+}
+
 // Shared is a serialisable handle to a Buffer that another rank can Import.
 type Shared []byte
 
@@ -110,6 +122,16 @@ type Device interface {
 	Export(b Buffer) (Shared, error)
 	Import(h Shared) (Buffer, error)
 	CloseImport(b Buffer) error
+
+	// AllocHostMapped allocates pinned host memory that kernels can address:
+	// the host reads and writes Host while kernels use Dev. Kernels report
+	// timeouts and flags there without a copy.
+	AllocHostMapped(size int) (HostMapped, error)
+	FreeHostMapped(m HostMapped) error
+
+	// Capture records what issue() enqueues on s into a graph that can be
+	// replayed. On the host backend, a replay calls issue again.
+	Capture(s Stream, issue func() error) (Graph, error)
 
 	// Close frees everything this Device allocated or imported.
 	Close() error

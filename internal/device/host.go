@@ -214,3 +214,28 @@ func (d *hostDevice) Close() error {
 	d.allocs = nil
 	return first
 }
+
+// Host-mapped memory on the host backend is ordinary device memory: kernels
+// and the host see the same pages.
+func (d *hostDevice) AllocHostMapped(size int) (HostMapped, error) {
+	b, err := d.Alloc(size)
+	if err != nil {
+		return HostMapped{}, err
+	}
+	return HostMapped{Host: HostSlice[byte](b.Ptr, size), Dev: b.Ptr}, nil
+}
+
+func (d *hostDevice) FreeHostMapped(m HostMapped) error {
+	return d.Free(Buffer{Ptr: m.Dev, Size: len(m.Host)})
+}
+
+// hostGraph replays a capture by issuing the same work again: host streams
+// execute as they are issued, so there is nothing to record.
+type hostGraph struct{ issue func() error }
+
+func (g *hostGraph) Launch(Stream) error { return g.issue() }
+func (g *hostGraph) Close() error        { return nil }
+
+func (d *hostDevice) Capture(_ Stream, issue func() error) (Graph, error) {
+	return &hostGraph{issue}, nil
+}

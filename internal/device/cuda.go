@@ -149,6 +149,11 @@ func (d *cudaDevice) CopyIn(dst uintptr, src []byte) error {
 	if err := cuda.MemcpyHtoD(d.ctx, cuda.DevicePtr(dst), src); err != nil {
 		return d.errorf("copy %d bytes in: %w", len(src), err)
 	}
+	// From pageable memory the driver may return before the DMA lands; wait
+	// for it so that work issued next on any stream sees the data.
+	if err := d.ctx.NullStream().Synchronize(); err != nil {
+		return d.errorf("copy %d bytes in: %w", len(src), err)
+	}
 	return nil
 }
 

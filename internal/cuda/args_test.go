@@ -149,3 +149,10 @@ func cints[T ~int32](s []T) []int {
 	}
 	return out
 }
+
+func TestLaunchPackedOffsetsChecked(t *testing.T) {
+	// Rejected before any driver call, so no GPU (or function) is needed.
+	err := LaunchPacked(&Function{}, Dim3{X: 1}, Dim3{X: 1}, 0, nil, make([]byte, 8), []uint32{0, 8})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "parameter 1 at offset 8 is outside the 8-byte buffer")
+}

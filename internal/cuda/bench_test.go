@@ -14,6 +14,18 @@ func BenchmarkCgoNop(b *testing.B) {
 	}
 }
 
+// BenchmarkContextBind is the cgo crossing plus the context check that
+// every context-bound call does (cuCtxGetCurrent; no switch needed).
+func BenchmarkContextBind(b *testing.B) {
+	ctx := gpuContext(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := bindOnly(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkKernelArgsPack(b *testing.B) {
 	a := NewKernelArgs()
 	b.ReportAllocs()

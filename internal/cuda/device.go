@@ -51,6 +51,7 @@ const (
 	AttrMultiGPUBoard                          DeviceAttribute = 84  // CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD
 	AttrCooperativeLaunch                      DeviceAttribute = 95  // CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH
 	AttrMaxSharedMemoryPerBlockOptin           DeviceAttribute = 97  // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+	AttrCanFlushRemoteWrites                   DeviceAttribute = 98  // CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES
 	AttrVirtualMemoryManagementSupported       DeviceAttribute = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 	AttrHandleTypePosixFileDescriptorSupported DeviceAttribute = 103 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
 	AttrMaxBlocksPerMultiprocessor             DeviceAttribute = 106 // CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -475,8 +478,9 @@ func TestEvents(t *testing.T) {
 
 func TestStreamQuery(t *testing.T) {
 	ctx := gpuContext(t)
-	s := newStream(t, ctx)
 	flag := memAlloc(t, ctx, 4)
+	s := newStream(t, ctx)
+	t.Cleanup(func() { _ = MemsetD32(ctx, flag, 1, 1); _ = s.Synchronize() })
 	require.NoError(t, MemsetD32(ctx, flag, 0, 1))
 	require.NoError(t, s.WaitValue32(flag, 1, WaitValueEQ))
 	done, err := s.Query()
@@ -488,49 +492,65 @@ func TestStreamQuery(t *testing.T) {
 
 func TestStreamMemOps(t *testing.T) {
 	ctx := gpuContext(t)
+	dev := ctx.Device()
+	has64, err := dev.Attribute(AttrCanUse64BitStreamMemOps)
+	require.NoError(t, err)
+	canFlush, err := dev.Attribute(AttrCanFlushRemoteWrites)
+	require.NoError(t, err)
+	canNor, err := dev.Attribute(AttrCanUseStreamWaitValueNor)
+	require.NoError(t, err)
+	t.Logf("64-bit stream mem ops %d, flush remote writes %d, wait NOR %d", has64, canFlush, canNor)
+	waitFlags := WaitValueGEQ
+	if canFlush != 0 {
+		waitFlags |= WaitValueFlush
+	}
+
 	flags := memAlloc(t, ctx, 16) // u32 at +0, u64 at +8
 	out := memAlloc(t, ctx, 8)
 	require.NoError(t, MemsetD32(ctx, flags, 0, 4))
 	require.NoError(t, MemsetD32(ctx, out, 0, 2))
 	a := newStream(t, ctx)
 	b := newStream(t, ctx)
+	// Runs first among the cleanups: releases a stream that a failed test
+	// left waiting, so that freeing memory does not block forever.
+	t.Cleanup(func() {
+		_ = MemcpyHtoD(ctx, flags, AsBytes([]uint32{1, 0xFF, 2, 1})) // satisfies every wait below
+		_ = a.Synchronize()
+	})
 
-	require.NoError(t, a.WaitValue32(flags, 1, WaitValueGEQ))
+	require.NoError(t, a.WaitValue32(flags, 1, waitFlags))
 	require.NoError(t, MemsetD32Async(out, 42, 1, a))
-	require.NoError(t, a.WaitValue64(flags.Add(8), 0x1_0000_0002, WaitValueEQ|WaitValueFlush))
+	require.NoError(t, a.WaitValue32(flags.Add(4), 0xF0, WaitValueAnd))
 	require.NoError(t, MemsetD32Async(out.Add(4), 43, 1, a))
 
-	unblock := func() { // keep a broken test from hanging the stream forever
-		_ = MemsetD32(ctx, flags, 0xFFFFFFFF, 1)
-		_ = MemcpyHtoD(ctx, flags.Add(8), AsBytes([]uint64{0x1_0000_0002}))
-	}
-	if waitStream(t, a, 20*time.Millisecond) {
-		unblock()
-		t.Fatal("stream passed WaitValue32 before the value was written")
-	}
+	require.False(t, waitStream(t, a, 20*time.Millisecond), "stream passed WaitValue32 before the value was written")
 	require.NoError(t, b.WriteValue32(flags, 1, WriteValueDefault))
 	require.NoError(t, b.Synchronize())
-	// a runs up to the 64-bit wait: out[0] becomes 42, out[1] stays 0.
+	// a runs up to the AND wait: out[0] becomes 42, out[1] stays 0.
 	ok := false
 	for i := 0; i < 1000 && !ok; i++ {
 		ok = u32s(readDevice(t, ctx, out, 8))[0] == 42
 	}
-	if !ok {
-		unblock()
-		t.Fatal("WaitValue32 was not released by WriteValue32")
-	}
+	require.True(t, ok, "WaitValue32(GEQ) was not released by WriteValue32")
 	assert.Equal(t, uint32(0), u32s(readDevice(t, ctx, out, 8))[1])
 	done, err := a.Query()
 	require.NoError(t, err)
-	if done {
-		t.Fatal("stream passed WaitValue64 before the value was written")
-	}
-	require.NoError(t, b.WriteValue64(flags.Add(8), 0x1_0000_0002, WriteValueDefault))
-	if !waitStream(t, a, 10*time.Second) {
-		unblock()
-		t.Fatal("WaitValue64 was not released by WriteValue64")
-	}
+	require.False(t, done, "stream passed WaitValue32(AND) before a matching bit was written")
+	require.NoError(t, b.WriteValue32(flags.Add(4), 0x10, WriteValueDefault))
+	require.True(t, waitStream(t, a, 10*time.Second), "WaitValue32(AND) was not released")
 	assert.Equal(t, []uint32{42, 43}, u32s(readDevice(t, ctx, out, 8)))
+
+	if has64 == 0 {
+		err := a.WaitValue64(flags.Add(8), 1, WaitValueEQ)
+		assert.True(t, errors.Is(err, ErrNotSupported), "64-bit ops not advertised, got %v", err)
+		t.Skip("device does not support 64-bit stream memory operations: 32-bit ops checked")
+	}
+	require.NoError(t, a.WaitValue64(flags.Add(8), 0x1_0000_0002, WaitValueEQ))
+	require.NoError(t, MemsetD32Async(out, 44, 1, a))
+	require.False(t, waitStream(t, a, 20*time.Millisecond), "stream passed WaitValue64 before the value was written")
+	require.NoError(t, b.WriteValue64(flags.Add(8), 0x1_0000_0002, WriteValueDefault))
+	require.True(t, waitStream(t, a, 10*time.Second), "WaitValue64 was not released by WriteValue64")
+	assert.Equal(t, uint32(44), u32s(readDevice(t, ctx, out, 8))[0])
 }
 
 func TestStreamWaitOnHostFlag(t *testing.T) {
@@ -544,6 +564,10 @@ func TestStreamWaitOnHostFlag(t *testing.T) {
 	out := memAlloc(t, ctx, 4)
 	require.NoError(t, MemsetD32(ctx, out, 0, 1))
 	s := newStream(t, ctx)
+	t.Cleanup(func() { // release the stream if the test failed half-way
+		binary.NativeEndian.PutUint32(hb.Bytes()[0:4], 7)
+		_ = s.Synchronize()
+	})
 	require.NoError(t, s.WaitValue32(dflag, 7, WaitValueEQ))
 	require.NoError(t, MemsetD32Async(out, 99, 1, s))
 	require.NoError(t, s.WriteValue32(dflag.Add(4), 1234, WriteValueDefault))
@@ -843,4 +867,79 @@ func hexString(b []byte) string {
 		sb.WriteByte(digits[c&15])
 	}
 	return sb.String()
+}
+
+// TestContextBinding checks the bind-inside-the-call design: whatever
+// context the OS thread has current (none, or another device's), each call
+// runs in the context it was given.
+func TestContextBinding(t *testing.T) {
+	dev := requireGPU(t)
+	n, err := DeviceCount()
+	require.NoError(t, err)
+	ctxs := []*Context{retain(t, dev)}
+	if n >= 2 {
+		d1, err := GetDevice(1)
+		require.NoError(t, err)
+		ctxs = append(ctxs, retain(t, d1))
+	} else {
+		t.Log("one GPU: checking rebinding after the thread's context was cleared")
+	}
+
+	runtime.LockOSThread()
+	for i := 0; i < 20; i++ {
+		require.NoError(t, bindOnly(&Context{})) // clear this thread's current context
+		ctx := ctxs[i%len(ctxs)]
+		p, err := MemAlloc(ctx, 4096)
+		require.NoError(t, err)
+		ord, err := PointerDeviceOrdinal(p)
+		require.NoError(t, err)
+		require.Equal(t, ctx.Device().Ordinal(), ord, "allocation landed on the wrong device")
+		require.NoError(t, MemsetD32(ctx, p, uint32(i), 1024))
+		require.Equal(t, uint32(i), u32s(readDevice(t, ctx, p, 4096))[1023])
+		require.NoError(t, MemFree(ctx, p))
+	}
+	runtime.UnlockOSThread()
+
+	// Many goroutines, contexts interleaved on whatever threads they get.
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				ctx := ctxs[(g+i)%len(ctxs)]
+				p, err := MemAlloc(ctx, 256)
+				if err != nil {
+					errs <- err
+					return
+				}
+				ord, err := PointerDeviceOrdinal(p)
+				if err == nil && ord != ctx.Device().Ordinal() {
+					err = fmt.Errorf("goroutine %d: allocation on device %d, want %d", g, ord, ctx.Device().Ordinal())
+				}
+				if err == nil {
+					err = MemsetD8(ctx, p, byte(g), 256)
+				}
+				if err == nil {
+					b := make([]byte, 256)
+					if err = MemcpyDtoH(ctx, b, p); err == nil && b[255] != byte(g) {
+						err = fmt.Errorf("goroutine %d: read %d", g, b[255])
+					}
+				}
+				if ferr := MemFree(ctx, p); err == nil {
+					err = ferr
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
 }

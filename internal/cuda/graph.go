@@ -28,7 +28,7 @@ func (g *Graph) NumNodes() (int, error) {
 func (g *Graph) Instantiate() (*GraphExec, error) {
 	r := C.gc_graph_instantiate(g.ctx.h, g.h)
 	if r.r != 0 {
-		return nil, newError("cuGraphInstantiate", r.r)
+		return nil, newError("cuGraphInstantiateWithFlags", r.r)
 	}
 	return &GraphExec{ctx: g.ctx, ch: g.ctx.h, h: C.uintptr_t(r.v)}, nil
 }

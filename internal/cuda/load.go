@@ -94,7 +94,7 @@ func loadLibrary(path string, override bool) error {
 	stage := C.gc_load(cpath, &buf[0], C.int(len(buf)), &detail)
 	msg := C.GoString(&buf[0])
 	switch stage {
-	case 0, 5: // loaded now, or earlier
+	case 0, 5: // loaded now, or already before
 		return nil
 	case 1:
 		return &DriverError{Path: path, Override: override, Reason: dlopenPrefix + msg}
@@ -132,3 +132,7 @@ func DriverVersion() (int, error) {
 
 // cgoNop crosses into C and back doing nothing (benchmarks the floor).
 func cgoNop() { C.gc_nop() }
+
+// bindOnly makes ctx current the way every context-bound call does, and
+// nothing else (benchmarks the cost of the binding).
+func bindOnly(ctx *Context) error { return check("cuCtxSetCurrent", C.gc_bind(ctx.h)) }

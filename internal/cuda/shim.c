@@ -37,13 +37,13 @@ static void set_err(char *err, int errlen, const char *msg) {
 //   0 ok; 1 dlopen failed (err: dlerror); 2 no cuGetProcAddress_v2 (err: dlerror);
 //   3 cuGetProcAddress_v2 failed (err: symbol, detail: CUresult);
 //   4 symbol missing or version too old (err: symbol, detail: symbol status);
-//   5 already loaded (nothing done).
+//   5 everything resolved, but a library was loaded before: the first one
+//     stays in use and this one is closed again.
 int gc_load(const char *path, char *err, int errlen, int *detail) {
 	void *lib;
 	gcGetProcAddressFn gpa;
 	gc_api table;
 	*detail = 0;
-	if (gc_ready) return 5;
 	dlerror();
 	lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (lib == NULL) {
@@ -75,6 +75,10 @@ int gc_load(const char *path, char *err, int errlen, int *detail) {
 	}
 	GC_API(GC_RESOLVE)
 #undef GC_RESOLVE
+	if (gc_ready) {
+		dlclose(lib);
+		return 5;
+	}
 	gc = table;
 	gc_lib = lib;
 	__atomic_store_n(&gc_ready, 1, __ATOMIC_RELEASE);
@@ -113,6 +117,8 @@ static inline gcResult bind(uintptr_t ctx) {
 	if (cur == (gcCtx)ctx) return GC_SUCCESS;
 	return gc.cuCtxSetCurrent((gcCtx)ctx);
 }
+
+int gc_bind(uintptr_t ctx) { return bind(ctx); }
 
 #define NEED_LOADED(fail) \
 	if (!gc_ready) return fail
@@ -689,7 +695,7 @@ gcRet gc_graph_instantiate(uintptr_t ctx, uintptr_t g) {
 	gcGraphExec ge = NULL;
 	o.r = bind(ctx);
 	if (o.r != GC_SUCCESS) return o;
-	o.r = gc.cuGraphInstantiate(&ge, (gcGraph)g, 0);
+	o.r = gc.cuGraphInstantiateWithFlags(&ge, (gcGraph)g, 0);
 	o.v = (uint64_t)(uintptr_t)ge;
 	return o;
 }

@@ -135,7 +135,11 @@ typedef gcResult (*gcGetProcAddressFn)(const char *symbol, void **pfn,
 // GC_API(X) lists X(name, impl, params): `name` is the plain name passed to
 // cuGetProcAddress_v2, `impl` is the exported symbol that the CUDA 12.0
 // headers bind that name to (the ABI we declare), `params` its parameters.
-// All of them return CUresult.
+// All of them return CUresult. Note that the plain name cuGraphInstantiate
+// resolves (at 11000 and later) to cuGraphInstantiate_v2, the five-argument
+// form with an error-node/log buffer, although the 12.0 header maps the
+// source-level name to cuGraphInstantiateWithFlags; so we ask for
+// cuGraphInstantiateWithFlags by its own name.
 #define GC_API(X)                                                                        \
 	X(cuGetErrorName, cuGetErrorName, (gcResult error, const char **pStr))                  \
 	X(cuGetErrorString, cuGetErrorString, (gcResult error, const char **pStr))              \
@@ -144,7 +148,7 @@ typedef gcResult (*gcGetProcAddressFn)(const char *symbol, void **pfn,
 	X(cuDeviceGetCount, cuDeviceGetCount, (int *count))                                     \
 	X(cuDeviceGet, cuDeviceGet, (gcDevice *device, int ordinal))                           \
 	X(cuDeviceGetName, cuDeviceGetName, (char *name, int len, gcDevice dev))                \
-	X(cuDeviceGetUuid, cuDeviceGetUuid, (gcUuid *uuid, gcDevice dev))                       \
+	X(cuDeviceGetUuid, cuDeviceGetUuid_v2, (gcUuid *uuid, gcDevice dev))                    \
 	X(cuDeviceTotalMem, cuDeviceTotalMem_v2, (size_t *bytes, gcDevice dev))                 \
 	X(cuDeviceGetAttribute, cuDeviceGetAttribute, (int *pi, gcDevAttr attrib, gcDevice dev)) \
 	X(cuDeviceGetPCIBusId, cuDeviceGetPCIBusId, (char *pciBusId, int len, gcDevice dev))    \
@@ -266,7 +270,7 @@ typedef gcResult (*gcGetProcAddressFn)(const char *symbol, void **pfn,
 	  (gcFunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,   \
 	   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,              \
 	   unsigned int sharedMemBytes, gcStream hStream, void **kernelParams))                 \
-	X(cuGraphInstantiate, cuGraphInstantiateWithFlags,                                      \
+	X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags,                             \
 	  (gcGraphExec *phGraphExec, gcGraph hGraph, unsigned long long flags))                 \
 	X(cuGraphLaunch, cuGraphLaunch, (gcGraphExec hGraphExec, gcStream hStream))             \
 	X(cuGraphGetNodes, cuGraphGetNodes, (gcGraph hGraph, gcGraphNode *nodes, size_t *numNodes)) \
@@ -314,6 +318,7 @@ int gc_is_loaded(void);
 const char *gc_error_name(int code);
 const char *gc_error_string(int code);
 int gc_nop(void);
+int gc_bind(uintptr_t ctx); // only the context binding (benchmarks)
 
 // Driver and devices (no context needed).
 int gc_init(unsigned int flags);

@@ -24,15 +24,16 @@ const (
 	WaitValueEQ    WaitValueFlags = 0x1     // CU_STREAM_WAIT_VALUE_EQ: *addr == value
 	WaitValueAnd   WaitValueFlags = 0x2     // CU_STREAM_WAIT_VALUE_AND: (*addr & value) != 0
 	WaitValueNor   WaitValueFlags = 0x3     // CU_STREAM_WAIT_VALUE_NOR: ~(*addr | value) != 0
-	WaitValueFlush WaitValueFlags = 1 << 30 // CU_STREAM_WAIT_VALUE_FLUSH: flush remote writes before continuing
+	WaitValueFlush WaitValueFlags = 1 << 30 // CU_STREAM_WAIT_VALUE_FLUSH: flush remote writes (needs AttrCanFlushRemoteWrites)
 )
 
 // WriteValueFlags are cuStreamWriteValue32/64 flags.
 type WriteValueFlags uint32
 
+// (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER is not offered: the v2 entry
+// points we resolve reject it with CUDA_ERROR_INVALID_VALUE.)
 const (
-	WriteValueDefault         WriteValueFlags = 0x0 // CU_STREAM_WRITE_VALUE_DEFAULT: the write is a release (memory barrier before it)
-	WriteValueNoMemoryBarrier WriteValueFlags = 0x1 // CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
+	WriteValueDefault WriteValueFlags = 0x0 // CU_STREAM_WRITE_VALUE_DEFAULT: the write is a release (memory barrier before it)
 )
 
 // CaptureMode is a CUstreamCaptureMode.
@@ -128,7 +129,8 @@ func (s *Stream) WriteValue32(addr DevicePtr, v uint32, flags WriteValueFlags) e
 		C.gc_stream_write_value32(s.ch, s.h, C.uint64_t(addr), C.uint32_t(v), C.uint(flags)))
 }
 
-// WriteValue64 queues a 64-bit write of v to addr (8-byte aligned).
+// WriteValue64 queues a 64-bit write of v to addr (8-byte aligned); see
+// WaitValue64 for when it is supported.
 func (s *Stream) WriteValue64(addr DevicePtr, v uint64, flags WriteValueFlags) error {
 	return check("cuStreamWriteValue64",
 		C.gc_stream_write_value64(s.ch, s.h, C.uint64_t(addr), C.uint64_t(v), C.uint(flags)))
@@ -141,7 +143,9 @@ func (s *Stream) WaitValue32(addr DevicePtr, v uint32, flags WaitValueFlags) err
 		C.gc_stream_wait_value32(s.ch, s.h, C.uint64_t(addr), C.uint32_t(v), C.uint(flags)))
 }
 
-// WaitValue64 is WaitValue32 for a 64-bit word (8-byte aligned).
+// WaitValue64 is WaitValue32 for a 64-bit word (8-byte aligned). 64-bit
+// stream memory operations need AttrCanUse64BitStreamMemOps; without it the
+// driver returns ErrNotSupported.
 func (s *Stream) WaitValue64(addr DevicePtr, v uint64, flags WaitValueFlags) error {
 	return check("cuStreamWaitValue64",
 		C.gc_stream_wait_value64(s.ch, s.h, C.uint64_t(addr), C.uint64_t(v), C.uint(flags)))

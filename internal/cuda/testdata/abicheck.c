@@ -99,6 +99,15 @@ int main(void) {
 		}                                                                                  \
 	}
 	GC_API(GC_CHECK_MAP)
+	{
+		// The trap that GC_API avoids: the plain name cuGraphInstantiate is
+		// the five-argument cuGraphInstantiate_v2, not ...WithFlags.
+		void *fn = NULL, *v2 = dlsym(lib, "cuGraphInstantiate_v2");
+		CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+		gpa("cuGraphInstantiate", &fn, GC_API_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st);
+		printf("note: cuGraphInstantiate@%d %s cuGraphInstantiate_v2\n", GC_API_VERSION,
+		       (fn != NULL && fn == v2) ? "is" : "is NOT");
+	}
 	printf("run-time mapping: %d entry points, %d mismatches\n", n, bad);
 	return bad ? 1 : 0;
 }

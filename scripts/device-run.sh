@@ -34,15 +34,21 @@ step() { # name, command...
 	tail -n 40 "$LOGS/$name.log"
 }
 
+gotest() { # package dir, binary, args...
+	local dir=$1 bin=$2; shift 2
+	(cd "$dir" && "$BIN/$bin" "$@")
+}
+
 { nvidia-smi; nvidia-smi topo -m; } >"$LOGS/nvidia-smi.log" 2>&1
 for s in $STEPS; do
 	case $s in
 	doctor) step doctor "$BIN/ep-bench" doctor --json "$LOGS/doctor.json" ;;
 	launch) [ "$NGPU" -gt 1 ] && step launch "$BIN/ep-bench" launch -n "$NGPU" -- doctor --json "$LOGS/doctor-launch.json" ;;
-	cuda) step cuda "$BIN/cuda.test" -test.v -test.count=1 -test.timeout=8m ;;
-	device) step device "$BIN/device.test" -test.v -test.count=1 -test.timeout=8m ;;
-	kernels) step kernels "$BIN/kernels.test" -test.v -test.count=1 -test.timeout=8m ;;
-	bench) step bench "$BIN/cuda.test" -test.run '^$' -test.bench . -test.benchtime=20000x ;;
+	# Test binaries run in their package directory, as `go test` does.
+	cuda) step cuda gotest internal/cuda cuda.test -test.v -test.count=1 -test.timeout=8m ;;
+	device) step device gotest internal/device device.test -test.v -test.count=1 -test.timeout=8m ;;
+	kernels) step kernels gotest kernels kernels.test -test.v -test.count=1 -test.timeout=8m ;;
+	bench) step bench gotest internal/cuda cuda.test -test.run '^$' -test.bench . -test.benchtime=20000x ;;
 	*) echo "unknown step $s" ;;
 	esac
 done

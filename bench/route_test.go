@@ -1,0 +1,110 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/ep/routing"
+)
+
+func writeNPY(t *testing.T, idx []int64, tokens, k int, as32 bool) string {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, routing.WriteNPY(&b, idx, tokens, k, as32))
+	path := filepath.Join(t.TempDir(), "topk.npy")
+	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
+	return path
+}
+
+// Hand case: 4 tokens, 2 ranks (experts 0,1 | 2,3), block placement puts
+// tokens 0,1 on rank 0 and 2,3 on rank 1.
+var routeIdx = []int64{
+	0, 1, // rank 0 -> rank 0
+	2, -1, // rank 0 -> rank 1
+	0, 3, // rank 1 -> ranks 0 and 1
+	-1, -1, // rank 1 -> nowhere
+}
+
+func TestRouteCommandTables(t *testing.T) {
+	path := writeNPY(t, routeIdx, 4, 2, true)
+	code, stdout, stderr := run(t, "route", "--topk", path, "--experts", "4", "--ranks", "2", "--hidden", "1024")
+	require.Equal(t, 0, code, stderr)
+	for _, want := range []string{
+		"T=4 K=2 (<i4), E=4 over R=2 ranks (2 experts each), 3 entries masked (-1)",
+		"tokens placed by block",
+		"2048 bytes per token",
+		"imbalance (max/mean): rank tokens received 1.000, rank expert slots 1.200, expert tokens 1.600",
+		"    0:      2      1      1      1",
+	} {
+		assert.Contains(t, stdout, want)
+	}
+	// The traffic matrix in tokens: every pair exchanges one token.
+	i := strings.Index(stdout, "traffic in tokens")
+	require.GreaterOrEqual(t, i, 0)
+	lines := strings.Split(stdout[i:], "\n")
+	assert.Equal(t, []string{"src\\dst", "0", "1"}, strings.Fields(lines[1]))
+	assert.Equal(t, []string{"0", "1", "1"}, strings.Fields(lines[2]))
+	assert.Equal(t, []string{"1", "1", "1"}, strings.Fields(lines[3]))
+}
+
+func TestRouteCommandJSON(t *testing.T) {
+	path := writeNPY(t, routeIdx, 4, 2, false)
+	code, stdout, stderr := run(t, "route", "--topk", path, "--experts", "4", "--ranks", "2", "--hidden", "1024",
+		"--source-rank-of", "cyclic", "--json", "-")
+	require.Equal(t, 0, code, stderr)
+	var rep map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep), stdout)
+	assert.Equal(t, "<i8", rep["dtype"])
+	assert.Equal(t, map[string]any{"kind": "cyclic"}, rep["placement"])
+	// Cyclic: tokens 0,2 on rank 0, tokens 1,3 on rank 1.
+	assert.Equal(t, []any{[]any{2.0, 1.0}, []any{0.0, 1.0}}, rep["matrix_tokens"])
+	assert.Equal(t, []any{[]any{4096.0, 2048.0}, []any{0.0, 2048.0}}, rep["matrix_bytes_bf16"])
+	assert.Equal(t, []any{4096.0, 4096.0}, rep["recv_bytes_bf16"])
+	assert.Equal(t, []any{2048.0, 0.0}, rep["remote_send_bytes_bf16"])
+	assert.Equal(t, 4.0, rep["tokens"])
+	assert.Equal(t, 3.0, rep["masked_entries"])
+
+	out := filepath.Join(t.TempDir(), "route.json")
+	code, stdout, _ = run(t, "route", "--topk", path, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:1", "--json", out)
+	require.Equal(t, 0, code)
+	assert.Contains(t, stdout, "tokens placed by rank:1")
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	assert.Equal(t, []any{[]any{0.0, 0.0}, []any{2.0, 2.0}}, rep["matrix_tokens"])
+}
+
+func TestRouteCommandErrors(t *testing.T) {
+	good := writeNPY(t, routeIdx, 4, 2, false)
+	badID := writeNPY(t, []int64{0, 1, 2, 9}, 2, 2, false)
+	fortran := filepath.Join(t.TempDir(), "f.npy")
+	hdr := "{'descr': '<i8', 'fortran_order': True, 'shape': (1, 1), }"
+	hdr += strings.Repeat(" ", 128-10-len(hdr)-1) + "\n"
+	require.NoError(t, os.WriteFile(fortran, append([]byte("\x93NUMPY\x01\x00\x76\x00"+hdr), make([]byte, 8)...), 0o644))
+	cases := []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--experts", "4", "--ranks", "2"}, "--topk FILE, --experts and --ranks are required"},
+		{[]string{"--topk", good, "--ranks", "2"}, "are required"},
+		{[]string{"--topk", filepath.Join(t.TempDir(), "nope.npy"), "--experts", "4", "--ranks", "2"}, "no such file"},
+		{[]string{"--topk", fortran, "--experts", "4", "--ranks", "2"}, "fortran_order is True"},
+		{[]string{"--topk", badID, "--experts", "4", "--ranks", "2"}, "topk_idx[1][1] = 9"},
+		{[]string{"--topk", good, "--experts", "6", "--ranks", "4"}, "do not divide evenly"},
+		{[]string{"--topk", good, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:2"}, "only 2 ranks"},
+		{[]string{"--topk", good, "--experts", "4", "--ranks", "2", "--source-rank-of", "striped"}, "want block, cyclic or rank:N"},
+		{[]string{"--topk", good, "--experts", "4", "--ranks", "2", "--hidden", "-1"}, "--hidden"},
+	}
+	for _, c := range cases {
+		code, _, stderr := run(t, append([]string{"route"}, c.args...)...)
+		assert.Equal(t, 1, code, c.msg)
+		assert.Contains(t, stderr, c.msg)
+	}
+}

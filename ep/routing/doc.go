@@ -1,0 +1,19 @@
+// Package routing describes MoE routings (topk_idx) and computes the
+// dispatch layout from them: how many tokens each rank and each expert
+// receives and which ranks each token goes to.
+//
+// A routing is topk_idx[T, K], row-major, as int64 (what torch.topk returns)
+// or int32; -1 marks an unused slot. E experts are spread evenly over R
+// ranks: rank r owns experts [r*E/R, (r+1)*E/R).
+//
+// The package has three parts:
+//
+//   - host types and validation (Shape, Routing), a routing generator that
+//     matches DeepEP's tests (Generate), and a plain-Go reference layout
+//     (ReferenceLayout, CountLayout) that the host backend's kernel twin and
+//     every GPU check use;
+//   - LaunchLayout, which validates a device-side routing's shape and
+//     launches the layout kernel (kernels/layout.cu) on either backend;
+//   - offline analysis of recorded routings: .npy files (ReadNPY, WriteNPY)
+//     and per-rank/per-expert load and rank-to-rank traffic (Analyze).
+package routing

@@ -18,7 +18,7 @@ export GOEP_KERNEL_CACHE=$PWD/.devcache/kernels
 [ -f .devcache/kernel-cache.tgz ] && tar -xzf .devcache/kernel-cache.tgz -C .devcache/kernels 2>/dev/null
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-STEPS=${*:-doctor launch cuda device kernels bench}
+STEPS=${*:-doctor launch cuda device kernels bench routing layout}
 declare -a TABLE
 
 step() { # name, command...
@@ -49,6 +49,12 @@ for s in $STEPS; do
 	device) step device gotest internal/device device.test -test.v -test.count=1 -test.timeout=8m ;;
 	kernels) step kernels gotest kernels kernels.test -test.v -test.count=1 -test.timeout=8m ;;
 	bench) step bench gotest internal/cuda cuda.test -test.run '^$' -test.bench . -test.benchtime=20000x ;;
+	routing) step routing gotest ep/routing routing.test -test.v -test.count=1 -test.timeout=8m ;;
+	layout)
+		step layout-bench gotest ep/routing routing.test -test.run '^$' -test.bench BenchmarkLayoutKernel -test.benchtime 20000x
+		step layout "$BIN/ep-bench" layout --tokens 128,512,4096,8192 --json "$LOGS/layout.json"
+		;;
+	epbench) step epbench gotest bench bench.test -test.v -test.count=1 -test.timeout=8m ;;
 	*) echo "unknown step $s" ;;
 	esac
 done

@@ -1,5 +1,49 @@
-// Package channels is the communication layer under EP and the collectives:
-// communicator, registered memory, connections, semaphores, memory channels
-// and port channels. The bootstrap that ranks meet through is in
-// channels/bootstrap. (Being built.)
+// Package channels is the communication layer under EP, the collectives
+// and the plan executor, after MSCCL++'s channel model. Ranks meet through
+// channels/bootstrap; this package gives each rank a Communicator over its
+// Bootstrap and its device.Device:
+//
+//   - Registered memory. RegisterMemory makes an allocation reachable by
+//     peers; RegisteredMemory serialises to a handle (a CUDA IPC handle
+//     across processes, peer access between goroutine ranks, an address on
+//     the host backend) that SendMemory / RecvMemory / ExchangeMemory carry
+//     and OpenMemory maps, once per allocation, until Close.
+//   - Connections (Connect, ConnectAll): one interface (Write,
+//     UpdateAndSync, Flush) over transports: CUDA IPC (GPUs of one host,
+//     copy engines) and host memory (goroutine ranks of the host backend);
+//     IB verbs and TCP come with port channels.
+//   - Semaphores: MemorySemaphore (device to device: signal is a release
+//     add on the peer's inbound token over mapped memory, wait spins with
+//     acquire loads on a monotonic expected counter kept in device memory)
+//     and HostSemaphore (the host signals the peer's device through the
+//     connection; the device waits or polls).
+//   - Memory channels: a semaphore plus the memory it moves data between
+//     (the peer's and this rank's buffers, and LL packet buffers with their
+//     flag counters). Kernels use them through kernels/channel_device.cuh:
+//     put/get of byte ranges by any group of threads, signal/wait/poll, and
+//     LL16/LL8 packets whose flags the kernels advance themselves, so CUDA
+//     graphs replay without any host action. NewMemoryChannelMesh builds one
+//     per peer; UploadMemoryChannels puts their handles in device memory.
+//
+// Pairing. Every setup exchange is tagged: the k-th A->B exchange with a
+// tag pairs with the k-th B->A one. The communicator's bootstrap traffic
+// uses tags at or above 1<<40, clear of the application's. Functions that
+// talk to several peers (ConnectAll, NewMemorySemaphores, ExchangeMemory,
+// NewMemoryChannelMesh) send to all before receiving from any, so ranks may
+// list their peers in any order.
+//
+// Bounded waits. Every device-side spin (kernels/channel_wait.cuh) reads the
+// GPU global timer and gives up after Timeouts.Wait (default 60 s,
+// $GOEP_CHANNEL_TIMEOUT). The first thread to give up records which
+// channel, peer and stage in host-mapped memory and raises an abort flag
+// that makes every other bounded spin of the communicator give up too;
+// Check turns the record into a *TimeoutError, and from then on (or after
+// Abort) the communicator and everything built from it refuse calls until
+// Close. Kernels with waits of their own use Watchdog and NewWaitID with
+// goep_wait_ge_u64 and friends.
+//
+// The device ABI (struct layouts shared with the kernels, and a Go version
+// of the device API that the host backend's kernel twins use) is in
+// channels/devapi; channels/channeltest holds the correctness checks and
+// benchmarks that the tests and `ep-bench channels` run.
 package channels

@@ -1,0 +1,83 @@
+package channeltest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// RunLocal runs fn on n goroutine ranks of this process, rank r on device
+// (kind, r), each with its own in-process bootstrap, and returns each
+// rank's error. A rank whose fn fails closes its bootstrap at once, so the
+// others fail fast at their next exchange instead of waiting out the
+// bootstrap timeout.
+func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
+	errs := make([]error, n)
+	bss, err := bootstrap.NewInProcess(n, cfg)
+	if err != nil {
+		for r := range errs {
+			errs[r] = err
+		}
+		return errs
+	}
+	var wg sync.WaitGroup
+	for r, bs := range bss {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = runRank(ctx, kind, r, bs, fn)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func runRank(ctx context.Context, kind device.Kind, r int, bs bootstrap.Bootstrap, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) (err error) {
+	defer func() { err = errors.Join(err, bs.Close()) }()
+	dev, err := device.Open(kind, r)
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", r, err)
+	}
+	defer func() { err = errors.Join(err, dev.Close()) }()
+	return fn(ctx, bs, dev)
+}
+
+// RunRanks runs fn on n goroutine ranks, each with a communicator (ccfg)
+// and a Rank (layout) of its own. A rank whose fn fails closes its
+// bootstrap at once so the others fail fast, but no rank frees memory
+// until every rank's fn has returned: a peer may still be reading it.
+func RunRanks(ctx context.Context, kind device.Kind, n int, bcfg bootstrap.Config, ccfg channels.Config, layout Layout,
+	fn func(ctx context.Context, r *Rank) error) []error {
+	var finished sync.WaitGroup
+	finished.Add(n)
+	return RunLocal(ctx, kind, n, bcfg, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
+		var comm *channels.Communicator
+		var r *Rank
+		err := func() (err error) {
+			if comm, err = channels.NewCommunicator(bs, dev, ccfg); err != nil {
+				return err
+			}
+			if r, err = NewRank(ctx, comm, layout); err != nil {
+				return err
+			}
+			return fn(ctx, r)
+		}()
+		if err != nil {
+			_ = bs.Close()
+		}
+		finished.Done()
+		finished.Wait()
+		if r != nil {
+			err = errors.Join(err, r.Close())
+		}
+		if comm != nil {
+			err = errors.Join(err, comm.Close())
+		}
+		return err
+	})
+}

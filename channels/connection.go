@@ -1,0 +1,285 @@
+package channels
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"strings"
+
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// Transport is how a connection moves bytes to its peer.
+type Transport uint8
+
+const (
+	// TransportCudaIPC: GPUs of one host, peer memory mapped through CUDA
+	// IPC (across processes) or peer access (goroutine ranks), over NVLink
+	// or PCIe.
+	TransportCudaIPC Transport = iota + 1
+	// TransportHostMemory: goroutine ranks of the host backend sharing
+	// process memory.
+	TransportHostMemory
+	// TransportIB: InfiniBand / RoCE verbs (port channels, not yet built).
+	TransportIB
+	// TransportEthernet: TCP sockets with a receiver thread (not yet built).
+	TransportEthernet
+)
+
+func (t Transport) String() string {
+	switch t {
+	case TransportCudaIPC:
+		return "cuda-ipc"
+	case TransportHostMemory:
+		return "host-memory"
+	case TransportIB:
+		return "ib"
+	case TransportEthernet:
+		return "ethernet"
+	}
+	return fmt.Sprintf("transport(%d)", uint8(t))
+}
+
+// MapsMemory reports whether the transport maps peer memory into this
+// rank's address space, which device-to-device semaphores and memory
+// channels need.
+func (t Transport) MapsMemory() bool { return t == TransportCudaIPC || t == TransportHostMemory }
+
+// TransportSet is a set of transports.
+type TransportSet uint8
+
+// With is s plus t.
+func (s TransportSet) With(t Transport) TransportSet { return s | 1<<(t-1) }
+
+// Has reports whether t is in s.
+func (s TransportSet) Has(t Transport) bool { return t > 0 && s&(1<<(t-1)) != 0 }
+
+func (s TransportSet) String() string {
+	var names []string
+	for t := TransportCudaIPC; t <= TransportEthernet; t++ {
+		if s.Has(t) {
+			names = append(names, t.String())
+		}
+	}
+	return "{" + strings.Join(names, ",") + "}"
+}
+
+// Connection moves bytes from this rank to one peer, in issue order, on
+// behalf of the host (a CPU proxy serving port channels, host-to-device
+// semaphores). Memory channels do not use it at run time: their kernels
+// write peer memory directly.
+type Connection interface {
+	Transport() Transport
+	LocalRank() int
+	RemoteRank() int
+	// Tag is the tag the connection was made with.
+	Tag() int
+	// Write copies size bytes from src[srcOff:] (local memory) to
+	// dst[dstOff:] (the peer's memory, or local), asynchronously, after
+	// every earlier Write and UpdateAndSync of this connection.
+	Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error
+	// UpdateAndSync stores value into the 64-bit word dst[dstOff:] once
+	// every earlier Write has landed, as one aligned 8-byte store (device
+	// waiters never see a torn value). It is how a host signals a semaphore.
+	UpdateAndSync(dst RegisteredMemory, dstOff int, value uint64) error
+	// Flush waits until every Write and UpdateAndSync issued so far has
+	// landed.
+	Flush() error
+	// Close releases the connection's resources (the communicator's Close
+	// does too).
+	Close() error
+}
+
+// connBase is what every transport's connection shares: identity, argument
+// checks and the communicator's gate.
+type connBase struct {
+	c         *Communicator
+	transport Transport
+	peer, tag int
+	closed    bool
+	// release frees the transport's resources; called with c.mu held.
+	release func() error
+}
+
+func (b *connBase) Transport() Transport { return b.transport }
+func (b *connBase) LocalRank() int       { return b.c.rank }
+func (b *connBase) RemoteRank() int      { return b.peer }
+func (b *connBase) Tag() int             { return b.tag }
+
+func (b *connBase) String() string {
+	return fmt.Sprintf("%s connection to rank %d (tag %d)", b.transport, b.peer, b.tag)
+}
+
+func (b *connBase) errorf(format string, a ...any) error {
+	return b.c.errorf("%s: "+format, append([]any{b}, a...)...)
+}
+
+// usable is the gate of every call.
+func (b *connBase) usable() error {
+	b.c.mu.Lock()
+	defer b.c.mu.Unlock()
+	if err := b.c.usableLocked(); err != nil {
+		return err
+	}
+	if b.closed {
+		return b.errorf("%w", ErrClosed)
+	}
+	return nil
+}
+
+func (b *connBase) checkWrite(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	if !src.IsLocal() {
+		return b.errorf("write source must be local memory, not %v", src)
+	}
+	if dst.Rank() != b.peer && !dst.IsLocal() {
+		return b.errorf("write destination is %v, not memory of rank %d", dst, b.peer)
+	}
+	if !src.contains(srcOff, size) || !dst.contains(dstOff, size) {
+		return b.errorf("write of %d bytes from offset %d of %v to offset %d of %v is out of range", size, srcOff, src, dstOff, dst)
+	}
+	return nil
+}
+
+func (b *connBase) checkUpdate(dst RegisteredMemory, off int) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	if dst.Rank() != b.peer && !dst.IsLocal() {
+		return b.errorf("update destination is %v, not memory of rank %d", dst, b.peer)
+	}
+	if !dst.contains(off, 8) || (dst.Ptr()+uintptr(off))%8 != 0 {
+		return b.errorf("update at offset %d of %v: needs an aligned 8-byte word inside it", off, dst)
+	}
+	return nil
+}
+
+func (b *connBase) Close() error {
+	b.c.mu.Lock()
+	defer b.c.mu.Unlock()
+	return b.closeLocked()
+}
+
+func (b *connBase) closeLocked() error {
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if b.release != nil {
+		return b.release()
+	}
+	return nil
+}
+
+// Endpoint message, little endian: magic, transport, device kind, 2 zero
+// bytes, rank, host identity.
+const endpointMagic = "goepEP01"
+
+func (c *Communicator) endpoint(t Transport) []byte {
+	b := make([]byte, 0, 32)
+	b = append(b, endpointMagic...)
+	b = append(b, byte(t), kindCode(c.kind), 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(c.rank))
+	return append(b, c.hostID[:]...)
+}
+
+// transport picks the transport this rank's device offers.
+func (c *Communicator) transport() Transport {
+	if c.kind == device.Host {
+		return TransportHostMemory
+	}
+	return TransportCudaIPC
+}
+
+// checkEndpoint validates the peer's endpoint against ours.
+func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) error {
+	if len(msg) != 32 || !bytes.Equal(msg[:8], []byte(endpointMagic)) {
+		return c.errorf("connect to rank %d (tag %d): malformed endpoint (%d bytes)", peer, tag, len(msg))
+	}
+	if pt := Transport(msg[8]); pt != t {
+		return c.errorf("connect to rank %d (tag %d): this rank offers %s, rank %d offers %s", peer, tag, t, peer, pt)
+	}
+	if r := int(binary.LittleEndian.Uint32(msg[12:])); r != peer {
+		return c.errorf("connect to rank %d (tag %d): the endpoint came from rank %d", peer, tag, r)
+	}
+	if t == TransportCudaIPC && !bytes.Equal(msg[16:32], c.hostID[:]) {
+		return c.errorf("connect to rank %d (tag %d): rank %d is on another host; CUDA IPC connects GPUs of one host (other transports come with port channels)", peer, tag, peer)
+	}
+	return nil
+}
+
+// Connect connects this rank to peer (which may be this rank: a loopback
+// connection). The peer calls Connect(ctx, thisRank, tag) too; their k-th
+// connections with one tag pair up. To connect to several peers use
+// ConnectAll, which cannot deadlock however ranks order their peers.
+func (c *Communicator) Connect(ctx context.Context, peer, tag int) (Connection, error) {
+	conns, err := c.ConnectAll(ctx, []int{peer}, tag)
+	if err != nil {
+		return nil, err
+	}
+	return conns[0], nil
+}
+
+// ConnectAll connects to every rank in peers with one tag (result[i] is to
+// peers[i]). It sends every endpoint before waiting for any.
+func (c *Communicator) ConnectAll(ctx context.Context, peers []int, tag int) ([]Connection, error) {
+	if err := c.usable(); err != nil {
+		return nil, err
+	}
+	for _, p := range peers {
+		if err := c.checkPeer(p); err != nil {
+			return nil, err
+		}
+	}
+	t := c.transport()
+	mine := c.endpoint(t)
+	theirs, err := c.exchange(ctx, kindConnect, tag, peers, func(int) []byte { return mine })
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range peers {
+		if err := c.checkEndpoint(p, tag, theirs[i], t); err != nil {
+			return nil, err
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(); err != nil {
+		return nil, err
+	}
+	out := make([]Connection, len(peers))
+	for i, p := range peers {
+		conn, err := c.newConnectionLocked(t, p, tag)
+		if err != nil {
+			for _, done := range out[:i] {
+				_ = done.(interface{ closeLocked() error }).closeLocked()
+			}
+			return nil, err
+		}
+		out[i] = conn
+	}
+	return out, nil
+}
+
+func (c *Communicator) newConnectionLocked(t Transport, peer, tag int) (Connection, error) {
+	base := &connBase{c: c, transport: t, peer: peer, tag: tag}
+	var conn Connection
+	switch t {
+	case TransportCudaIPC:
+		s, err := c.dev.NewStream()
+		if err != nil {
+			return nil, c.errorf("connect to rank %d (tag %d): stream: %w", peer, tag, err)
+		}
+		base.release = s.Close
+		conn = &cudaIPCConnection{connBase: base, stream: s}
+	case TransportHostMemory:
+		conn = &hostConnection{connBase: base}
+	default:
+		return nil, c.errorf("connect to rank %d (tag %d): transport %s is not implemented", peer, tag, t)
+	}
+	c.conns = append(c.conns, base)
+	return conn, nil
+}

@@ -1,0 +1,18 @@
+// Package devapi is the device ABI of goep's channels, seen from Go: the
+// byte layout of the structs that kernels receive (kernels/channel_abi.cuh)
+// and a Go implementation of the device API (channel_device.cuh) on host
+// memory, which the host-backend twins of the channel kernels
+// (kernels/twins/channels.go) are written in.
+//
+// Layouts are defined once, as the offset constants in layout.go; Encode
+// and Decode use nothing else, and a test checks the constants against the
+// static_asserts of channel_abi.cuh and compiles them, with NVRTC, into
+// static_asserts of their own.
+//
+// The host implementation keeps the device API's contract with Go's memory
+// model: tokens, flags and packets are read and written with sync/atomic, so
+// plain data copied before an atomic signal is visible after the matching
+// atomic wait, as release/acquire promise on the GPU. Waits are bounded by
+// the same watchdog struct the GPU uses (timeout, abort flag, record), timed
+// with the wall clock.
+package devapi

@@ -1,0 +1,51 @@
+package channels
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Sentinel errors for errors.Is.
+var (
+	// ErrTimeout: a device-side wait ran past Timeouts.Wait (see TimeoutError).
+	ErrTimeout = errors.New("device wait timed out")
+	// ErrAborted: the communicator's waits were aborted (Communicator.Abort).
+	ErrAborted = errors.New("device waits aborted")
+	// ErrClosed: the communicator or object was closed.
+	ErrClosed = errors.New("closed")
+)
+
+// TimeoutError reports a device-side wait that gave up: which channel (or
+// semaphore, or registered wait id), which peer, which stage of the kernel,
+// and what it saw. The communicator whose wait it was refuses further calls
+// (with this error) until Close: the protocol state of its channels is no
+// longer known.
+type TimeoutError struct {
+	Rank     int    // the rank whose kernel waited
+	ID       uint32 // the channel, semaphore or wait id
+	Object   string // what ID names, e.g. "memory channel 3 to rank 1 (tag 0)"
+	Peer     int    // the rank it waited on
+	Stage    uint32 // the kernel's own stage number
+	Op       string // what it waited for, e.g. "semaphore wait", "LL packet read"
+	Waited   time.Duration
+	Expected uint64 // the token, flag or counter value it waited for
+	Observed uint64 // the last value it saw
+}
+
+func (e *TimeoutError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "channels: rank %d: ", e.Rank)
+	if e.Object != "" {
+		fmt.Fprintf(&b, "%s: ", e.Object)
+	} else {
+		fmt.Fprintf(&b, "wait id %d: ", e.ID)
+	}
+	fmt.Fprintf(&b, "%s at stage %d timed out after %s waiting on rank %d (wanted %d, saw %d)",
+		e.Op, e.Stage, e.Waited.Round(time.Microsecond), e.Peer, e.Expected, e.Observed)
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrTimeout) true.
+func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }

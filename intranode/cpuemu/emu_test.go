@@ -1,0 +1,284 @@
+//go:build goep_cpuemu
+
+package cpuemu
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/intranode"
+)
+
+func bytesOf[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+func up[T any](t *testing.T, d device.Device, s []T) uintptr {
+	var z T
+	b, err := d.Alloc(max(256, len(s)*int(unsafe.Sizeof(z))))
+	require.NoError(t, err)
+	if len(s) > 0 {
+		require.NoError(t, d.CopyIn(b.Ptr, bytesOf(s)))
+	}
+	return b.Ptr
+}
+
+func down[T any](t *testing.T, d device.Device, p uintptr, n int) []T {
+	out := make([]T, n)
+	if n > 0 {
+		require.NoError(t, d.CopyOut(bytesOf(out), p))
+	}
+	return out
+}
+
+func eq[T comparable](t *testing.T, want, got []T, what string) {
+	t.Helper()
+	require.Equal(t, len(want), len(got), what)
+	for i := range want {
+		if want[i] != got[i] {
+			t.Fatalf("%s: first difference at %d: want %v got %v", what, i, want[i], got[i])
+		}
+	}
+}
+
+func f32bits(v []float32) []uint32 {
+	o := make([]uint32, len(v))
+	for i, x := range v {
+		o[i] = math.Float32bits(x)
+	}
+	return o
+}
+
+type cs struct {
+	ranks, hidden, topk, experts int
+	tokens                       []int
+	fp8, weights                 bool
+	bias                         int
+	cfg                          intranode.LaunchConfig
+	gen                          routing.GenOptions
+	iters                        int
+}
+
+func randBF16(rng *rand.Rand, n int) []uint16 {
+	x := make([]uint16, n)
+	sp := []uint16{0, 0x8000, 0x7f80, 0xff80, 0x7fc1, 1, 0x8003}
+	for i := range x {
+		v := uint16(rng.Uint32())
+		x[i] = v&0x8000 | (119+(v>>8)&15)<<7 | v&0x7f
+		if rng.IntN(40) == 0 {
+			x[i] = sp[rng.IntN(len(sp))]
+		}
+	}
+	return x
+}
+
+func runCase(t *testing.T, c cs) {
+	mt := 1
+	for _, n := range c.tokens {
+		mt = max(mt, n)
+	}
+	l, err := intranode.NewLayout(intranode.Config{Ranks: c.ranks, MaxTokens: mt, Hidden: c.hidden, TopK: c.topk,
+		LocalExperts: c.experts / c.ranks, FP8: c.fp8})
+	require.NoError(t, err)
+	boots, err := bootstrap.NewInProcess(c.ranks, bootstrap.Config{})
+	require.NoError(t, err)
+	ranks := make([]*intranode.Rank, c.ranks)
+	par := func(f func(i int) error) {
+		var wg sync.WaitGroup
+		errs := make([]error, c.ranks)
+		for i := 0; i < c.ranks; i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = f(i) }()
+		}
+		wg.Wait()
+		for i, e := range errs {
+			require.NoError(t, e, "rank %d", i)
+		}
+	}
+	par(func(i int) error {
+		var err error
+		ranks[i], err = intranode.NewRank(context.Background(), Open(i, 132), boots[i], l, intranode.RankOptions{Timeout: 20 * time.Second})
+		return err
+	})
+	shape := intranode.Shape{Hidden: c.hidden, TopK: c.topk, Experts: c.experts, Ranks: c.ranks}
+	ins := make([]intranode.RankInput, c.ranks)
+	topk := make([]uintptr, c.ranks)
+	handles := make([]intranode.Handle, c.ranks)
+	for i, r := range ranks {
+		g := c.gen
+		g.Seed = uint64(i) + 17*c.gen.Seed
+		rt, err := routing.Generate(routing.Shape{Tokens: c.tokens[i], K: c.topk, Experts: c.experts, Ranks: c.ranks}, g)
+		require.NoError(t, err)
+		ins[i].TopK = rt.Idx
+		topk[i] = up(t, r.Dev, rt.Idx)
+		handles[i] = r.WS.DefaultHandle(c.tokens[i])
+	}
+	for it := 0; it < max(1, c.iters); it++ {
+		dargs := make([]intranode.DispatchArgs, c.ranks)
+		for i, r := range ranks {
+			rng := rand.New(rand.NewPCG(uint64(it), uint64(i)))
+			n := c.tokens[i]
+			ins[i].X, ins[i].XFP8, ins[i].Scales, ins[i].Weights = nil, nil, nil, nil
+			a := intranode.DispatchArgs{FP8: c.fp8, TopK: topk[i], Handle: handles[i]}
+			if c.fp8 {
+				ins[i].XFP8 = make([]uint8, n*c.hidden)
+				for j := range ins[i].XFP8 {
+					ins[i].XFP8[j] = uint8(rng.Uint32())
+				}
+				ins[i].Scales = make([]float32, n*c.hidden/128)
+				for j := range ins[i].Scales {
+					ins[i].Scales[j] = rng.Float32()
+				}
+				a.X, a.Scales = up(t, r.Dev, ins[i].XFP8), up(t, r.Dev, ins[i].Scales)
+			} else {
+				ins[i].X = randBF16(rng, n*c.hidden)
+				a.X = up(t, r.Dev, ins[i].X)
+			}
+			if c.weights {
+				ins[i].Weights = make([]float32, n*c.topk)
+				for j := range ins[i].Weights {
+					ins[i].Weights[j] = float32(rng.NormFloat64())
+				}
+				a.Weights = up(t, r.Dev, ins[i].Weights)
+			}
+			dargs[i] = a
+			for _, reg := range l.Regions()[3:] {
+				if reg.Name == "send pos" && it > 0 {
+					break
+				}
+				require.NoError(t, r.Dev.MemsetAsync(r.WS.Base+uintptr(reg.Offset), 0xEE, reg.Size, nil))
+			}
+		}
+		par(func(i int) error {
+			if it == 0 {
+				if err := ranks[i].Notify(nil, topk[i], handles[i], 4); err != nil {
+					return err
+				}
+			}
+			if err := ranks[i].WS.Dispatch(ranks[i].Dev, nil, dargs[i], c.cfg); err != nil {
+				return err
+			}
+			return ranks[i].Check()
+		})
+		want, err := intranode.ReferenceDispatch(shape, ins, 4)
+		require.NoError(t, err)
+		for i, r := range ranks {
+			d, w := r.Dev, want[i]
+			n := w.Received()
+			what := fmt.Sprintf("iter %d rank %d", it, i)
+			if it == 0 {
+				require.Equal(t, n, r.RecvCountNow(), what)
+				require.Equal(t, w.TokensPerLocalExpert, r.ExpertCountsNow(), what)
+			}
+			eq(t, w.RankPrefix, down[int32](t, d, handles[i].RankPrefix, c.ranks), what+" prefix")
+			v := r.WS.Recv()
+			if c.fp8 {
+				eq(t, w.RecvXFP8, down[uint8](t, d, v.X, n*c.hidden), what+" x8")
+				eq(t, f32bits(w.RecvScales), f32bits(down[float32](t, d, v.Scales, n*c.hidden/128)), what+" scales")
+			} else {
+				eq(t, w.RecvX, down[uint16](t, d, v.X, n*c.hidden), what+" x")
+			}
+			eq(t, w.RecvSrcToken, down[int32](t, d, v.SrcToken, n), what+" src")
+			eq(t, w.RecvTopK, down[int64](t, d, v.TopK, n*c.topk), what+" topk")
+			if c.weights {
+				eq(t, f32bits(w.RecvWeights), f32bits(down[float32](t, d, v.Weights, n*c.topk)), what+" weights")
+			}
+		}
+		// combine
+		cins := make([]intranode.CombineInput, c.ranks)
+		cargs := make([]intranode.CombineArgs, c.ranks)
+		for i, r := range ranks {
+			rng := rand.New(rand.NewPCG(uint64(it)+99, uint64(i)))
+			n, tok := want[i].Received(), c.tokens[i]
+			cins[i].Y = randBF16(rng, n*c.hidden)
+			a := intranode.CombineArgs{Y: up(t, r.Dev, cins[i].Y), Handle: handles[i]}
+			if c.weights {
+				cins[i].Weights = make([]float32, n*c.topk)
+				for j := range cins[i].Weights {
+					cins[i].Weights[j] = float32(rng.NormFloat64())
+				}
+				a.Weights = up(t, r.Dev, cins[i].Weights)
+				a.OutWeights = up(t, r.Dev, make([]float32, tok*c.topk))
+				require.NoError(t, r.Dev.MemsetAsync(a.OutWeights, 0xEE, 4*tok*c.topk, nil))
+			}
+			if c.bias >= 1 {
+				cins[i].Bias0 = randBF16(rng, tok*c.hidden)
+				a.Bias0 = up(t, r.Dev, cins[i].Bias0)
+			}
+			if c.bias >= 2 {
+				cins[i].Bias1 = randBF16(rng, tok*c.hidden)
+				a.Bias1 = up(t, r.Dev, cins[i].Bias1)
+			}
+			a.Out = up(t, r.Dev, make([]uint16, tok*c.hidden))
+			require.NoError(t, r.Dev.MemsetAsync(a.Out, 0xEE, 2*tok*c.hidden, nil))
+			cargs[i] = a
+		}
+		par(func(i int) error {
+			if err := ranks[i].WS.Combine(ranks[i].Dev, nil, cargs[i], c.cfg); err != nil {
+				return err
+			}
+			return ranks[i].Check()
+		})
+		wantC, err := intranode.ReferenceCombine(shape, c.tokens, want, cins)
+		require.NoError(t, err)
+		for i, r := range ranks {
+			tok := c.tokens[i]
+			eq(t, wantC[i].X, down[uint16](t, r.Dev, cargs[i].Out, tok*c.hidden), fmt.Sprintf("iter %d rank %d combine", it, i))
+			if c.weights {
+				eq(t, f32bits(wantC[i].Weights), f32bits(down[float32](t, r.Dev, cargs[i].OutWeights, tok*c.topk)),
+					fmt.Sprintf("iter %d rank %d combine weights", it, i))
+			}
+		}
+	}
+	par(func(i int) error { return ranks[i].Close(context.Background()) })
+}
+
+func TestEmulatedKernels(t *testing.T) {
+	for _, c := range []cs{
+		{ranks: 2, hidden: 128, topk: 2, experts: 4, tokens: []int{5, 7}, weights: true, bias: 2, iters: 2,
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}},
+		{ranks: 4, hidden: 384, topk: 4, experts: 16, tokens: []int{33, 0, 17, 40}, fp8: true, weights: true,
+			cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 64}, gen: routing.GenOptions{Masked: 9}, iters: 2},
+		{ranks: 8, hidden: 64, topk: 8, experts: 64, tokens: []int{24, 3, 17, 0, 31, 8, 1, 20}, weights: true, bias: 1,
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 32}, gen: routing.GenOptions{Masked: 30}, iters: 2},
+		{ranks: 3, hidden: 136, topk: 9, experts: 27, tokens: []int{70, 1, 45}, weights: true, bias: 2,
+			cfg: intranode.LaunchConfig{NumSMs: 1, Threads: 96}},
+		{ranks: 4, hidden: 128, topk: 1, experts: 8, tokens: []int{16, 16, 16, 16},
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}, gen: routing.GenOptions{Always: []int{5}}},
+		{ranks: 8, hidden: 256, topk: 8, experts: 256, tokens: []int{100, 90, 80, 120, 64, 0, 1, 99}, weights: true, bias: 2,
+			cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 256}, gen: routing.GenOptions{Masked: 50}, iters: 3},
+		{ranks: 8, hidden: 1024, topk: 8, experts: 64, tokens: []int{40, 40, 40, 40, 40, 40, 40, 40}, fp8: true, weights: true,
+			cfg: intranode.LaunchConfig{NumSMs: 4, Threads: 128}, gen: routing.GenOptions{EmptyRanks: []int{3}}},
+		{ranks: 1, hidden: 256, topk: 3, experts: 8, tokens: []int{9}, weights: true, bias: 1,
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}},
+		{ranks: 7, hidden: 128, topk: 5, experts: 35, tokens: []int{9, 0, 30, 4, 11, 2, 17}, weights: true,
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}, iters: 2},
+		{ranks: 2, hidden: 128, topk: 2, experts: 4, tokens: []int{0, 0}, weights: true,
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 32}},
+	} {
+		t.Run(fmt.Sprintf("R%d-H%d-K%d-T%v-fp8=%v", c.ranks, c.hidden, c.topk, c.tokens, c.fp8), func(t *testing.T) {
+			runCase(t, c)
+		})
+	}
+}
+
+func TestGeneratedHeaderIsCurrent(t *testing.T) {
+	out, err := exec.Command("go", "run", "gen.go", "-check").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+}

@@ -1,0 +1,313 @@
+package intranode_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/intranode"
+	_ "github.com/goep-dev/goep/kernels/twins"
+)
+
+// gpuCount is how many CUDA GPUs this machine has (0 without a driver).
+func gpuCount(t testing.TB) int {
+	n, err := device.CUDADeviceCount()
+	if err != nil || n == 0 {
+		t.Logf("CUDA backend skipped: no CUDA GPU (%v)", err)
+		return 0
+	}
+	return n
+}
+
+func bytesOf[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+// upload copies s into a new device buffer (at least 256 bytes, so that
+// empty inputs still have a valid, aligned pointer).
+func upload[T any](t testing.TB, d device.Device, s []T) device.Buffer {
+	var z T
+	n := max(len(s)*int(unsafe.Sizeof(z)), 256)
+	b, err := d.Alloc(n)
+	require.NoError(t, err)
+	if len(s) > 0 {
+		require.NoError(t, d.CopyIn(b.Ptr, bytesOf(s)))
+	}
+	return b
+}
+
+func download[T any](t testing.TB, d device.Device, p uintptr, n int) []T {
+	out := make([]T, n)
+	if n > 0 {
+		require.NoError(t, d.CopyOut(bytesOf(out), p))
+	}
+	return out
+}
+
+func alloc(t testing.TB, d device.Device, n int) device.Buffer {
+	b, err := d.Alloc(max(n, 256))
+	require.NoError(t, err)
+	return b
+}
+
+// sameSlice fails with the first differing index instead of a megabyte diff.
+func sameSlice[T comparable](t testing.TB, want, got []T, format string, a ...any) {
+	t.Helper()
+	what := fmt.Sprintf(format, a...)
+	require.Equal(t, len(want), len(got), "%s: length", what)
+	for i := range want {
+		if want[i] != got[i] {
+			n := 0
+			for j := range want {
+				if want[j] != got[j] {
+					n++
+				}
+			}
+			t.Fatalf("%s: %d of %d elements differ; first at %d: want %v, got %v", what, n, len(want), i, want[i], got[i])
+		}
+	}
+}
+
+// sameFloats compares float32 slices bit for bit.
+func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
+	t.Helper()
+	w, g := make([]uint32, len(want)), make([]uint32, len(got))
+	for i, v := range want {
+		w[i] = math.Float32bits(v)
+	}
+	for i, v := range got {
+		g[i] = math.Float32bits(v)
+	}
+	sameSlice(t, w, g, format, a...)
+}
+
+// spec is one dispatch/combine scenario.
+type spec struct {
+	name      string
+	ranks     int
+	tokens    []int // per rank
+	maxTokens int   // 0: max(tokens)
+	hidden    int
+	topk      int
+	experts   int
+	fp8       bool
+	weights   bool
+	bias      int // biases in combine: 0, 1 or 2
+	align     int
+	gen       routing.GenOptions
+	specialY  bool // put +-0, +-inf, NaN, subnormals into combine inputs
+	yIsRecv   bool // combine the received rows themselves (DeepEP's check)
+	iters     int  // notify+dispatch, cached dispatch, combine: this many rounds
+	cfg       intranode.LaunchConfig
+}
+
+func (s spec) layout() intranode.Config {
+	mt := s.maxTokens
+	for _, n := range s.tokens {
+		mt = max(mt, n)
+	}
+	return intranode.Config{Ranks: s.ranks, MaxTokens: max(mt, 1), Hidden: s.hidden, TopK: s.topk,
+		LocalExperts: s.experts / s.ranks, FP8: s.fp8}
+}
+
+func (s spec) String() string {
+	return fmt.Sprintf("%s/R=%d/T=%v/H=%d/K=%d/E=%d/fp8=%v", s.name, s.ranks, s.tokens, s.hidden, s.topk, s.experts, s.fp8)
+}
+
+// rankData is one rank's host inputs and device buffers for a scenario.
+type rankData struct {
+	in      intranode.RankInput
+	topk    device.Buffer
+	x       device.Buffer
+	scales  device.Buffer
+	weights device.Buffer
+	handle  intranode.Handle
+}
+
+// randBF16 draws BF16 values of either sign with magnitudes in [2^-8, 2^8)
+// and random mantissas (cheaply: GPU-sized tests draw billions); special
+// mixes in +-0, +-inf, NaN, subnormals and the largest finite value.
+func randBF16(rng *rand.Rand, n int, special bool) []uint16 {
+	x := make([]uint16, n)
+	specials := []uint16{0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x8003, 0x7f7f}
+	var bits uint64
+	for i := range x {
+		if i%4 == 0 {
+			bits = rng.Uint64()
+		}
+		v := uint16(bits)
+		bits >>= 16
+		exp := 119 + uint16(v>>8)&15 // 2^-8 .. 2^7
+		x[i] = v&0x8000 | exp<<7 | v&0x7f
+		if special && v&0x3f00 == 0x1100 { // 1 in 64
+			x[i] = specials[int(v>>7)%len(specials)]
+		}
+	}
+	return x
+}
+
+func randF32(rng *rand.Rand, n int) []float32 {
+	w := make([]float32, n)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64())
+	}
+	return w
+}
+
+// newInputs draws rank r's dispatch input for s (x and weights from seed).
+func newInputs(t testing.TB, s spec, r int, ids []int64, seed uint64) intranode.RankInput {
+	rng := rand.New(rand.NewPCG(seed, uint64(r)))
+	n := s.tokens[r]
+	in := intranode.RankInput{TopK: ids}
+	if s.fp8 {
+		in.XFP8 = make([]uint8, n*s.hidden)
+		for i := 0; i < len(in.XFP8); i += 8 {
+			v := rng.Uint64()
+			for j := i; j < min(i+8, len(in.XFP8)); j++ {
+				in.XFP8[j] = uint8(v >> (8 * (j - i)))
+			}
+		}
+		in.Scales = randF32(rng, n*s.hidden/128)
+	} else {
+		in.X = randBF16(rng, n*s.hidden, false)
+	}
+	if s.weights {
+		in.Weights = randF32(rng, n*s.topk)
+	}
+	return in
+}
+
+func (rd *rankData) uploadX(t testing.TB, d device.Device, s spec) {
+	for _, b := range []device.Buffer{rd.x, rd.scales, rd.weights} {
+		if b.Ptr != 0 {
+			require.NoError(t, d.Free(b))
+		}
+	}
+	rd.x, rd.scales, rd.weights = device.Buffer{}, device.Buffer{}, device.Buffer{}
+	if s.fp8 {
+		rd.x = upload(t, d, rd.in.XFP8)
+		rd.scales = upload(t, d, rd.in.Scales)
+	} else {
+		rd.x = upload(t, d, rd.in.X)
+	}
+	if s.weights {
+		rd.weights = upload(t, d, rd.in.Weights)
+	}
+}
+
+func (rd *rankData) dispatchArgs(s spec) intranode.DispatchArgs {
+	return intranode.DispatchArgs{X: rd.x.Ptr, FP8: s.fp8, Scales: rd.scales.Ptr, TopK: rd.topk.Ptr,
+		Weights: rd.weights.Ptr, Handle: rd.handle}
+}
+
+// poison fills every region a dispatch or combine writes, and the handle,
+// with 0xEE so that an element a kernel skips cannot pass for a zero.
+func poison(t testing.TB, r *intranode.Rank, handleToo bool, extra ...device.Buffer) {
+	l := r.WS.Layout
+	regions := []intranode.Region{l.RecvX, l.RecvScales, l.RecvSrcToken, l.RecvTopK, l.RecvWeights,
+		l.CombineX, l.CombineWeights}
+	if handleToo {
+		regions = append(regions, l.SendPos, l.RankPrefix, l.RecvBase, l.NumRecv)
+	}
+	for _, reg := range regions {
+		if reg.Size > 0 {
+			require.NoError(t, r.Dev.MemsetAsync(r.WS.Base+uintptr(reg.Offset), 0xEE, reg.Size, nil))
+		}
+	}
+	for _, b := range extra {
+		if b.Ptr != 0 {
+			require.NoError(t, r.Dev.MemsetAsync(b.Ptr, 0xEE, b.Size, nil))
+		}
+	}
+	require.NoError(t, r.Dev.DefaultStream().Synchronize())
+	for i := range r.ExpertCounts.Host {
+		r.ExpertCounts.Host[i] = 0xEE
+	}
+}
+
+// run calls f on every rank at once with its own stream, then synchronises
+// every stream and checks every rank's timeout record.
+func run(t testing.TB, g *intranode.Group, streams []device.Stream, f func(i int, r *intranode.Rank, s device.Stream) error) {
+	t.Helper()
+	err := g.Run(func(i int, r *intranode.Rank) error {
+		if err := f(i, r, streams[i]); err != nil {
+			return err
+		}
+		if err := streams[i].Synchronize(); err != nil {
+			return err
+		}
+		return r.Check()
+	})
+	require.NoError(t, err)
+}
+
+func newStreams(t testing.TB, g *intranode.Group) []device.Stream {
+	ss := make([]device.Stream, len(g.Ranks))
+	for i, r := range g.Ranks {
+		s, err := r.Dev.NewStream()
+		require.NoError(t, err)
+		ss[i] = s
+		t.Cleanup(func() { s.Close() })
+	}
+	return ss
+}
+
+func newGroup(t testing.TB, kind device.Kind, c intranode.Config, timeout time.Duration) *intranode.Group {
+	l, err := intranode.NewLayout(c)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	g, err := intranode.NewGroup(ctx, kind, l, intranode.RankOptions{Timeout: timeout, WaitID: 77})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		require.NoError(t, g.Close(ctx))
+	})
+	return g
+}
+
+// checkDispatch compares one rank's receive region and handle with the
+// reference, byte for byte.
+func checkDispatch(t testing.TB, s spec, r *intranode.Rank, rd *rankData, want intranode.RankOutput, what string) {
+	t.Helper()
+	d, l := r.Dev, r.WS.Layout
+	n := want.Received()
+	rank := r.WS.Rank
+	sameSlice(t, want.RankPrefix, download[int32](t, d, rd.handle.RankPrefix, s.ranks), "%s: rank %d rank prefix", what, rank)
+	require.Equal(t, int32(n), download[int32](t, d, rd.handle.NumRecv, 1)[0], "%s: rank %d recv count", what, rank)
+	v := r.WS.Recv()
+	if s.fp8 {
+		sameSlice(t, want.RecvXFP8, download[uint8](t, d, v.X, n*s.hidden), "%s: rank %d recv x (fp8)", what, rank)
+		sameFloats(t, want.RecvScales, download[float32](t, d, v.Scales, n*s.hidden/128), "%s: rank %d recv scales", what, rank)
+	} else {
+		sameSlice(t, want.RecvX, download[uint16](t, d, v.X, n*s.hidden), "%s: rank %d recv x", what, rank)
+	}
+	sameSlice(t, want.RecvSrcToken, download[int32](t, d, v.SrcToken, n), "%s: rank %d recv src token", what, rank)
+	sameSlice(t, want.RecvTopK, download[int64](t, d, v.TopK, n*l.TopK), "%s: rank %d recv topk", what, rank)
+	if s.weights {
+		sameFloats(t, want.RecvWeights, download[float32](t, d, v.Weights, n*l.TopK), "%s: rank %d recv weights", what, rank)
+	}
+	// The source of each row follows from the prefix.
+	src := make([]int32, n)
+	lo := int32(0)
+	for sr, hi := range want.RankPrefix {
+		for i := lo; i < hi; i++ {
+			src[i] = int32(sr)
+		}
+		lo = hi
+	}
+	sameSlice(t, want.RecvSrcRank, src, "%s: rank %d recv src rank", what, rank)
+}

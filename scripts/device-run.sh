@@ -25,13 +25,17 @@ step() { # name, command...
 	local name=$1; shift
 	local t0=$SECONDS
 	echo "=== $name: $*" | tee -a "$LOGS/all.log"
-	"$@" >"$LOGS/$name.log" 2>&1
+	# A bound per step, so one hang cannot eat the whole lease.
+	timeout -k 10 "${STEP_TIMEOUT:-300}" "$@" >"$LOGS/$name.log" 2>&1
 	local rc=$?
 	local skips fails
 	skips=$(grep -c -- '--- SKIP' "$LOGS/$name.log")
 	fails=$(grep -c -- '--- FAIL' "$LOGS/$name.log")
-	TABLE+=("$(printf '%-10s rc=%-3s %4ss  fails=%s skips=%s' "$name" "$rc" $((SECONDS - t0)) "$fails" "$skips")")
-	tail -n 40 "$LOGS/$name.log"
+	TABLE+=("$(printf '%-16s rc=%-3s %4ss  fails=%s skips=%s' "$name" "$rc" $((SECONDS - t0)) "$fails" "$skips")")
+	tail -n "${TAIL_LINES:-40}" "$LOGS/$name.log"
+	# Logs so far, in case the whole call is cut off later.
+	tar -czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null
+	printf '%s\n' "${TABLE[@]}" >"$OUT/summary.txt"
 }
 
 gotest() { # package dir, binary, args...
@@ -54,6 +58,10 @@ for s in $STEPS; do
 		step layout-bench gotest ep/routing routing.test -test.run '^$' -test.bench BenchmarkLayoutKernel -test.benchtime 20000x
 		step layout "$BIN/ep-bench" layout --tokens 128,512,4096,8192 --json "$LOGS/layout.json"
 		;;
+	channels) step channels gotest channels channels.test -test.v -test.count=1 -test.timeout=5m ;;
+	channels-launch) [ "$NGPU" -gt 1 ] && step channels-launch "$BIN/ep-bench" launch -n "$NGPU" -- channels --check --sms 8,16,24,32,48,64,132 --json "$LOGS/channels.json" ;;
+	intranode) step intranode gotest intranode intranode.test -test.v -test.count=1 -test.timeout=9m ;;
+	intranode-bench) step intranode-bench gotest intranode intranode.test -test.run '^$' -test.bench GPU -test.benchtime 50x ;;
 	epbench) step epbench gotest bench bench.test -test.v -test.count=1 -test.timeout=8m ;;
 	*) echo "unknown step $s" ;;
 	esac

@@ -26,7 +26,7 @@ step() { # name, command...
 	local t0=$SECONDS
 	echo "=== $name: $*" | tee -a "$LOGS/all.log"
 	# A bound per step, so one hang cannot eat the whole lease.
-	timeout -k 10 "${STEP_TIMEOUT:-300}" "$@" >"$LOGS/$name.log" 2>&1
+	timeout -k 10 "${STEP_TIMEOUT:-300}" bash -c '"$@"' _ "$@" >"$LOGS/$name.log" 2>&1
 	local rc=$?
 	local skips fails
 	skips=$(grep -c -- '--- SKIP' "$LOGS/$name.log")
@@ -40,8 +40,10 @@ step() { # name, command...
 
 gotest() { # package dir, binary, args...
 	local dir=$1 bin=$2; shift 2
-	(cd "$dir" && "$BIN/$bin" "$@")
+	(cd "$dir" && exec "$BIN/$bin" "$@")
 }
+export -f gotest
+export BIN
 
 { nvidia-smi; nvidia-smi topo -m; } >"$LOGS/nvidia-smi.log" 2>&1
 for s in $STEPS; do

@@ -42,6 +42,8 @@ type cudaDevice struct {
 type cudaImport struct {
 	ipc     bool          // opened with cuIpcOpenMemHandle
 	peerCtx *cuda.Context // retained peer context (same-process import)
+	refs    int           // Imports of the same memory share one mapping
+	key     string        // the IPC handle, to find an existing mapping
 }
 
 // OpenCUDA opens GPU ordinal through its primary context, with the process's
@@ -152,6 +154,17 @@ func (d *cudaDevice) CopyIn(dst uintptr, src []byte) error {
 	// From pageable memory the driver may return before the DMA lands; wait
 	// for it so that work issued next on any stream sees the data.
 	if err := d.ctx.NullStream().Synchronize(); err != nil {
+		return d.errorf("copy %d bytes in: %w", len(src), err)
+	}
+	return nil
+}
+
+func (d *cudaDevice) CopyInAsync(dst uintptr, src []byte, s Stream) error {
+	cs, err := d.stream0(s)
+	if err != nil || len(src) == 0 {
+		return err
+	}
+	if err := cuda.MemcpyHtoDAsync(cuda.DevicePtr(dst), src, cs); err != nil {
 		return d.errorf("copy %d bytes in: %w", len(src), err)
 	}
 	return nil
@@ -372,16 +385,29 @@ func (d *cudaDevice) Import(h Shared) (Buffer, error) {
 		return Buffer{}, ErrClosed
 	}
 	if pid != uint32(os.Getpid()) {
+		for p, imp := range d.imports {
+			if imp.ipc && imp.key == string(ipc[:]) {
+				imp.refs++
+				d.imports[p] = imp
+				b.Ptr = p
+				return b, nil
+			}
+		}
 		p, err := cuda.IpcOpenMemHandle(d.ctx, ipc)
 		if err != nil {
 			return Buffer{}, d.errorf("import from process %d (GPU %d): %w", pid, owner, err)
 		}
 		b.Ptr = uintptr(p)
-		d.imports[b.Ptr] = cudaImport{ipc: true}
+		d.imports[b.Ptr] = cudaImport{ipc: true, key: string(ipc[:]), refs: 1}
 		return b, nil
 	}
 	if owner == d.info.Ordinal {
 		return b, nil // our own memory: nothing to open
+	}
+	if imp, ok := d.imports[b.Ptr]; ok {
+		imp.refs++
+		d.imports[b.Ptr] = imp
+		return b, nil
 	}
 	peerDev, err := cuda.GetDevice(owner)
 	if err != nil {
@@ -395,13 +421,19 @@ func (d *cudaDevice) Import(h Shared) (Buffer, error) {
 		_ = peerCtx.Release()
 		return Buffer{}, d.errorf("import from GPU %d: peer access: %w", owner, err)
 	}
-	d.imports[b.Ptr] = cudaImport{peerCtx: peerCtx}
+	d.imports[b.Ptr] = cudaImport{peerCtx: peerCtx, refs: 1}
 	return b, nil
 }
 
 func (d *cudaDevice) CloseImport(b Buffer) error {
 	d.mu.Lock()
 	imp, ok := d.imports[b.Ptr]
+	if ok && imp.refs > 1 {
+		imp.refs--
+		d.imports[b.Ptr] = imp
+		d.mu.Unlock()
+		return nil
+	}
 	delete(d.imports, b.Ptr)
 	d.mu.Unlock()
 	if !ok {

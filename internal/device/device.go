@@ -100,9 +100,13 @@ type Device interface {
 	Free(b Buffer) error
 
 	// CopyIn and CopyOut are synchronous host<->device copies for setup and
-	// checks; the hot paths launch kernels instead.
+	// checks; the hot paths launch kernels instead. They do not wait for
+	// work queued on streams: synchronize the stream first.
 	CopyIn(dst uintptr, src []byte) error
 	CopyOut(dst []byte, src uintptr) error
+	// CopyInAsync is CopyIn in stream order; src must stay untouched until
+	// the stream reaches the copy (pinned memory makes it truly async).
+	CopyInAsync(dst uintptr, src []byte, s Stream) error
 	// CopyAsync copies n bytes device-to-device (also to a peer's imported
 	// buffer) in stream order; MemsetAsync fills n bytes.
 	CopyAsync(dst, src uintptr, n int, s Stream) error

@@ -106,6 +106,8 @@ func (d *hostDevice) CopyIn(dst uintptr, src []byte) error {
 	return nil
 }
 
+func (d *hostDevice) CopyInAsync(dst uintptr, src []byte, _ Stream) error { return d.CopyIn(dst, src) }
+
 func (d *hostDevice) CopyOut(dst []byte, src uintptr) error {
 	copy(dst, HostSlice[byte](src, len(dst)))
 	return nil

@@ -95,19 +95,22 @@ __device__ __forceinline__ bool goep_spin_ok(goep_spin& s, goep_watchdog* wd, u3
 
 // ---------------------------------------------------------------------------
 // Waits on plain counters (EP head/tail counters, grid barriers, flags the
-// host writes): spin with acquire loads at system scope until *p reaches
-// target. id names the counter for the host (Communicator.NewWaitID), peer
+// host writes): spin with relaxed loads at system scope until *p reaches
+// target, then acquire it once (an acquire per poll makes each poll slower
+// than the update takes to arrive; the final acquire reads the releasing
+// write's value or a later one of the same counter and synchronises with it). id names the counter for the host (Communicator.NewWaitID), peer
 // is the rank expected to move it. Return false when the spin gave up.
 
 __device__ __forceinline__ bool goep_wait_ge_u64(const u64* p, u64 target, goep_watchdog* wd, u32 id, u32 peer,
                                                  u32 stage) {
   goep_spin s = goep_spin_start();
   u64 v;
-  while ((v = goep_ld_acquire_sys_u64(p)) < target) {
+  while ((v = goep_chan_ld_relaxed_sys_u64(p)) < target) {
     if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, id, peer, stage, target, v)) {
       return false;
     }
   }
+  (void)goep_ld_acquire_sys_u64(p);
   return true;
 }
 
@@ -116,11 +119,12 @@ __device__ __forceinline__ bool goep_wait_ge_u32(const u32* p, u32 target, goep_
                                                  u32 stage) {
   goep_spin s = goep_spin_start();
   u32 v;
-  while ((i32)((v = goep_ld_acquire_sys_u32(p)) - target) < 0) {
+  while ((i32)((v = goep_ld_relaxed_sys_u32(p)) - target) < 0) {
     if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, id, peer, stage, target, v)) {
       return false;
     }
   }
+  (void)goep_ld_acquire_sys_u32(p);
   return true;
 }
 

@@ -12,7 +12,8 @@
 // semaphores, the peer's host through a copy engine. Threads of different
 // GPUs share no scope narrower than .sys, so .gpu-scoped operations between
 // them are not morally strong and order nothing: signal is a release
-// reduction at system scope and wait an acquire load at system scope. The
+// reduction at system scope and wait ends with an acquire load at system
+// scope (it polls with relaxed loads, then acquires once). The
 // release orders every write the signalling thread has made or observed
 // (cumulativity) before the token update; a block that put data with many
 // threads must therefore synchronise (__syncthreads) before one thread
@@ -53,7 +54,8 @@ __device__ __forceinline__ void goep_sem_consumed(const goep_semaphore& s, u64 v
 // when the inbound token is past expected, false at once otherwise.
 __device__ __forceinline__ bool goep_sem_poll(const goep_semaphore& s) {
   const u64 want = goep_sem_expected(s) + 1;
-  if (goep_ld_acquire_sys_u64(s.inbound) >= want) {
+  if (goep_chan_ld_relaxed_sys_u64(s.inbound) >= want) {
+    (void)goep_ld_acquire_sys_u64(s.inbound);  // synchronises with the signal
     goep_sem_consumed(s, want);
     return true;
   }
@@ -66,11 +68,17 @@ __device__ __forceinline__ bool goep_sem_wait(const goep_semaphore& s, u32 stage
   const u64 want = goep_sem_expected(s) + 1;
   goep_spin sp = goep_spin_start();
   u64 got;
-  while ((got = goep_ld_acquire_sys_u64(s.inbound)) < want) {
+  // Spin with relaxed loads: an acquire load on every iteration makes each
+  // poll slower than the signal takes to arrive. Once the token is there,
+  // one acquire load of the same word (it reads the signal's value or a later
+  // one of the same release sequence: tokens only grow, by atomic adds)
+  // synchronises with the signal's release.
+  while ((got = goep_chan_ld_relaxed_sys_u64(s.inbound)) < want) {
     if (!goep_spin_ok(sp, s.wd, GOEP_OP_SEM_WAIT, s.id, s.peer, stage, want, got)) {
       return false;
     }
   }
+  (void)goep_ld_acquire_sys_u64(s.inbound);
   goep_sem_consumed(s, want);
   return true;
 }

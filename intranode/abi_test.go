@@ -12,40 +12,64 @@ import (
 	"github.com/goep-dev/goep/intranode"
 )
 
-// recorder is a Device that records launches instead of running them.
+// recorder is a Device that records launches (and device-to-device copies)
+// instead of running them; the fields hold the last launch.
 type recorder struct {
 	device.Device
 	kernel      string
 	grid, block device.Dim3
 	smem        int
 	args        *device.Args
+	launches    []string
+	copies      [][3]uintptr // dst, src, bytes
 }
 
 func (r *recorder) Info() device.Info { return device.Info{Kind: device.Host, SMs: 132} }
 
 func (r *recorder) Launch(name string, grid, block device.Dim3, smem int, _ device.Stream, a *device.Args) error {
 	r.kernel, r.grid, r.block, r.smem, r.args = name, grid, block, smem, a
+	r.launches = append(r.launches, name)
 	return nil
+}
+
+func (r *recorder) CopyAsync(dst, src uintptr, n int, _ device.Stream) error {
+	r.copies = append(r.copies, [3]uintptr{dst, src, uintptr(n)})
+	return nil
+}
+
+func (r *recorder) reset() { r.launches, r.copies = nil, nil }
+
+// launchHook lets a test look at every launch, not only the last.
+type launchHook struct {
+	*recorder
+	on func(name string, grid, block device.Dim3, a *device.Args)
+}
+
+func (h *launchHook) Launch(name string, grid, block device.Dim3, smem int, s device.Stream, a *device.Args) error {
+	h.on(name, grid, block, a)
+	return h.recorder.Launch(name, grid, block, smem, s, a)
 }
 
 type cParam struct{ typ, name string }
 
 // kernelParams reads the parameter lists of the kernel definitions in
-// kernels/intranode.cu.
+// kernels/intranode.cu and kernels/intranode_tma.cu.
 func kernelParams(t *testing.T) map[string][]cParam {
-	src, err := os.ReadFile("../kernels/intranode.cu")
-	require.NoError(t, err)
 	re := regexp.MustCompile(`(?ms)^extern "C" __global__ void (goep_intranode_\w+)\(([^)]*)\)\s*\{`)
 	out := map[string][]cParam{}
-	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
-		var ps []cParam
-		for _, p := range strings.Split(m[2], ",") {
-			f := strings.Fields(p)
-			ps = append(ps, cParam{strings.Join(f[:len(f)-1], " "), f[len(f)-1]})
+	for _, f := range []string{"../kernels/intranode.cu", "../kernels/intranode_tma.cu"} {
+		src, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+			var ps []cParam
+			for _, p := range strings.Split(m[2], ",") {
+				f := strings.Fields(p)
+				ps = append(ps, cParam{strings.Join(f[:len(f)-1], " "), f[len(f)-1]})
+			}
+			out[m[1]] = ps
 		}
-		out[m[1]] = ps
 	}
-	require.Len(t, out, 3)
+	require.Len(t, out, 6)
 	return out
 }
 
@@ -120,6 +144,14 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 	}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "rank_prefix",
 		"recv_base", "num_recv"))
 
+	dispatchWant := func(a intranode.DispatchArgs, rowBytes, scales, slices, skip uint64) map[string]uint64 {
+		return with(map[string]uint64{
+			"off_recv_x": off(l.RecvX), "off_recv_scales": off(l.RecvScales), "off_recv_src": off(l.RecvSrcToken),
+			"off_recv_topk": off(l.RecvTopK), "off_recv_weights": off(l.RecvWeights), "x": 0xb010,
+			"scales": uint64(a.Scales), "topk_idx": 0xb108, "topk_weights": 0xb204, "local_experts": 3,
+			"row_bytes": rowBytes, "num_scales": scales, "num_slices": slices, "skip_entry": skip,
+		}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "recv_base")
+	}
 	for _, fp8 := range []bool{false, true} {
 		a := intranode.DispatchArgs{X: 0xb010, TopK: 0xb108, Weights: 0xb204, Handle: h, FP8: fp8}
 		rowBytes, scales := uint64(512), uint64(0)
@@ -130,26 +162,143 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 		require.Equal(t, intranode.KernelDispatch, rec.kernel)
 		require.Equal(t, device.D1(3), rec.grid, "5 tokens, 2 warps a block: 3 blocks")
 		require.Equal(t, device.D1(64), rec.block)
-		checkLaunch(t, params[intranode.KernelDispatch], rec.args, with(map[string]uint64{
-			"off_recv_x": off(l.RecvX), "off_recv_scales": off(l.RecvScales), "off_recv_src": off(l.RecvSrcToken),
-			"off_recv_topk": off(l.RecvTopK), "off_recv_weights": off(l.RecvWeights), "x": 0xb010,
-			"scales": uint64(a.Scales), "topk_idx": 0xb108, "topk_weights": 0xb204, "local_experts": 3,
-			"row_bytes": rowBytes, "num_scales": scales,
-		}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "recv_base"))
+		checkLaunch(t, params[intranode.KernelDispatch], rec.args, dispatchWant(a, rowBytes, scales, 1, 0))
+
+		// The wide build: same parameters.
+		require.NoError(t, ws.Dispatch(rec, nil, a, intranode.LaunchConfig{NumSMs: 20, Threads: 64, Copy: intranode.CopyWide}))
+		require.Equal(t, intranode.KernelDispatchWide, rec.kernel)
+		checkLaunch(t, params[intranode.KernelDispatchWide], rec.args, dispatchWant(a, rowBytes, scales, 1, 0))
+
+		// TMA: plus the staging piece and stages, and dynamic shared memory.
+		require.NoError(t, ws.Dispatch(rec, nil, a, intranode.LaunchConfig{NumSMs: 20, Copy: intranode.CopyTMA}))
+		require.Equal(t, intranode.KernelDispatchTMA, rec.kernel)
+		require.Equal(t, device.D1(2), rec.grid, "5 tokens, 4 warps a block: 2 blocks")
+		require.Equal(t, device.D1(96), rec.block, "3 tokens in the first block: 3 warps")
+		piece := intranode.TMAPiece(96)
+		require.Equal(t, 3*intranode.TMAStages*piece, rec.smem)
+		require.LessOrEqual(t, rec.smem, 46<<10)
+		w := dispatchWant(a, rowBytes, scales, 1, 0)
+		w["piece_bytes"], w["stages"] = uint64(piece), intranode.TMAStages
+		checkLaunch(t, params[intranode.KernelDispatchTMA], rec.args, w)
+
+		// A block size meant for the plain path is capped for TMA.
+		require.NoError(t, ws.Dispatch(rec, nil, a, intranode.LaunchConfig{NumSMs: 1, Threads: 1024, Copy: intranode.CopyTMA}))
+		require.Equal(t, device.D1(160), rec.block, "5 tokens in one block")
+		require.NoError(t, ws.Dispatch(rec, nil, a, intranode.LaunchConfig{NumSMs: 1, Threads: 1024, Copy: intranode.CopyWide}))
+		require.Equal(t, intranode.KernelDispatchWide, rec.kernel)
+		require.Equal(t, device.D1(160), rec.block)
 	}
 
-	require.NoError(t, ws.Combine(rec, nil, intranode.CombineArgs{Y: 0xc010, Weights: 0xc104, Bias0: 0xc210,
-		Bias1: 0xc310, Out: 0xc410, OutWeights: 0xc504, Handle: h}, intranode.LaunchConfig{}))
-	require.Equal(t, intranode.KernelCombine, rec.kernel)
-	require.Equal(t, device.D1(intranode.DefaultSMs), rec.grid)
-	require.Equal(t, device.D1(intranode.DefaultCombineThreads), rec.block)
-	checkLaunch(t, params[intranode.KernelCombine], rec.args, with(map[string]uint64{
-		"off_slots": off(l.CombineX), "off_wslots": off(l.CombineWeights), "slot_rows": 64, "y": 0xc010,
-		"weights": 0xc104, "bias0": 0xc210, "bias1": 0xc310, "out": 0xc410, "out_weights": 0xc504, "hidden": 256,
-	}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "rank_prefix"))
+	// Few tokens, a wide row: rows are cut into slices so that every warp
+	// of the grid gets work; notify+dispatch skips the entry wait.
+	{
+		l2, err := intranode.NewLayout(intranode.Config{Ranks: 4, MaxTokens: 64, Hidden: 7168, TopK: 3, LocalExperts: 3})
+		require.NoError(t, err)
+		ws2 := ws
+		ws2.Layout, ws2.Size = l2, l2.Size
+		a := intranode.DispatchArgs{X: 0xb010, TopK: 0xb108, Weights: 0xb204, Handle: h}
+		rec.reset()
+		require.NoError(t, ws2.NotifyDispatch(rec, nil, intranode.NotifyArgs{TopK: 0x9008, Handle: h}, a,
+			intranode.LaunchConfig{NumSMs: 24}))
+		require.Equal(t, []string{intranode.KernelNotify, intranode.KernelDispatch}, rec.launches)
+		// 24 SMs x 32 warps over 5 tokens: 16 slices (the cap), 80 units.
+		require.Equal(t, device.D1(3), rec.grid)
+		require.Equal(t, device.D1(32*32), rec.block)
+		require.Equal(t, uint64(16), uint64(rec.args.GetU32(20)), "num_slices")
+		require.Equal(t, uint64(1), uint64(rec.args.GetU32(21)), "skip_entry")
+		require.ErrorContains(t, ws2.NotifyDispatch(rec, nil, intranode.NotifyArgs{TopK: 0x9008, Handle: h},
+			intranode.DispatchArgs{X: 0xb010, TopK: 0xb108, Handle: ws2.DefaultHandle(5)}, intranode.LaunchConfig{}),
+			"same handle")
+	}
 
-	// The grid never exceeds the device's SMs (combine needs its blocks resident).
-	require.NoError(t, ws.Combine(rec, nil, intranode.CombineArgs{Y: 0xc010, Out: 0xc410, Handle: h},
-		intranode.LaunchConfig{NumSMs: 1000}))
-	require.Equal(t, device.D1(132), rec.grid)
+	combineWant := func(offY, offW uint64, slices uint64) map[string]uint64 {
+		return with(map[string]uint64{
+			"off_y": offY, "off_w": offW, "bias0": 0xc210, "bias1": 0xc310, "out": 0xc410, "out_weights": 0xc504,
+			"hidden": 256, "num_slices": slices,
+		}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "recv_base")
+	}
+	in := ws.CombineInput()
+	recv := ws.Recv()
+	require.Equal(t, ws.Base+uintptr(l.CombineX.Offset), in.X)
+	require.Equal(t, ws.Base+uintptr(l.CombineWeights.Offset), in.Weights)
+
+	// y and weights in the workspace (the combine input region, the receive
+	// region): read in place, no staging.
+	for _, c := range []struct{ y, w uintptr }{{in.X, in.Weights}, {recv.X, recv.Weights}, {recv.X, 0}} {
+		rec.reset()
+		a := intranode.CombineArgs{Y: c.y, Weights: c.w, Bias0: 0xc210, Bias1: 0xc310, Out: 0xc410, Handle: h}
+		offW := intranode.NoOffset
+		if c.w != 0 {
+			a.OutWeights = 0xc504
+			offW = uint64(c.w - ws.Base)
+		}
+		require.NoError(t, ws.Combine(rec, nil, a, intranode.LaunchConfig{}))
+		require.Equal(t, []string{intranode.KernelCombine}, rec.launches)
+		require.Empty(t, rec.copies)
+		// Rows of 32 chunks of 16 bytes: too short to cut (a slice takes 2
+		// chunks a lane); 5 units fill one block of 5 warps.
+		require.Equal(t, device.D1(1), rec.grid)
+		require.Equal(t, device.D1(160), rec.block)
+		w := combineWant(uint64(c.y-ws.Base), offW, 1)
+		if c.w == 0 {
+			w["out_weights"] = 0
+		}
+		checkLaunch(t, params[intranode.KernelCombine], rec.args, w)
+	}
+
+	// y and weights outside: staged into the combine input region first,
+	// by the copy kernel (count from the handle) or, given Rows, by copies.
+	rec.reset()
+	a := intranode.CombineArgs{Y: 0xc010, Weights: 0xc104, Bias0: 0xc210, Bias1: 0xc310, Out: 0xc410, OutWeights: 0xc504,
+		Handle: h}
+	require.NoError(t, ws.Combine(rec, nil, a, intranode.LaunchConfig{NumSMs: 1000}))
+	require.Equal(t, []string{intranode.KernelCopyRows, intranode.KernelCopyRows, intranode.KernelCombine}, rec.launches)
+	require.Equal(t, device.D1(1), rec.grid, "the grid never exceeds the units")
+	checkLaunch(t, params[intranode.KernelCombine], rec.args,
+		combineWant(uint64(in.X-ws.Base), uint64(in.Weights-ws.Base), 1))
+	rec.reset()
+	a.Rows = 7
+	require.NoError(t, ws.Combine(rec, nil, a, intranode.LaunchConfig{}))
+	require.Equal(t, []string{intranode.KernelCombine}, rec.launches)
+	require.Equal(t, [][3]uintptr{{in.X, 0xc010, 7 * 512}, {in.Weights, 0xc104, 7 * 12}}, rec.copies)
+	checkLaunch(t, params[intranode.KernelCombine], rec.args,
+		combineWant(uint64(in.X-ws.Base), uint64(in.Weights-ws.Base), 1))
+
+	// The copy kernel's parameters.
+	rec.reset()
+	a.Rows = 0
+	a.Weights, a.OutWeights = 0, 0
+	var copyArgs *device.Args
+	dev := &launchHook{recorder: rec, on: func(name string, grid, block device.Dim3, a *device.Args) {
+		if name == intranode.KernelCopyRows {
+			copyArgs = a
+			// 256 rows of 512 bytes: 8192 vectors, 4 a thread.
+			require.Equal(t, device.D1(4), grid, "the staging copy: no more blocks than the worst case fills")
+			require.Equal(t, device.D1(intranode.DefaultCopyThreads), block)
+		}
+	}}
+	require.NoError(t, ws.Combine(dev, nil, a, intranode.LaunchConfig{}))
+	require.Equal(t, []string{intranode.KernelCopyRows, intranode.KernelCombine}, rec.launches)
+	require.NotNil(t, copyArgs)
+	checkLaunch(t, params[intranode.KernelCopyRows], copyArgs, map[string]uint64{
+		"src": 0xc010, "dst": uint64(in.X), "num_rows": 0x8304, "max_rows": 4 * 64, "row_bytes": 512})
+
+	// Wide rows: combine cuts few tokens into slices too.
+	{
+		l2, err := intranode.NewLayout(intranode.Config{Ranks: 4, MaxTokens: 64, Hidden: 7168, TopK: 3, LocalExperts: 3})
+		require.NoError(t, err)
+		ws2 := ws
+		ws2.Layout, ws2.Size = l2, l2.Size
+		rec.reset()
+		require.NoError(t, ws2.Combine(rec, nil, intranode.CombineArgs{Y: ws2.Recv().X, Out: 0xc410, Handle: h},
+			intranode.LaunchConfig{}))
+		// 24 SMs x 16 warps over 5 tokens: 77 -> 14 slices (896 chunks, 64 a slice), 70 units.
+		require.Equal(t, uint64(14), uint64(rec.args.GetU32(15)), "num_slices")
+		require.Equal(t, device.D1(5), rec.grid)
+		require.Equal(t, device.D1(14*32), rec.block)
+	}
+
+	// A y inside the workspace without room for MaxRecv rows after it.
+	require.ErrorContains(t, ws.Combine(rec, nil, intranode.CombineArgs{Y: ws.Base + uintptr(l.Size) - 4096, Out: 0xc410,
+		Handle: h}, intranode.LaunchConfig{}), "no room")
 }

@@ -37,14 +37,19 @@ type Bench struct {
 	// Notify is the first kernel of a non-cached dispatch (the host then
 	// waits for Rank.RecvCountNow() >= 0, as DeepEP does, before it sizes
 	// outputs); NotifyDispatch is a whole non-cached dispatch without that
-	// wait (outputs are views, sized for the worst case).
+	// wait (outputs are views, sized for the worst case), through
+	// Workspace.NotifyDispatch.
 	Notify, NotifyDispatch func(s device.Stream) error
 	// Dispatch is a cached dispatch (DeepEP's timed mode): the handle is
 	// reused, no notify, no host synchronisation.
 	Dispatch func(s device.Stream) error
-	// Combine sends back a BF16 row per received token (random data) with
-	// the handle and sums them at their owners.
+	// Combine sends back a BF16 row per received token (random data, in the
+	// combine input region, so read in place) with the handle and sums them
+	// at their owners.
 	Combine func(s device.Stream) error
+	// DispatchWith and CombineWith are Dispatch and Combine with another
+	// launch configuration (copy path, SMs, threads).
+	DispatchWith, CombineWith func(cfg LaunchConfig) func(s device.Stream) error
 	// DispatchBytes and CombineBytes count as DeepEP's intranode test does:
 	// received rows x hidden x 2 bytes, self-traffic included; FP8
 	// dispatch counts hidden + hidden/32 bytes a row (1 byte an element
@@ -119,13 +124,11 @@ func NewBench(ctx context.Context, r *Rank, s device.Stream, in BenchInput) (_ *
 	}
 
 	b.Notify = func(s device.Stream) error { return r.Notify(s, da.TopK, b.Handle, 0) }
-	b.Dispatch = func(s device.Stream) error { return r.WS.Dispatch(dev, s, da, in.Launch) }
-	b.NotifyDispatch = func(s device.Stream) error {
-		if err := b.Notify(s); err != nil {
-			return err
-		}
-		return b.Dispatch(s)
+	b.DispatchWith = func(cfg LaunchConfig) func(s device.Stream) error {
+		return func(s device.Stream) error { return r.WS.Dispatch(dev, s, da, cfg) }
 	}
+	b.Dispatch = b.DispatchWith(in.Launch)
+	b.NotifyDispatch = func(s device.Stream) error { return r.NotifyDispatch(s, da.TopK, b.Handle, 0, da, in.Launch) }
 	if err := b.NotifyDispatch(s); err != nil {
 		return nil, err
 	}
@@ -145,22 +148,33 @@ func NewBench(ctx context.Context, r *Rank, s device.Stream, in BenchInput) (_ *
 		b.DispatchBytes = int64(b.Received) * int64(l.Hidden+l.Hidden/32)
 	}
 
-	ca := CombineArgs{Handle: b.Handle}
-	if ca.Y, err = up(sliceBytes(randBF16s(rng, b.Received*l.Hidden))); err != nil {
-		return nil, err
+	// The combine input where an engine would write it: the combine input
+	// region of the workspace.
+	cin := r.WS.CombineInput()
+	ca := CombineArgs{Handle: b.Handle, Y: cin.X}
+	if b.Received > 0 {
+		if err := dev.CopyIn(cin.X, sliceBytes(randBF16s(rng, b.Received*l.Hidden))); err != nil {
+			return nil, err
+		}
 	}
 	if ca.Out, err = up(make([]byte, 2*t*l.Hidden)); err != nil {
 		return nil, err
 	}
 	if in.Weights {
-		if ca.Weights, err = up(sliceBytes(randFloats(rng, b.Received*l.TopK))); err != nil {
-			return nil, err
+		ca.Weights = cin.Weights
+		if b.Received > 0 {
+			if err := dev.CopyIn(cin.Weights, sliceBytes(randFloats(rng, b.Received*l.TopK))); err != nil {
+				return nil, err
+			}
 		}
 		if ca.OutWeights, err = up(make([]byte, 4*t*l.TopK)); err != nil {
 			return nil, err
 		}
 	}
-	b.Combine = func(s device.Stream) error { return r.WS.Combine(dev, s, ca, in.Launch) }
+	b.CombineWith = func(cfg LaunchConfig) func(s device.Stream) error {
+		return func(s device.Stream) error { return r.WS.Combine(dev, s, ca, cfg) }
+	}
+	b.Combine = b.CombineWith(in.Launch)
 	return b, nil
 }
 

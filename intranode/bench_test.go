@@ -2,7 +2,9 @@ package intranode_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -49,7 +51,14 @@ func TestBenchHost(t *testing.T) {
 	for rep := 0; rep < 3; rep++ {
 		run(t, g, streams, func(i int, r *intranode.Rank, s device.Stream) error {
 			b := benches[i]
-			for _, f := range []func(device.Stream) error{b.NotifyDispatch, b.Dispatch, b.Combine, b.Combine, b.Dispatch} {
+			fs := []func(device.Stream) error{b.NotifyDispatch, b.Dispatch, b.Combine, b.Combine, b.Dispatch}
+			for _, v := range benchVariants(true) {
+				fs = append(fs, v.pick(b))
+			}
+			for _, v := range benchVariants(false) {
+				fs = append(fs, v.pick(b))
+			}
+			for _, f := range fs {
 				if err := f(s); err != nil {
 					return err
 				}
@@ -60,12 +69,18 @@ func TestBenchHost(t *testing.T) {
 	t.Logf("4 host ranks received %d rows in all", total)
 }
 
-// GPU timings at DeepEP's shape (hidden 7168, top-8 of 256 experts, 4096
-// tokens a rank) on every GPU of the machine (2, 4 or 8 goroutine ranks),
-// each call timed as DeepEP's test does: the mean of back-to-back calls
-// between two events on rank 0's stream after warm-ups. Run:
+// GPU timings at DeepEP's shape (hidden 7168, top-8 of 256 experts, 4096,
+// 512 and 128 tokens a rank, BF16 and FP8) on every GPU of the machine (2, 4
+// or 8 goroutine ranks), each call timed as DeepEP's test does: the mean of
+// back-to-back calls between two events on rank 0's stream after warm-ups.
+// Per shape: cached dispatch through each copy path (plain, wide, tma) on
+// 24 and 16 SMs, notify+dispatch (defaults), and for BF16 combine on 24 and
+// 16 SMs (input in the combine input region). Run:
 //
 //	go test -run '^$' -bench GPU -benchtime 50x ./intranode
+//
+// GOEP_BENCH_NO_TMA=1 leaves the TMA variants out (a TMA variant whose
+// module does not compile is skipped with the error).
 func BenchmarkGPU(b *testing.B) {
 	n := gpuCount(b)
 	if n < 2 {
@@ -85,27 +100,61 @@ func BenchmarkGPU(b *testing.B) {
 	}
 }
 
+// benchVariant is one timed closure of a shape.
+type benchVariant struct {
+	name     string
+	pick     func(x *intranode.Bench) func(device.Stream) error
+	combine  bool
+	optional bool // skip (not fail) when the first launch errors: a path the toolchain may not build
+}
+
+func benchVariants(fp8 bool) []benchVariant {
+	var vs []benchVariant
+	dispatch := func(c intranode.CopyMode) {
+		for _, sms := range []int{24, 16} {
+			cfg := intranode.LaunchConfig{NumSMs: sms, Copy: c}
+			vs = append(vs, benchVariant{name: fmt.Sprintf("dispatch/%v/sms=%d", c, sms),
+				pick:     func(x *intranode.Bench) func(device.Stream) error { return x.DispatchWith(cfg) },
+				optional: c == intranode.CopyTMA})
+		}
+	}
+	dispatch(intranode.CopyPlain)
+	dispatch(intranode.CopyWide)
+	vs = append(vs, benchVariant{name: "notify+dispatch",
+		pick: func(x *intranode.Bench) func(device.Stream) error { return x.NotifyDispatch }})
+	if !fp8 {
+		for _, sms := range []int{24, 16} {
+			cfg := intranode.LaunchConfig{NumSMs: sms}
+			vs = append(vs, benchVariant{name: fmt.Sprintf("combine/sms=%d", sms), combine: true,
+				pick: func(x *intranode.Bench) func(device.Stream) error { return x.CombineWith(cfg) }})
+		}
+	}
+	// Last in each shape: the path least proven on hardware.
+	if os.Getenv("GOEP_BENCH_NO_TMA") != "1" {
+		dispatch(intranode.CopyTMA)
+	}
+	return vs
+}
+
+// errOptional marks a failed first launch of an optional variant.
+type errOptional struct{ err error }
+
+func (e errOptional) Error() string { return e.err.Error() }
+
 func benchShape(b *testing.B, ranks, tokens int, fp8 bool) {
 	g, benches, streams := benchGroup(b, device.CUDA, ranks, tokens, 7168, fp8)
-	kinds := []string{"dispatch", "notify+dispatch"}
-	if !fp8 {
-		kinds = append(kinds, "combine")
-	}
-	for _, kind := range kinds {
-		b.Run(kind, func(b *testing.B) {
-			pick := func(x *intranode.Bench) func(device.Stream) error {
-				switch kind {
-				case "dispatch":
-					return x.Dispatch
-				case "combine":
-					return x.Combine
-				}
-				return x.NotifyDispatch
-			}
+	for _, v := range benchVariants(fp8) {
+		b.Run(v.name, func(b *testing.B) {
 			elapsed := make([]time.Duration, ranks)
 			err := g.Run(func(i int, r *intranode.Rank) error {
-				f, s := pick(benches[i]), streams[i]
-				for w := 0; w < 50; w++ {
+				f, s := v.pick(benches[i]), streams[i]
+				if err := f(s); err != nil {
+					if v.optional {
+						return errOptional{err}
+					}
+					return err
+				}
+				for w := 1; w < 50; w++ {
 					if err := f(s); err != nil {
 						return err
 					}
@@ -143,12 +192,16 @@ func benchShape(b *testing.B, ranks, tokens int, fp8 bool) {
 				elapsed[i], err = r.Dev.Elapsed(start, end)
 				return err
 			})
+			var opt errOptional
+			if err != nil && errors.As(err, &opt) {
+				b.Skipf("%s unavailable: %v", v.name, err)
+			}
 			if err != nil {
 				b.Fatal(err)
 			}
 			per := elapsed[0] / time.Duration(b.N)
 			bytes := benches[0].DispatchBytes
-			if kind == "combine" {
+			if v.combine {
 				bytes = benches[0].CombineBytes
 			}
 			b.ReportMetric(float64(per.Nanoseconds())/1e3, "gpu-us/call")

@@ -108,9 +108,18 @@ type spec struct {
 	align     int
 	gen       routing.GenOptions
 	specialY  bool // put +-0, +-inf, NaN, subnormals into combine inputs
-	yIsRecv   bool // combine the received rows themselves (DeepEP's check)
-	iters     int  // notify+dispatch, cached dispatch, combine: this many rounds
-	cfg       intranode.LaunchConfig
+	yIsRecv   bool // combine the received rows themselves (DeepEP's check); same as ymode "recv"
+	// ymode places each rank's combine input (see combineInput): "" or
+	// "copy" outside the workspace (staged by the copy kernel), "rows"
+	// outside with CombineArgs.Rows (staged by device copies), "recv" the
+	// receive region itself (y = recv_x, weights = recv_weights),
+	// "cinput" the combine input region, "mixed" a different one per rank.
+	ymode string
+	iters int // notify+dispatch, cached dispatch, combine: this many rounds
+	cfg   intranode.LaunchConfig
+	// notifyDispatch launches non-cached dispatches with
+	// Workspace.NotifyDispatch (no entry wait) instead of two calls.
+	notifyDispatch bool
 }
 
 func (s spec) layout() intranode.Config {
@@ -124,6 +133,21 @@ func (s spec) layout() intranode.Config {
 
 func (s spec) String() string {
 	return fmt.Sprintf("%s/R=%d/T=%v/H=%d/K=%d/E=%d/fp8=%v", s.name, s.ranks, s.tokens, s.hidden, s.topk, s.experts, s.fp8)
+}
+
+// combineInput is where rank r puts its combine input under s.
+func (s spec) combineInput(r int) string {
+	m := s.ymode
+	if s.yIsRecv {
+		m = "recv"
+	}
+	if m == "mixed" {
+		m = []string{"cinput", "recv", "copy", "rows"}[r%4]
+	}
+	if m == "" {
+		m = "copy"
+	}
+	return m
 }
 
 // rankData is one rank's host inputs and device buffers for a scenario.

@@ -57,6 +57,20 @@ func hostSpecs() []spec {
 			weights: true, cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 64}, iters: 2},
 		{name: "one-block", ranks: 4, tokens: []int{20, 30, 10, 5}, hidden: 128, topk: 5, experts: 20,
 			cfg: intranode.LaunchConfig{NumSMs: 1, Threads: 32}},
+		// Combine inputs in the combine input region, staged with the host
+		// count, and a different placement on every rank.
+		{name: "y-in-cinput", ranks: 4, tokens: []int{9, 0, 13, 6}, hidden: 256, topk: 4, experts: 16, weights: true,
+			bias: 1, ymode: "cinput", iters: 2},
+		{name: "y-rows", ranks: 2, tokens: []int{11, 4}, hidden: 128, topk: 2, experts: 8, weights: true, ymode: "rows"},
+		{name: "y-mixed", ranks: 8, tokens: []int{10, 3, 0, 12, 7, 7, 1, 9}, hidden: 128, topk: 6, experts: 64,
+			weights: true, bias: 2, ymode: "mixed", iters: 2},
+		{name: "y-recv-weights", ranks: 4, tokens: []int{8, 8, 8, 8}, hidden: 128, topk: 3, experts: 12, weights: true,
+			ymode: "recv", iters: 2},
+		// The other copy paths and notify+dispatch in one call.
+		{name: "wide-nd", ranks: 4, tokens: []int{12, 5, 9, 0}, hidden: 256, topk: 4, experts: 16, weights: true,
+			notifyDispatch: true, cfg: intranode.LaunchConfig{Copy: intranode.CopyWide}, iters: 3},
+		{name: "tma-fp8", ranks: 4, tokens: []int{12, 5, 9, 1}, hidden: 384, topk: 4, experts: 16, fp8: true,
+			notifyDispatch: true, cfg: intranode.LaunchConfig{Copy: intranode.CopyTMA}, iters: 2},
 	}
 }
 
@@ -65,9 +79,20 @@ func gpuSpecs(ranks int) []spec {
 	e := 32 * ranks
 	all := []spec{
 		{name: "deepep", ranks: ranks, tokens: fill(ranks, 4096), hidden: 7168, topk: 8, experts: e, weights: true,
-			gen: routing.GenOptions{Masked: 40}},
+			gen: routing.GenOptions{Masked: 40}, ymode: "cinput"},
 		{name: "deepep-y-is-recv", ranks: ranks, tokens: fill(ranks, 2048), hidden: 7168, topk: 8, experts: e,
 			weights: true, yIsRecv: true},
+		{name: "y-mixed", ranks: ranks, tokens: fill(ranks, 1500), hidden: 4096, topk: 8, experts: e, weights: true,
+			bias: 2, ymode: "mixed", iters: 2},
+		{name: "wide-nd", ranks: ranks, tokens: fill(ranks, 2048), hidden: 7168, topk: 8, experts: e, weights: true,
+			notifyDispatch: true, cfg: intranode.LaunchConfig{Copy: intranode.CopyWide}, iters: 2},
+		{name: "tma", ranks: ranks, tokens: fill(ranks, 2048), hidden: 7168, topk: 8, experts: e, weights: true,
+			notifyDispatch: true, cfg: intranode.LaunchConfig{Copy: intranode.CopyTMA}, ymode: "cinput", iters: 2},
+		{name: "tma-fp8", ranks: ranks, tokens: fill(ranks, 2048), hidden: 7168, topk: 8, experts: e, fp8: true,
+			weights: true, cfg: intranode.LaunchConfig{Copy: intranode.CopyTMA}, iters: 2},
+		{name: "tma-odd", ranks: ranks, tokens: append([]int{37}, fill(ranks-1, 300)...), hidden: 2176, topk: 6,
+			experts: 8 * ranks, weights: true, gen: routing.GenOptions{Masked: 5},
+			cfg: intranode.LaunchConfig{Copy: intranode.CopyTMA, NumSMs: 16, Threads: 256}, iters: 2},
 		{name: "fp8", ranks: ranks, tokens: fill(ranks, 1024), hidden: 2048, topk: 8, experts: e, fp8: true,
 			weights: true, iters: 2},
 		{name: "fp8-7168", ranks: ranks, tokens: fill(ranks, 4096), hidden: 7168, topk: 8, experts: e, fp8: true},
@@ -93,7 +118,7 @@ func gpuSpecs(ranks int) []spec {
 	var some []spec
 	for _, s := range all {
 		switch s.name {
-		case "deepep", "fp8", "odd-hidden", "h5120-empty", "t0":
+		case "deepep", "fp8", "odd-hidden", "h5120-empty", "t0", "y-mixed", "tma", "tma-fp8", "wide-nd":
 			if ranks == 2 && s.name == "h5120-empty" {
 				s.gen.EmptyRanks = nil // two ranks: an empty one leaves too few experts for top-4
 			}
@@ -152,6 +177,9 @@ func runSpec(t *testing.T, g *intranode.Group, streams []device.Stream, s spec) 
 			poison(t, r, true)
 		}
 		run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+			if s.notifyDispatch && (i%2 == 0 || it%2 == 1) { // odd ranks mix both forms
+				return r.NotifyDispatch(st, data[i].topk.Ptr, data[i].handle, s.align, data[i].dispatchArgs(s), s.cfg)
+			}
 			if err := r.Notify(st, data[i].topk.Ptr, data[i].handle, s.align); err != nil {
 				return err
 			}
@@ -197,21 +225,52 @@ func runCombine(t *testing.T, g *intranode.Group, streams []device.Stream, s spe
 		n, tok := dispatched[i].Received(), s.tokens[i]
 		var b []device.Buffer
 		a := intranode.CombineArgs{Handle: data[i].handle}
-		if s.yIsRecv {
+		mode := s.combineInput(i)
+		l := r.WS.Layout
+		// Poison the outputs and the combine input region, not the received
+		// rows (which y may be).
+		for _, reg := range []intranode.Region{l.CombineX, l.CombineWeights} {
+			require.NoError(t, d.MemsetAsync(r.WS.Base+uintptr(reg.Offset), 0xEE, reg.Size, nil))
+		}
+		require.NoError(t, d.DefaultStream().Synchronize())
+		switch mode {
+		case "recv":
 			cins[i].Y = dispatched[i].RecvX
 			a.Y = r.WS.Recv().X
-		} else {
+			if s.weights {
+				cins[i].Weights = dispatched[i].RecvWeights
+				a.Weights = r.WS.Recv().Weights
+			}
+		case "cinput":
+			cins[i].Y = randBF16(rng, n*s.hidden, s.specialY)
+			a.Y = r.WS.CombineInput().X
+			require.NoError(t, d.CopyIn(a.Y, bytesOf(cins[i].Y)))
+			if s.weights {
+				cins[i].Weights = randF32(rng, n*s.topk)
+				a.Weights = r.WS.CombineInput().Weights
+				require.NoError(t, d.CopyIn(a.Weights, bytesOf(cins[i].Weights)))
+			}
+		case "copy", "rows":
 			cins[i].Y = randBF16(rng, n*s.hidden, s.specialY)
 			y := upload(t, d, cins[i].Y)
 			a.Y = y.Ptr
 			b = append(b, y)
+			if s.weights {
+				cins[i].Weights = randF32(rng, n*s.topk)
+				w := upload(t, d, cins[i].Weights)
+				a.Weights = w.Ptr
+				b = append(b, w)
+			}
+			if mode == "rows" {
+				a.Rows = n
+			}
+		default:
+			t.Fatalf("combine input mode %q", mode)
 		}
 		if s.weights {
-			cins[i].Weights = randF32(rng, n*s.topk)
-			w := upload(t, d, cins[i].Weights)
 			ow := alloc(t, d, 4*tok*s.topk)
-			a.Weights, a.OutWeights = w.Ptr, ow.Ptr
-			b = append(b, w, ow)
+			a.OutWeights = ow.Ptr
+			b = append(b, ow)
 		}
 		if s.bias >= 1 {
 			cins[i].Bias0 = randBF16(rng, tok*s.hidden, s.specialY)
@@ -233,12 +292,6 @@ func runCombine(t *testing.T, g *intranode.Group, streams []device.Stream, s spe
 		extra := []device.Buffer{out}
 		if s.weights {
 			extra = append(extra, device.Buffer{Ptr: a.OutWeights, Size: 4 * tok * s.topk})
-		}
-		// Poison the outputs and the combine slots, not the received rows
-		// (which y may be).
-		l := r.WS.Layout
-		for _, reg := range []intranode.Region{l.CombineX, l.CombineWeights} {
-			require.NoError(t, d.MemsetAsync(r.WS.Base+uintptr(reg.Offset), 0xEE, reg.Size, nil))
 		}
 		for _, e := range extra {
 			require.NoError(t, d.MemsetAsync(e.Ptr, 0xEE, e.Size, nil))
@@ -342,7 +395,9 @@ func TestMissingPeerTimesOut(t *testing.T) {
 					require.NoError(t, r.WS.Dispatch(r.Dev, st, rd.dispatchArgs(s), intranode.LaunchConfig{}))
 					stage = intranode.StageDispatchEntry
 				case "combine":
-					require.NoError(t, r.WS.Combine(r.Dev, st, intranode.CombineArgs{Y: rd.x.Ptr, Out: out.Ptr,
+					// y in the workspace: no staging copy (the handle was
+					// never filled by a notify).
+					require.NoError(t, r.WS.Combine(r.Dev, st, intranode.CombineArgs{Y: r.WS.Recv().X, Out: out.Ptr,
 						Handle: rd.handle}, intranode.LaunchConfig{}))
 					stage = intranode.StageCombineEntry
 				}
@@ -428,6 +483,108 @@ func TestGraphReplays(t *testing.T) {
 					checkDispatch(t, s, r, data[i], want[i], fmt.Sprintf("replay %d", rep))
 					sameSlice(t, wantC[i].X, download[uint16](t, r.Dev, outs[i].Ptr, s.tokens[i]*s.hidden),
 						"replay %d: rank %d combine", rep, i)
+				}
+			}
+		})
+	}
+}
+
+// Back-to-back combines, each rank rewriting its combine input in stream
+// order right after each combine and launching the next one without any
+// host synchronisation: correct only if a combine ends on a rank when
+// every peer has finished reading that rank's input (the completion
+// barrier), whichever rank is fast. Inputs alternate between the combine
+// input region and the receive region (overwritten by a copy too).
+func TestCombineInputReuse(t *testing.T) {
+	kinds := []device.Kind{device.Host}
+	if gpuCount(t) >= 2 {
+		kinds = append(kinds, device.CUDA)
+	}
+	for _, kind := range kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			ranks, rounds := 2, 6
+			s := spec{ranks: 2, tokens: []int{40, 25}, hidden: 256, topk: 4, experts: 8, weights: true}
+			if kind == device.CUDA {
+				ranks, rounds = min(gpuCount(t), intranode.MaxRanks), 4
+				s = spec{ranks: ranks, tokens: fill(ranks, 1024), hidden: 7168, topk: 8, experts: 32 * ranks, weights: true}
+			}
+			g := newGroup(t, kind, s.layout(), 20*time.Second)
+			streams := newStreams(t, g)
+			shape := intranode.Shape{Hidden: s.hidden, TopK: s.topk, Experts: s.experts, Ranks: s.ranks}
+			data := make([]*rankData, ranks)
+			ins := make([]intranode.RankInput, ranks)
+			for i, r := range g.Ranks {
+				rt, err := routing.Generate(routing.Shape{Tokens: s.tokens[i], K: s.topk, Experts: s.experts, Ranks: ranks},
+					routing.GenOptions{Seed: uint64(i) + 5})
+				require.NoError(t, err)
+				data[i] = &rankData{in: newInputs(t, s, i, rt.Idx, 3), handle: r.WS.DefaultHandle(s.tokens[i])}
+				data[i].topk = upload(t, r.Dev, rt.Idx)
+				data[i].uploadX(t, r.Dev, s)
+				ins[i] = data[i].in
+			}
+			run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+				return r.NotifyDispatch(st, data[i].topk.Ptr, data[i].handle, 0, data[i].dispatchArgs(s), intranode.LaunchConfig{})
+			})
+			want, err := intranode.ReferenceDispatch(shape, ins, 0)
+			require.NoError(t, err)
+
+			// Per round and rank: the input (host and a device copy of it),
+			// and the outputs.
+			type round struct {
+				cins    []intranode.CombineInput
+				y, w    []device.Buffer
+				out, ow []device.Buffer
+			}
+			rs := make([]round, rounds)
+			for k := range rs {
+				rd := round{cins: make([]intranode.CombineInput, ranks)}
+				for i, r := range g.Ranks {
+					rng := rand.New(rand.NewPCG(uint64(k), uint64(i)))
+					n, tok := want[i].Received(), s.tokens[i]
+					rd.cins[i] = intranode.CombineInput{Y: randBF16(rng, n*s.hidden, false), Weights: randF32(rng, n*s.topk)}
+					rd.y = append(rd.y, upload(t, r.Dev, rd.cins[i].Y))
+					rd.w = append(rd.w, upload(t, r.Dev, rd.cins[i].Weights))
+					rd.out = append(rd.out, alloc(t, r.Dev, 2*tok*s.hidden))
+					rd.ow = append(rd.ow, alloc(t, r.Dev, 4*tok*s.topk))
+				}
+				rs[k] = rd
+			}
+			run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+				n := want[i].Received()
+				for k, rd := range rs {
+					dst, wdst := r.WS.CombineInput().X, r.WS.CombineInput().Weights
+					if k%2 == 1 {
+						dst, wdst = r.WS.Recv().X, r.WS.Recv().Weights
+					}
+					if err := r.Dev.CopyAsync(dst, rd.y[i].Ptr, 2*n*s.hidden, st); err != nil {
+						return err
+					}
+					if err := r.Dev.CopyAsync(wdst, rd.w[i].Ptr, 4*n*s.topk, st); err != nil {
+						return err
+					}
+					a := intranode.CombineArgs{Y: dst, Weights: wdst, Out: rd.out[i].Ptr, OutWeights: rd.ow[i].Ptr,
+						Handle: data[i].handle}
+					if err := r.WS.Combine(r.Dev, st, a, intranode.LaunchConfig{}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			for k, rd := range rs {
+				wantC, err := intranode.ReferenceCombine(shape, s.tokens, want, rd.cins)
+				require.NoError(t, err)
+				for i, r := range g.Ranks {
+					tok := s.tokens[i]
+					sameSlice(t, wantC[i].X, download[uint16](t, r.Dev, rd.out[i].Ptr, tok*s.hidden), "round %d: rank %d x", k, i)
+					sameFloats(t, wantC[i].Weights, download[float32](t, r.Dev, rd.ow[i].Ptr, tok*s.topk),
+						"round %d: rank %d weights", k, i)
+				}
+			}
+			for _, rd := range rs {
+				for i, r := range g.Ranks {
+					for _, b := range []device.Buffer{rd.y[i], rd.w[i], rd.out[i], rd.ow[i]} {
+						require.NoError(t, r.Dev.Free(b))
+					}
 				}
 			}
 		})

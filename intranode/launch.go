@@ -3,6 +3,7 @@ package intranode
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -109,25 +110,125 @@ func (w *Workspace) Recv() RecvViews {
 	return v
 }
 
+// CombineInputViews are this rank's combine input region: where an engine
+// can write the rows (and weights) it will combine, so that Combine reads
+// them in place (Layout.CombineX, Layout.CombineWeights).
+type CombineInputViews struct {
+	X       uintptr // BF16 [MaxRecv][Hidden]
+	Weights uintptr // float32 [MaxRecv][TopK]
+}
+
+// CombineInput returns the combine input region.
+func (w *Workspace) CombineInput() CombineInputViews {
+	l := w.Layout
+	return CombineInputViews{X: w.Base + uintptr(l.CombineX.Offset), Weights: w.Base + uintptr(l.CombineWeights.Offset)}
+}
+
+// CopyMode selects how dispatch moves rows.
+type CopyMode int
+
+const (
+	// CopyDefault is DefaultCopy.
+	CopyDefault CopyMode = iota
+	// CopyPlain: 16-byte loads and stores, up to 1024 threads a block,
+	// 4 vectors a lane in flight (KernelDispatch).
+	CopyPlain
+	// CopyWide: 16-byte loads and stores, up to 512 threads a block, 8
+	// vectors a lane a round and the next round's loads in flight during the
+	// stores (KernelDispatchWide).
+	CopyWide
+	// CopyTMA: bulk loads into shared memory and bulk stores to the peers
+	// (KernelDispatchTMA, NVRTC >= 12 and sm_90+; elsewhere the same kernel
+	// runs the plain body).
+	CopyTMA
+)
+
+// DefaultCopy is what CopyDefault means.
+const DefaultCopy = CopyPlain
+
+func (m CopyMode) String() string {
+	switch m {
+	case CopyDefault:
+		return "default"
+	case CopyPlain:
+		return "plain"
+	case CopyWide:
+		return "wide"
+	case CopyTMA:
+		return "tma"
+	}
+	return fmt.Sprintf("copy mode %d", int(m))
+}
+
 // LaunchConfig sizes a dispatch or combine launch; the zero value is the
 // default.
 type LaunchConfig struct {
 	// NumSMs caps the grid (one block per SM); 0 means DefaultSMs. The
-	// grid is also capped by the device's SM count, because combine needs
-	// all its blocks resident at once.
+	// grid is also capped by the device's SM count.
 	NumSMs int
 	// Threads per block: a multiple of 32 up to the kernel's maximum; 0
-	// means the kernel's default.
+	// means the kernel's default. Launchers may use fewer when the work
+	// does not fill the blocks.
 	Threads int
+	// Copy selects dispatch's copy path (ignored by combine and notify).
+	// Threads valid for the plain path are capped to what the chosen path
+	// takes (wide: 512, TMA: TMAMaxUsefulThreads).
+	Copy CopyMode
 }
 
 // Launch defaults.
 const (
-	DefaultSMs            = 24
-	DefaultNotifyThreads  = 1024
-	DefaultDispatchThread = 1024
-	DefaultCombineThreads = 512
+	DefaultSMs                 = 24
+	DefaultNotifyThreads       = 1024
+	DefaultDispatchThread      = 1024
+	DefaultDispatchWideThreads = 512
+	DefaultDispatchTMAThreads  = 128
+	DefaultCombineThreads      = 512
+	DefaultCopyThreads         = 512
 )
+
+// TMA staging: stages buffers per warp, each of the largest multiple of
+// tmaPieceAlign that fits tmaSmemBudget bytes of dynamic shared memory for
+// the whole block (the kernels do not opt in to more than 48 KiB a block;
+// the TMA kernel's static shared memory is about 2 KiB).
+const (
+	TMAStages      = 3
+	tmaSmemBudget  = 44 << 10
+	tmaPieceAlign  = 512
+	tmaMaxPiece    = 16 << 10
+	maxSlices      = 16
+	combineUnroll  = 2 // GOEP_IN_COMBINE_UNROLL
+	chunkBytes     = 16
+	lanesPerWarp   = 32
+	minSliceChunks = lanesPerWarp
+)
+
+// TMAMaxUsefulThreads caps a TMA dispatch's block (pieces of 1.5 KiB).
+const TMAMaxUsefulThreads = 256
+
+// TMAPiece is the staging piece size of a TMA dispatch with this many
+// threads a block (0 if the buffers cannot fit).
+func TMAPiece(threads int) int {
+	var _ [TMAMaxStages - TMAStages]struct{} // TMAStages <= TMAMaxStages
+	warps := threads / lanesPerWarp
+	if warps < 1 {
+		return 0
+	}
+	p := tmaSmemBudget / (warps * TMAStages) / tmaPieceAlign * tmaPieceAlign
+	return min(p, tmaMaxPiece)
+}
+
+// slices is how many slices each of tokens rows is cut into so that about
+// warps warps have a unit each, at least minChunks 16-byte chunks a slice
+// and at most maxSlices.
+func slices(tokens, warps, chunks, minChunks int) int {
+	if tokens <= 0 {
+		return 1
+	}
+	s := (warps + tokens - 1) / tokens
+	s = min(s, max(1, chunks/minChunks), maxSlices)
+	return max(s, 1)
+}
 
 func (c LaunchConfig) resolve(dev device.Device, defThreads, maxThreads int) (blocks, threads int, err error) {
 	threads = c.Threads
@@ -240,6 +341,26 @@ type DispatchArgs struct {
 // (Recv views), with its source token index, local expert ids, weights and
 // FP8 scales. The kernel ends when this rank's receive region is complete.
 func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs, cfg LaunchConfig) error {
+	return w.dispatch(dev, s, a, cfg, false)
+}
+
+// NotifyDispatch is Notify then Dispatch (non-cached dispatch) on the same
+// stream, with the same handle. The dispatch skips its entry wait: notify's
+// barrier already proved that every rank finished the work before it (a
+// rank's notify arrives only once its stream got there), so one flag round
+// trip less than the two launches separately. Ranks may mix this with
+// separate Notify and Dispatch calls.
+func (w *Workspace) NotifyDispatch(dev device.Device, s device.Stream, n NotifyArgs, a DispatchArgs, cfg LaunchConfig) error {
+	if n.Handle != a.Handle {
+		return errors.New("intranode: notify+dispatch: notify and dispatch must use the same handle")
+	}
+	if err := w.Notify(dev, s, n, LaunchConfig{}); err != nil {
+		return err
+	}
+	return w.dispatch(dev, s, a, cfg, true)
+}
+
+func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs, cfg LaunchConfig, afterNotify bool) error {
 	if dev == nil {
 		return errors.New("intranode: dispatch: nil device")
 	}
@@ -265,24 +386,73 @@ func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 	if !a.FP8 && a.Scales != 0 {
 		return errors.New("intranode: dispatch: scales given for a BF16 dispatch")
 	}
-	blocks, threads, err := cfg.resolve(dev, DefaultDispatchThread, DispatchMaxThreads)
+	mode := cfg.Copy
+	if mode == CopyDefault {
+		mode = DefaultCopy
+	}
+	kernel, defThreads, maxThreads := KernelDispatch, DefaultDispatchThread, DispatchMaxThreads
+	switch mode {
+	case CopyPlain:
+	case CopyWide:
+		kernel, defThreads, maxThreads = KernelDispatchWide, DefaultDispatchWideThreads, DispatchWideMaxThreads
+	case CopyTMA:
+		kernel, defThreads, maxThreads = KernelDispatchTMA, DefaultDispatchTMAThreads, DispatchTMAMaxThreads
+	default:
+		return fmt.Errorf("intranode: dispatch: unknown %v", mode)
+	}
+	if mode != CopyPlain && cfg.Threads > maxThreads && cfg.Threads <= DispatchMaxThreads {
+		cfg.Threads = maxThreads // a block size meant for the plain path
+	}
+	blocks, threads, err := cfg.resolve(dev, defThreads, maxThreads)
 	if err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
-	// One warp per token at a time: no more blocks than the tokens fill.
-	blocks = min(blocks, max(1, (t+threads/32-1)/(threads/32)))
+	if mode == CopyTMA {
+		// A few warps keep the bulk-copy engine busy; more would shrink the
+		// staging pieces (a config sized for the plain path, e.g. 1024
+		// threads, still works).
+		threads = min(threads, TMAMaxUsefulThreads)
+	}
+	rowBytes := l.RowBytes(a.FP8)
+	chunks := rowBytes / chunkBytes
+	// Units of (token, slice): enough slices that few tokens still give
+	// every warp of the grid a unit; no more blocks than the units fill,
+	// and no more threads than a block's units need.
+	warps := threads / lanesPerWarp
+	sl := slices(t, blocks*warps, chunks, minSliceChunks)
+	if int64(t)*int64(sl) > math.MaxInt32 {
+		return fmt.Errorf("intranode: dispatch: %d tokens x %d slices overflow 32-bit unit indices", t, sl)
+	}
+	units := max(1, t*sl)
+	blocks = min(blocks, (units+warps-1)/warps)
+	perBlock := ((t + blocks - 1) / blocks) * sl
+	threads = min(threads, max(1, perBlock)*lanesPerWarp)
 	scales := 0
 	if a.FP8 {
 		scales = l.ScalesPerRow()
 	}
-	args := device.NewArgs(22).
+	skip := int32(0)
+	if afterNotify {
+		skip = 1
+	}
+	args := device.NewArgs(26).
 		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(uint64(l.RecvX.Offset)).U64(uint64(l.RecvScales.Offset)).
 		U64(uint64(l.RecvSrcToken.Offset)).U64(uint64(l.RecvTopK.Offset)).U64(uint64(l.RecvWeights.Offset)).
 		Ptr(a.X).Ptr(a.Scales).Ptr(a.TopK).Ptr(a.Weights).Ptr(a.Handle.SendPos).Ptr(a.Handle.RecvBase).
 		I32(int32(t)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.LocalExperts)).
-		I32(int32(l.RowBytes(a.FP8))).I32(int32(scales)).Ptr(w.Watchdog).U32(w.WaitID)
-	if err := dev.Launch(KernelDispatch, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
-		return fmt.Errorf("intranode: dispatch: %w", err)
+		I32(int32(rowBytes)).I32(int32(scales)).I32(int32(sl)).I32(skip)
+	smem := 0
+	if mode == CopyTMA {
+		piece := TMAPiece(threads)
+		if piece < tmaPieceAlign {
+			return fmt.Errorf("intranode: dispatch: %d threads leave no room for TMA staging buffers", threads)
+		}
+		smem = threads / lanesPerWarp * TMAStages * piece
+		args.I32(int32(piece)).I32(TMAStages)
+	}
+	args.Ptr(w.Watchdog).U32(w.WaitID)
+	if err := dev.Launch(kernel, device.D1(blocks), device.D1(threads), smem, s, args); err != nil {
+		return fmt.Errorf("intranode: dispatch (%v): %w", mode, err)
 	}
 	return nil
 }
@@ -290,11 +460,17 @@ func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 // CombineArgs are the inputs and outputs of a combine launch.
 type CombineArgs struct {
 	// Y is BF16 [N][Hidden], one row per token this rank received in the
-	// dispatch that built Handle, in receive order (it may be Recv().X
-	// itself); 16-byte aligned.
+	// dispatch that built Handle, in receive order; 16-byte aligned. The
+	// owners of the tokens read it over NVLink, so it should lie in this
+	// rank's workspace: the combine input region (CombineInput().X), the
+	// receive region (Recv().X itself: DeepEP combines recv_x), or
+	// anywhere else inside the workspace with room for MaxRecv rows after
+	// it. A Y outside the workspace works too, slower: Combine first copies
+	// its N rows into the combine input region on the same stream.
 	Y uintptr
 	// Weights is float32 [N][TopK], optional; if one rank passes weights,
-	// every rank must.
+	// every rank must. The same placement rules as Y (CombineInput().Weights,
+	// Recv().Weights, or staged by a copy).
 	Weights uintptr
 	// Bias0 and Bias1 are BF16 [Tokens][Hidden], optional, added after the
 	// sum over ranks.
@@ -308,9 +484,19 @@ type CombineArgs struct {
 	OutWeights uintptr
 	// Handle is the handle of the dispatch whose rows Y holds.
 	Handle Handle
+	// Rows, when > 0, is N (the host knows it, e.g. Rank.RecvCountNow):
+	// a Y or Weights outside the workspace is then staged with a
+	// device-to-device copy of exactly N rows. When 0, the staging copy is a
+	// small kernel that reads N from Handle.NumRecv (graph-safe, no host
+	// count needed).
+	Rows int
 }
 
-// Combine enqueues the combine kernel: every rank must launch it.
+// Combine enqueues the combine kernel: every rank must launch it. It pulls
+// the rows of this rank's tokens from every rank's combine input over
+// NVLink and sums them; it ends once every rank has finished reading this
+// rank's input, so the caller may overwrite Y (and Weights) as soon as its
+// stream passes the combine.
 func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, cfg LaunchConfig) error {
 	if dev == nil {
 		return errors.New("intranode: combine: nil device")
@@ -324,8 +510,8 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 	}
 	t := a.Handle.Tokens
 	if err := checkPtrs(
-		// Y may be empty (this rank received nothing): the kernel reads
-		// N = RankPrefix[R-1] rows, so a null Y is refused anyway.
+		// Y may be empty (this rank received nothing), but a null Y is
+		// refused anyway.
 		ptrCheck{"y", a.Y, 16, true},
 		ptrCheck{"weights", a.Weights, 4, false},
 		ptrCheck{"bias0", a.Bias0, 16, false},
@@ -338,21 +524,97 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 	if a.OutWeights != 0 && a.Weights == 0 {
 		return errors.New("intranode: combine: combined weights asked for, but no weights given")
 	}
+	if a.Rows < 0 || a.Rows > l.MaxRecv() {
+		return fmt.Errorf("intranode: combine: %d rows: the workspace holds 0..%d", a.Rows, l.MaxRecv())
+	}
 	blocks, threads, err := cfg.resolve(dev, DefaultCombineThreads, CombineMaxThreads)
 	if err != nil {
 		return fmt.Errorf("combine: %w", err)
 	}
-	args := device.NewArgs(20).
-		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(uint64(l.CombineX.Offset)).U64(uint64(l.CombineWeights.Offset)).
-		U64(uint64(l.MaxTokens)).
-		Ptr(a.Y).Ptr(a.Weights).Ptr(a.Handle.RankPrefix).Ptr(a.Handle.SendPos).Ptr(a.Bias0).Ptr(a.Bias1).
-		Ptr(a.Out).Ptr(a.OutWeights).
-		I32(int32(t)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.Hidden)).
+	warps := threads / lanesPerWarp
+	sl := slices(t, blocks*warps, l.Hidden*2/chunkBytes, combineUnroll*lanesPerWarp)
+	if int64(t)*int64(sl) > math.MaxInt32 {
+		return fmt.Errorf("intranode: combine: %d tokens x %d slices overflow 32-bit unit indices", t, sl)
+	}
+	units := max(1, t*sl)
+	blocks = min(blocks, (units+warps-1)/warps)
+	threads = min(threads, ((units+blocks-1)/blocks)*lanesPerWarp)
+	// Inputs outside the workspace: checked, then staged (nothing is
+	// enqueued before every check passed).
+	in := w.CombineInput()
+	offY, inY, err := w.inputOffset("y", a.Y, 2*l.Hidden)
+	if err != nil {
+		return err
+	}
+	offW, inW := NoOffset, true
+	if a.Weights != 0 {
+		if offW, inW, err = w.inputOffset("weights", a.Weights, 4*l.TopK); err != nil {
+			return err
+		}
+	}
+	if !inY {
+		if offY, err = w.stage(dev, s, "y", a.Y, in.X, 2*l.Hidden, a.Rows, a.Handle); err != nil {
+			return err
+		}
+	}
+	if !inW {
+		if offW, err = w.stage(dev, s, "weights", a.Weights, in.Weights, 4*l.TopK, a.Rows, a.Handle); err != nil {
+			return err
+		}
+	}
+	args := device.NewArgs(18).
+		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(offY).U64(offW).
+		Ptr(a.Handle.RecvBase).Ptr(a.Handle.SendPos).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
+		I32(int32(t)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.Hidden)).I32(int32(sl)).
 		Ptr(w.Watchdog).U32(w.WaitID)
 	if err := dev.Launch(KernelCombine, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
 		return fmt.Errorf("intranode: combine: %w", err)
 	}
 	return nil
+}
+
+// inputOffset says whether a combine input of rowBytes-byte rows at p lies
+// in this rank's workspace, and where (an offset from Base). Inside, it
+// must leave room for MaxRecv rows.
+func (w *Workspace) inputOffset(what string, p uintptr, rowBytes int) (uint64, bool, error) {
+	l := w.Layout
+	span := uintptr(l.MaxRecv()) * uintptr(rowBytes)
+	if p < w.Base || p >= w.Base+uintptr(w.Size) {
+		return 0, false, nil
+	}
+	if p+span > w.Base+uintptr(w.Size) {
+		return 0, false, fmt.Errorf("intranode: combine: %s at workspace offset %#x leaves no room for %d rows of %d bytes",
+			what, p-w.Base, l.MaxRecv(), rowBytes)
+	}
+	return uint64(p - w.Base), true, nil
+}
+
+// stage copies a combine input outside the workspace, on s, to region
+// (this rank's combine input region) and returns the region's offset:
+// rows rows with a device-to-device copy when rows > 0, else by the copy
+// kernel, which reads the received count from h.NumRecv.
+func (w *Workspace) stage(dev device.Device, s device.Stream, what string, p, region uintptr, rowBytes, rows int, h Handle) (uint64, error) {
+	l := w.Layout
+	if rows > 0 {
+		if err := dev.CopyAsync(region, p, rows*rowBytes, s); err != nil {
+			return 0, fmt.Errorf("intranode: combine: stage %s: %w", what, err)
+		}
+		return uint64(region - w.Base), nil
+	}
+	// Every SM (the count is on the device), but no more threads than the
+	// worst case has 16-byte vectors, 4 a thread.
+	blocks := dev.Info().SMs
+	if blocks <= 0 {
+		blocks = DefaultSMs
+	}
+	vectors := (l.MaxRecv()*rowBytes + chunkBytes - 1) / chunkBytes
+	threads := min(DefaultCopyThreads, (vectors+lanesPerWarp-1)/lanesPerWarp*lanesPerWarp)
+	blocks = max(1, min(blocks, (vectors+4*threads-1)/(4*threads)))
+	args := device.NewArgs(5).Ptr(p).Ptr(region).Ptr(h.NumRecv).I32(int32(l.MaxRecv())).U64(uint64(rowBytes))
+	if err := dev.Launch(KernelCopyRows, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
+		return 0, fmt.Errorf("intranode: combine: stage %s: %w", what, err)
+	}
+	return uint64(region - w.Base), nil
 }
 
 type ptrCheck struct {

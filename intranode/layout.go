@@ -11,6 +11,18 @@ const (
 	KernelNotify   = "goep_intranode_notify"
 	KernelDispatch = "goep_intranode_dispatch"
 	KernelCombine  = "goep_intranode_combine"
+	// KernelDispatchWide is dispatch built for 512-thread blocks: twice the
+	// 16-byte loads in flight per lane, and the next round's loads issued
+	// before this round's stores (LaunchConfig.Copy = CopyWide).
+	KernelDispatchWide = "goep_intranode_dispatch_wide"
+	// KernelDispatchTMA is dispatch through the bulk-copy engine (module
+	// "intranode_tma"; LaunchConfig.Copy = CopyTMA). Built with NVRTC < 12
+	// it runs the plain body.
+	KernelDispatchTMA = "goep_intranode_dispatch_tma"
+	// KernelCopyRows stages a combine input that lies outside the workspace
+	// into the combine input region, sized on the device by the handle's
+	// received count.
+	KernelCopyRows = "goep_intranode_copy_rows"
 )
 
 // Limits of the v1 kernels (kernels/intranode.cuh, intranode.cu).
@@ -23,9 +35,14 @@ const (
 	// FP8 scales cover 128 elements each: FP8 hidden must be a multiple of 128.
 	FP8Block = 128
 
-	NotifyMaxThreads   = 1024
-	DispatchMaxThreads = 1024
-	CombineMaxThreads  = 512
+	NotifyMaxThreads       = 1024
+	DispatchMaxThreads     = 1024
+	DispatchWideMaxThreads = 512
+	DispatchTMAMaxThreads  = 1024
+	CombineMaxThreads      = 512
+	CopyMaxThreads         = 512
+	// TMAMaxStages bounds the staging buffers per warp of the TMA dispatch.
+	TMAMaxStages = 4
 )
 
 // The control block at the start of every workspace (intranode.cuh). It must
@@ -35,7 +52,13 @@ const (
 	CtrlArrive     = 128 // u64[kind][src] at CtrlArrive + kind*CtrlKindStride
 	CtrlEntered    = 512 // u64[kind][src] at CtrlEntered + kind*CtrlKindStride
 	CtrlKindStride = 128
-	CtrlBytes      = 1024
+	// CtrlCombineInput holds, per source rank src at CtrlCombineInput +
+	// src*CtrlCombineInputStride, {u64 y offset, u64 weights offset}: where
+	// src's combine input lies in src's own workspace (NoOffset: no
+	// weights), written by src before its combine entry flag.
+	CtrlCombineInput       = 896
+	CtrlCombineInputStride = 16
+	CtrlBytes              = 1024
 
 	KindNotify   = 0
 	KindDispatch = 1
@@ -46,6 +69,9 @@ const (
 	ArrivalUnit = 1 << 20
 )
 
+// NoOffset in a combine input descriptor: no weights.
+const NoOffset = ^uint64(0)
+
 // EpochOffset is the byte offset of epoch[kind] in the control block.
 func EpochOffset(kind int) int { return CtrlEpoch + 8*kind }
 
@@ -55,19 +81,24 @@ func ArriveOffset(kind, src int) int { return CtrlArrive + kind*CtrlKindStride +
 // EnteredOffset is the byte offset of entered[kind][src] in the control block.
 func EnteredOffset(kind, src int) int { return CtrlEntered + kind*CtrlKindStride + 8*src }
 
+// CombineInputOffset is the byte offset of source src's combine input
+// descriptor {y offset, weights offset} in the control block.
+func CombineInputOffset(src int) int { return CtrlCombineInput + CtrlCombineInputStride*src }
+
 // Stages named in timeout records (goep_timeout_record.stage).
 const (
 	StageNotifyBarrier    = 1 // notify: waiting for a peer's counts
 	StageDispatchEntry    = 2 // dispatch: waiting for a peer to enter the same dispatch
 	StageDispatchArrival  = 3 // dispatch: waiting for a peer's rows to arrive
-	StageCombineEntry     = 4 // combine: waiting for a peer to enter the same combine
-	StageCombineArrival   = 5 // combine: waiting for a peer's rows to arrive
+	StageCombineEntry     = 4 // combine: waiting for a peer to enter the same combine (its input ready)
+	StageCombineArrival   = 5 // combine: waiting for a peer to finish reading this rank's input
 	firstStage, lastStage = StageNotifyBarrier, StageCombineArrival
 )
 
 // StageName says what a stage waited for.
 func StageName(stage uint32) string {
-	names := [...]string{"notify barrier", "dispatch entry", "dispatch arrival", "combine entry", "combine arrival"}
+	names := [...]string{"notify barrier", "dispatch entry", "dispatch arrival", "combine entry",
+		"combine arrival (peers reading this rank's input)"}
 	if stage >= firstStage && stage <= lastStage {
 		return names[stage-1]
 	}
@@ -147,10 +178,12 @@ type Layout struct {
 	// float32[MaxRecv][TopK].
 	RecvX, RecvScales, RecvSrcToken, RecvTopK, RecvWeights Region
 
-	// Combine slots, filled by the ranks that hold this rank's tokens:
-	// CombineX is BF16 [Ranks][MaxTokens][Hidden], CombineWeights float32
-	// [Ranks][MaxTokens][TopK]; [d][j] is what rank d sends back for the
-	// token at send position j of this rank's tokens to d.
+	// Combine input region (Workspace.CombineInput): CombineX holds BF16
+	// rows [MaxRecv][Hidden], CombineWeights float32 [MaxRecv][TopK]. A
+	// rank's combine input must lie in its workspace, because the owners of
+	// the tokens read it over NVLink; an engine writes its expert outputs
+	// here (or into RecvX, in place), and Combine stages an input that lies
+	// elsewhere into this region first.
 	CombineX, CombineWeights Region
 
 	// A handle's device part, for callers that keep one handle per
@@ -191,8 +224,8 @@ func NewLayout(c Config) (Layout, error) {
 	l.RecvSrcToken = place(4 * n)
 	l.RecvTopK = place(8 * k * n)
 	l.RecvWeights = place(4 * k * n)
-	l.CombineX = place(2 * h * r * c.MaxTokens)
-	l.CombineWeights = place(4 * k * r * c.MaxTokens)
+	l.CombineX = place(2 * h * n)
+	l.CombineWeights = place(4 * k * n)
 	l.SendPos = place(4 * c.MaxTokens * r)
 	l.RankPrefix = place(4 * r)
 	l.RecvBase = place(4 * r)
@@ -207,7 +240,7 @@ func (l Layout) Regions() []NamedRegion {
 		{"ctrl", l.Ctrl}, {"counts", l.Counts}, {"expert counts", l.ExpertCounts},
 		{"recv x", l.RecvX}, {"recv scales", l.RecvScales}, {"recv src token", l.RecvSrcToken},
 		{"recv topk", l.RecvTopK}, {"recv weights", l.RecvWeights},
-		{"combine x", l.CombineX}, {"combine weights", l.CombineWeights},
+		{"combine input x", l.CombineX}, {"combine input weights", l.CombineWeights},
 		{"send pos", l.SendPos}, {"rank prefix", l.RankPrefix}, {"recv base", l.RecvBase}, {"num recv", l.NumRecv},
 	}
 }

@@ -169,6 +169,15 @@ func (r *Rank) Notify(s device.Stream, topk uintptr, h Handle, alignment int) er
 		RecvCount: r.RecvCount.Dev, ExpertCounts: r.ExpertCounts.Dev}, LaunchConfig{})
 }
 
+// NotifyDispatch launches notify (as Notify does) and then dispatch with
+// the same handle, the dispatch without its entry wait
+// (Workspace.NotifyDispatch).
+func (r *Rank) NotifyDispatch(s device.Stream, topk uintptr, h Handle, alignment int, a DispatchArgs, cfg LaunchConfig) error {
+	r.setRecvCount(-1)
+	return r.WS.NotifyDispatch(r.Dev, s, NotifyArgs{TopK: topk, Handle: h, ExpertAlignment: alignment,
+		RecvCount: r.RecvCount.Dev, ExpertCounts: r.ExpertCounts.Dev}, a, cfg)
+}
+
 // WaitRecvCount polls the host-mapped received count until notify writes
 // it, as DeepEP's host does before it sizes outputs. It gives up on ctx, on
 // a device-side timeout (Check), or after the watchdog's timeout.

@@ -24,7 +24,13 @@
 //                        into peer d's receive regions only after d has
 //                        entered the same launch, which orders the write after
 //                        d's earlier work on its stream (consumers of the
-//                        previous recv_x, the previous combine's reduction).
+//                        previous recv_x, the previous combine's reads). For
+//                        combine it also says "my combine input is ready".
+//   cinput[src]          {u64 y_off, u64 w_off}, written by rank src before
+//                        its combine entry flag (same thread, so the flag's
+//                        release covers it): where src's combine input rows
+//                        and weights lie in src's own workspace
+//                        (GOEP_IN_NO_OFFSET: no weights).
 //
 // Block shares: block b of a grid of G blocks adds
 //   floor((b+1)*U/G) - floor(b*U/G),  U = GOEP_IN_ARRIVAL_UNIT,
@@ -50,7 +56,22 @@
 // Largest block of each kernel (its __launch_bounds__).
 #define GOEP_IN_NOTIFY_MAX_THREADS 1024
 #define GOEP_IN_DISPATCH_MAX_THREADS 1024
+#define GOEP_IN_DISPATCH_WIDE_MAX_THREADS 512
+#define GOEP_IN_DISPATCH_TMA_MAX_THREADS 1024
 #define GOEP_IN_COMBINE_MAX_THREADS 512
+#define GOEP_IN_COPY_MAX_THREADS 512
+
+// Most staging buffers per warp in the TMA dispatch (intranode_tma.cu).
+#define GOEP_IN_TMA_MAX_STAGES 4
+
+// 16-byte vectors each lane keeps in flight per dispatch copy round
+// (goep_intranode_dispatch; the wide build keeps twice GOEP_IN_WIDE_UNROLL).
+#ifndef GOEP_IN_UNROLL
+#define GOEP_IN_UNROLL 4
+#endif
+#ifndef GOEP_IN_WIDE_UNROLL
+#define GOEP_IN_WIDE_UNROLL 8
+#endif
 
 // Kernel kinds (index of epoch / arrive / entered).
 #define GOEP_IN_KIND_NOTIFY 0
@@ -63,7 +84,12 @@
 #define GOEP_IN_CTRL_ARRIVE 128
 #define GOEP_IN_CTRL_ENTERED 512
 #define GOEP_IN_CTRL_KIND_STRIDE 128
+#define GOEP_IN_CTRL_CINPUT 896
+#define GOEP_IN_CTRL_CINPUT_STRIDE 16
 #define GOEP_IN_CTRL_BYTES 1024
+
+// cinput: "this rank passes no combine weights".
+#define GOEP_IN_NO_OFFSET (~0ull)
 
 #define GOEP_IN_ARRIVAL_UNIT (1ull << 20)
 
@@ -72,11 +98,14 @@
 #define GOEP_IN_STAGE_DISPATCH_ENTRY 2
 #define GOEP_IN_STAGE_DISPATCH_ARRIVAL 3
 #define GOEP_IN_STAGE_COMBINE_ENTRY 4
-#define GOEP_IN_STAGE_COMBINE_ARRIVAL 5
+#define GOEP_IN_STAGE_COMBINE_ARRIVAL 5  // pull combine: peers finishing their reads of this rank's input
 
 static_assert(GOEP_IN_CTRL_ARRIVE + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_ENTERED, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_BYTES, "goep: intranode ctrl");
 static_assert(GOEP_IN_MAX_RANKS * 8 <= GOEP_IN_CTRL_KIND_STRIDE, "goep: intranode ctrl line");
+static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_CINPUT, "goep: intranode ctrl");
+static_assert(GOEP_IN_CTRL_CINPUT + GOEP_IN_MAX_RANKS * GOEP_IN_CTRL_CINPUT_STRIDE <= GOEP_IN_CTRL_BYTES,
+              "goep: intranode ctrl");
 
 __device__ __forceinline__ u64* goep_in_ctrl(u64 base, u64 off_ctrl) { return (u64*)(base + off_ctrl); }
 __device__ __forceinline__ u64* goep_in_epoch(u64* ctrl, int kind) {
@@ -88,6 +117,10 @@ __device__ __forceinline__ u64* goep_in_arrive(u64* ctrl, int kind, int src) {
 __device__ __forceinline__ u64* goep_in_entered(u64* ctrl, int kind, int src) {
   return (u64*)((char*)ctrl + GOEP_IN_CTRL_ENTERED + kind * GOEP_IN_CTRL_KIND_STRIDE) + src;
 }
+// cinput[src]: {y_off, w_off}.
+__device__ __forceinline__ u64* goep_in_cinput(u64* ctrl, int src) {
+  return (u64*)((char*)ctrl + GOEP_IN_CTRL_CINPUT + src * GOEP_IN_CTRL_CINPUT_STRIDE);
+}
 
 // This block's share of GOEP_IN_ARRIVAL_UNIT.
 __device__ __forceinline__ u64 goep_in_block_share() {
@@ -98,11 +131,11 @@ __device__ __forceinline__ u64 goep_in_block_share() {
 // ---------------------------------------------------------------------------
 // Memory operations.
 
-// Reduction (no return value) with release semantics at system scope: the
-// peer that acquires the counter sees every write this thread made or
-// observed before it.
-__device__ __forceinline__ void goep_in_red_add_release_sys_u64(u64* p, u64 v) {
-  asm volatile("red.release.sys.global.add.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+// Reduction with relaxed semantics at system scope. After a
+// fence.acq_rel.sys of the same thread it is a release pattern (PTX memory
+// model), so one fence covers the reductions to every peer.
+__device__ __forceinline__ void goep_in_red_add_relaxed_sys_u64(u64* p, u64 v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 
 // Streaming 16-byte load of data that no one writes during the kernel (the
@@ -116,11 +149,13 @@ __device__ __forceinline__ uint4 goep_in_ld_nc_v4(const void* p) {
   return v;
 }
 
-// 16-byte load cached in L2 only: for data other GPUs wrote during this
-// kernel (read after an acquire), which L1 must not serve stale.
-__device__ __forceinline__ uint4 goep_in_ld_cg_v4(const void* p) {
+// 16-byte load of a peer's combine input (NVLink), read after the acquire
+// of the peer's entry flag: a plain (weak, coherent) load that does not
+// allocate in L1, with a 256-byte L2 prefetch hint. Not .nc: the peer wrote
+// the rows while this kernel may already have been running.
+__device__ __forceinline__ uint4 goep_in_ld_peer_v4(const void* p) {
   uint4 v;
-  asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+  asm volatile("ld.global.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p)
                : "memory");
@@ -163,16 +198,20 @@ __device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int nu
   return !goep_block_any_failed(!ok);
 }
 
-// After this block's writes into the peers' workspaces: barrier, then one
-// thread makes them visible system-wide and adds the block's share to every
-// peer's arrive[kind][rank] (release, system scope).
+// After this block's writes into the peers' workspaces (or, in combine, its
+// reads of them): barrier, then one thread makes them visible system-wide
+// (fence.acq_rel.sys, cumulative over what the block's threads did before
+// the barrier) and adds the block's share to every peer's
+// arrive[kind][rank] with relaxed reductions: fence + relaxed write is a
+// release pattern, so one fence serves every peer instead of one release
+// per peer.
 __device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctrl, int kind, int num_ranks, int rank) {
   __syncthreads();
   if (threadIdx.x == 0) {
     goep_fence_acq_rel_sys();
     const u64 share = goep_in_block_share();
     for (int d = 0; d < num_ranks; ++d) {
-      goep_in_red_add_release_sys_u64(goep_in_arrive(goep_in_ctrl(peers[d], off_ctrl), kind, rank), share);
+      goep_in_red_add_relaxed_sys_u64(goep_in_arrive(goep_in_ctrl(peers[d], off_ctrl), kind, rank), share);
     }
   }
 }
@@ -205,5 +244,231 @@ __device__ __forceinline__ int goep_in_gather_dests(int pos_lane, int val_lane, 
   }
   return __popc(mask);
 }
+
+// ---------------------------------------------------------------------------
+// Dispatch pieces shared by goep_intranode_dispatch (intranode.cu) and
+// goep_intranode_dispatch_tma (intranode_tma.cu).
+//
+// Work split: block b takes tokens [T*b/G, T*(b+1)/G) (contiguous tokens, so
+// a block's rows land contiguously at every destination) and cuts each of
+// its rows into num_slices slices of 16-byte chunks; unit u of the block is
+// slice u % S of token t_lo + u / S, and warp w takes units w, w + nwarps,
+// ... With S = 1 (many tokens) a warp moves whole rows; with few tokens the
+// launcher raises S so that every warp of every SM has work.
+
+// Chunk range [lo, hi) of one slice of a row of nchunks 16-byte chunks.
+__device__ __forceinline__ void goep_in_slice_range(int nchunks, int slice, int num_slices, int* lo, int* hi) {
+  *lo = (int)((i64)nchunks * slice / num_slices);
+  *hi = (int)((i64)nchunks * (slice + 1) / num_slices);
+}
+
+// Announces epoch e of dispatch and, unless skip_entry (a dispatch that
+// directly follows notify on the same stream: notify's barrier already
+// proved that every rank finished the work before it), waits until every
+// rank entered it. False (whole block) when the wait gave up.
+__device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
+                                                       int rank, u64 e, int skip_entry, goep_watchdog* wd,
+                                                       u32 wait_id) {
+  goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e);
+  if (skip_entry) {
+    return true;
+  }
+  return goep_in_wait_entered(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_DISPATCH_ENTRY);
+}
+
+// After the block's rows: arrival; block 0 waits for every source and
+// advances the epoch (the kernel ends once this rank's receive region is
+// complete).
+__device__ __forceinline__ void goep_in_dispatch_finish(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
+                                                        int rank, u64 e, goep_watchdog* wd, u32 wait_id) {
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank);
+  if (blockIdx.x == 0) {
+    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id,
+                              GOEP_IN_STAGE_DISPATCH_ARRIVAL)) {
+      return;
+    }
+    if (threadIdx.x == 0) {
+      *goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH) = e;
+    }
+  }
+}
+
+// Per-row metadata of token t to its nd destinations (warp-collective):
+// local expert ids and weights (lanes < k), the source token (lane 0), the
+// FP8 scales (lanes strided).
+__device__ __forceinline__ void goep_in_dispatch_meta(const u64* s_peers, u64 off_recv_scales, u64 off_recv_src,
+                                                      u64 off_recv_topk, u64 off_recv_weights, const float* scales,
+                                                      const i64* topk_idx, const float* topk_weights, i64 t, int k,
+                                                      int local_experts, int num_scales, int nd, const int* dst,
+                                                      const int* row, int lane) {
+  i64 eid = -1;
+  float w = 0.0f;
+  if (lane < k) {
+    eid = topk_idx[t * k + lane];
+    if (topk_weights != nullptr) {
+      w = topk_weights[t * k + lane];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
+    if (i < nd) {
+      const u64 base = s_peers[dst[i]];
+      const i64 r = row[i];
+      if (lane < k) {
+        const i64 lo = (i64)dst[i] * local_experts;
+        const bool mine = eid >= lo && eid < lo + local_experts;
+        ((i64*)(base + off_recv_topk))[r * k + lane] = mine ? eid - lo : (i64)-1;
+        if (topk_weights != nullptr) {
+          ((float*)(base + off_recv_weights))[r * k + lane] = mine ? w : 0.0f;
+        }
+      }
+      if (lane == 0) {
+        ((i32*)(base + off_recv_src))[r] = (i32)t;
+      }
+    }
+  }
+  for (int c = lane; c < num_scales; c += 32) {
+    const float v = scales[t * num_scales + c];
+#pragma unroll
+    for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
+      if (i < nd) {
+        ((float*)(s_peers[dst[i]] + off_recv_scales))[(i64)row[i] * num_scales + c] = v;
+      }
+    }
+  }
+}
+
+// Loads this lane's U 16-byte chunks c0, c0 + 32, ... (those below c_hi)
+// of a local row.
+template <int U>
+__device__ __forceinline__ void goep_in_load_round(uint4 (&v)[U], const u8* src, int c0, int c_hi) {
+#pragma unroll
+  for (int q = 0; q < U; ++q) {
+    const int c = c0 + 32 * q;
+    if (c < c_hi) {
+      v[q] = goep_in_ld_nc_v4(src + (u64)c * 16);
+    }
+  }
+}
+
+// Stores them to each of the nd destination rows in drow (shared memory).
+template <int U>
+__device__ __forceinline__ void goep_in_store_round(const uint4 (&v)[U], const u64* drow, int nd, int c0, int c_hi) {
+  for (int i = 0; i < nd; ++i) {
+    u8* const d = (u8*)drow[i];
+#pragma unroll
+    for (int q = 0; q < U; ++q) {
+      const int c = c0 + 32 * q;
+      if (c < c_hi) {
+        goep_in_st_v4(d + (u64)c * 16, v[q]);
+      }
+    }
+  }
+}
+
+// The rows of one dispatch block with plain loads and stores: units of
+// (token, slice) over the block's warps; per unit the warp writes the
+// destination rows (compacted, ascending rank) to my_drow, the metadata
+// (slice 0 only), then copies the slice: U vectors per lane per round, and
+// with kPrefetch the next round's loads issued before this round's stores
+// (2U vectors in flight per lane). Token and unit counts fit in int32 (the
+// launcher checks T * S).
+template <int U, bool kPrefetch>
+__device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const i32* s_base, u64* my_drow,
+                                                      u64 off_recv_x, u64 off_recv_scales, u64 off_recv_src,
+                                                      u64 off_recv_topk, u64 off_recv_weights, const u8* x,
+                                                      const float* scales, const i64* topk_idx,
+                                                      const float* topk_weights, const i32* send_pos,
+                                                      int num_tokens, int k, int num_ranks, int local_experts,
+                                                      int row_bytes, int num_scales, int num_slices) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const u32 rank_mask = (1u << num_ranks) - 1u;
+  const int nchunks = row_bytes >> 4;
+  const int t_lo = (int)((i64)num_tokens * blockIdx.x / gridDim.x);
+  const int t_hi = (int)((i64)num_tokens * (blockIdx.x + 1) / gridDim.x);
+  const int nunits = (t_hi - t_lo) * num_slices;
+  for (int u = warp; u < nunits; u += nwarps) {
+    const int q_t = u / num_slices;
+    const i64 t = t_lo + q_t;
+    const int slice = u - q_t * num_slices;
+    int pos = -1, row_here = 0;
+    if (lane < num_ranks) {
+      pos = send_pos[t * num_ranks + lane];
+      row_here = s_base[lane] + pos;
+    }
+    const u32 mask = __ballot_sync(0xffffffffu, pos >= 0) & rank_mask;
+    const int nd = __popc(mask);
+    if (nd == 0) {
+      continue;
+    }
+    __syncwarp();  // the previous unit's readers of my_drow are done
+    if (pos >= 0 && lane < num_ranks) {
+      my_drow[__popc(mask & ((1u << lane) - 1u))] = s_peers[lane] + off_recv_x + (u64)row_here * (u64)row_bytes;
+    }
+    if (slice == 0) {
+      int dst[GOEP_IN_MAX_RANKS], row[GOEP_IN_MAX_RANKS];
+      goep_in_gather_dests(pos, row_here, rank_mask, dst, row);
+      goep_in_dispatch_meta(s_peers, off_recv_scales, off_recv_src, off_recv_topk, off_recv_weights, scales,
+                            topk_idx, topk_weights, t, k, local_experts, num_scales, nd, dst, row, lane);
+    }
+    __syncwarp();
+
+    int c_lo, c_hi;
+    goep_in_slice_range(nchunks, slice, num_slices, &c_lo, &c_hi);
+    const u8* src = x + t * row_bytes;
+    if (!kPrefetch) {
+      for (int c0 = c_lo + lane; c0 < c_hi; c0 += 32 * U) {
+        uint4 v[U];
+        goep_in_load_round<U>(v, src, c0, c_hi);
+        goep_in_store_round<U>(v, my_drow, nd, c0, c_hi);
+      }
+    } else {
+      uint4 a[U], b[U];
+      int c0 = c_lo + lane;
+      goep_in_load_round<U>(a, src, c0, c_hi);
+      for (; c0 < c_hi; c0 += 64 * U) {
+        const int c1 = c0 + 32 * U, c2 = c1 + 32 * U;
+        if (c1 < c_hi) {
+          goep_in_load_round<U>(b, src, c1, c_hi);
+        }
+        goep_in_store_round<U>(a, my_drow, nd, c0, c_hi);
+        if (c2 < c_hi) {
+          goep_in_load_round<U>(a, src, c2, c_hi);
+        }
+        if (c1 < c_hi) {
+          goep_in_store_round<U>(b, my_drow, nd, c1, c_hi);
+        }
+      }
+    }
+  }
+}
+
+// The whole plain dispatch kernel body (shared memory, entry, rows,
+// completion), for the kernels that differ only in UNROLL, PREFETCH and
+// their launch bounds MAXT. Expects the dispatch parameter names.
+#define GOEP_IN_DISPATCH_KERNEL_BODY(UNROLL, PREFETCH, MAXT)                                                       \
+  __shared__ u64 s_epoch;                                                                                         \
+  __shared__ u64 s_peers[GOEP_IN_MAX_RANKS];                                                                      \
+  __shared__ i32 s_base[GOEP_IN_MAX_RANKS];                                                                       \
+  __shared__ u64 s_drow[(MAXT) / 32][GOEP_IN_MAX_RANKS];                                                          \
+  const int tid = threadIdx.x;                                                                                    \
+  u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);                                                          \
+  if (tid == 0) {                                                                                                 \
+    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;                            \
+  }                                                                                                               \
+  if (tid < num_ranks) {                                                                                          \
+    s_peers[tid] = peers[tid];                                                                                    \
+    s_base[tid] = recv_base[tid];                                                                                 \
+  }                                                                                                               \
+  __syncthreads();                                                                                                \
+  const u64 e = s_epoch;                                                                                          \
+  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, skip_entry, wd, wait_id)) {              \
+    return;                                                                                                       \
+  }                                                                                                               \
+  goep_in_dispatch_rows<UNROLL, PREFETCH>(s_peers, s_base, s_drow[tid >> 5], off_recv_x, off_recv_scales,        \
+                                          off_recv_src, off_recv_topk, off_recv_weights, x, scales, topk_idx,     \
+                                          topk_weights, send_pos, num_tokens, k, num_ranks, local_experts,        \
+                                          row_bytes, num_scales, num_slices);                                     \
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, wd, wait_id);
 
 #endif  // GOEP_INTRANODE_CUH

@@ -27,21 +27,30 @@ extern "C" int emu_launch(const char* name, int grid, int block, int smem, const
     auto a12 = r.get<i32*>(); auto a13 = r.get<i32*>(); auto a14 = r.get<i32*>(); auto a15 = r.get<i32*>();
     auto a16 = r.get<i32*>(); auto a17 = r.get<i32*>(); auto a18 = r.get<goep_watchdog*>(); auto a19 = r.get<u32>();
     body = [=] { goep_intranode_notify(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19); };
-  } else if (n == "goep_intranode_dispatch") {
+  } else if (n == "goep_intranode_dispatch" || n == "goep_intranode_dispatch_wide") {
     auto a0 = r.get<const u64*>(); auto a1 = r.get<u64>(); auto a2 = r.get<u64>(); auto a3 = r.get<u64>();
     auto a4 = r.get<u64>(); auto a5 = r.get<u64>(); auto a6 = r.get<u64>(); auto a7 = r.get<const u8*>();
     auto a8 = r.get<const float*>(); auto a9 = r.get<const i64*>(); auto a10 = r.get<const float*>();
     auto a11 = r.get<const i32*>(); auto a12 = r.get<const i32*>(); auto a13 = r.get<int>(); auto a14 = r.get<int>();
     auto a15 = r.get<int>(); auto a16 = r.get<int>(); auto a17 = r.get<int>(); auto a18 = r.get<int>();
-    auto a19 = r.get<int>(); auto a20 = r.get<goep_watchdog*>(); auto a21 = r.get<u32>();
-    body = [=] { goep_intranode_dispatch(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21); };
+    auto a19 = r.get<int>(); auto a20 = r.get<int>(); auto a21 = r.get<int>(); auto a22 = r.get<goep_watchdog*>();
+    auto a23 = r.get<u32>();
+    if (n == "goep_intranode_dispatch") {
+      body = [=] { goep_intranode_dispatch(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23); };
+    } else {
+      body = [=] { goep_intranode_dispatch_wide(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23); };
+    }
   } else if (n == "goep_intranode_combine") {
     auto a0 = r.get<const u64*>(); auto a1 = r.get<u64>(); auto a2 = r.get<u64>(); auto a3 = r.get<u64>();
-    auto a4 = r.get<u64>(); auto a5 = r.get<const u8*>(); auto a6 = r.get<const float*>(); auto a7 = r.get<const i32*>();
-    auto a8 = r.get<const i32*>(); auto a9 = r.get<const u8*>(); auto a10 = r.get<const u8*>(); auto a11 = r.get<u8*>();
-    auto a12 = r.get<float*>(); auto a13 = r.get<int>(); auto a14 = r.get<int>(); auto a15 = r.get<int>();
-    auto a16 = r.get<int>(); auto a17 = r.get<int>(); auto a18 = r.get<goep_watchdog*>(); auto a19 = r.get<u32>();
-    body = [=] { goep_intranode_combine(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19); };
+    auto a4 = r.get<const i32*>(); auto a5 = r.get<const i32*>(); auto a6 = r.get<const u8*>(); auto a7 = r.get<const u8*>();
+    auto a8 = r.get<u8*>(); auto a9 = r.get<float*>(); auto a10 = r.get<int>(); auto a11 = r.get<int>();
+    auto a12 = r.get<int>(); auto a13 = r.get<int>(); auto a14 = r.get<int>(); auto a15 = r.get<int>();
+    auto a16 = r.get<goep_watchdog*>(); auto a17 = r.get<u32>();
+    body = [=] { goep_intranode_combine(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17); };
+  } else if (n == "goep_intranode_copy_rows") {
+    auto a0 = r.get<const u8*>(); auto a1 = r.get<u8*>(); auto a2 = r.get<const i32*>(); auto a3 = r.get<int>();
+    auto a4 = r.get<u64>();
+    body = [=] { goep_intranode_copy_rows(a0, a1, a2, a3, a4); };
   } else {
     return -1;
   }

@@ -166,12 +166,16 @@ func runCase(t *testing.T, c cs) {
 			}
 		}
 		par(func(i int) error {
+			cfg := c.cfg
+			if it%2 == 1 {
+				cfg.Copy = intranode.CopyWide
+				cfg.Threads = min(cfg.Threads, intranode.DispatchWideMaxThreads)
+			}
 			if it == 0 {
-				if err := ranks[i].Notify(nil, topk[i], handles[i], 4); err != nil {
+				if err := ranks[i].NotifyDispatch(nil, topk[i], handles[i], 4, dargs[i], cfg); err != nil {
 					return err
 				}
-			}
-			if err := ranks[i].WS.Dispatch(ranks[i].Dev, nil, dargs[i], c.cfg); err != nil {
+			} else if err := ranks[i].WS.Dispatch(ranks[i].Dev, nil, dargs[i], cfg); err != nil {
 				return err
 			}
 			return ranks[i].Check()
@@ -207,13 +211,33 @@ func runCase(t *testing.T, c cs) {
 			rng := rand.New(rand.NewPCG(uint64(it)+99, uint64(i)))
 			n, tok := want[i].Received(), c.tokens[i]
 			cins[i].Y = randBF16(rng, n*c.hidden)
-			a := intranode.CombineArgs{Y: up(t, r.Dev, cins[i].Y), Handle: handles[i]}
+			// Combine inputs in the combine input region (read in place) or,
+			// on odd ranks of odd iterations, outside with the row count (a
+			// staging copy; the copy kernel's thousands of emulated threads
+			// are left to the twins and GPUs).
+			staged := it%2 == 1 && i%2 == 1
+			a := intranode.CombineArgs{Handle: handles[i]}
+			if staged {
+				a.Y, a.Rows = up(t, r.Dev, cins[i].Y), n
+			} else {
+				a.Y = r.WS.CombineInput().X
+				if n > 0 {
+					require.NoError(t, r.Dev.CopyIn(a.Y, bytesOf(cins[i].Y)))
+				}
+			}
 			if c.weights {
 				cins[i].Weights = make([]float32, n*c.topk)
 				for j := range cins[i].Weights {
 					cins[i].Weights[j] = float32(rng.NormFloat64())
 				}
-				a.Weights = up(t, r.Dev, cins[i].Weights)
+				if staged {
+					a.Weights = up(t, r.Dev, cins[i].Weights)
+				} else {
+					a.Weights = r.WS.CombineInput().Weights
+					if n > 0 {
+						require.NoError(t, r.Dev.CopyIn(a.Weights, bytesOf(cins[i].Weights)))
+					}
+				}
 				a.OutWeights = up(t, r.Dev, make([]float32, tok*c.topk))
 				require.NoError(t, r.Dev.MemsetAsync(a.OutWeights, 0xEE, 4*tok*c.topk, nil))
 			}
@@ -271,6 +295,11 @@ func TestEmulatedKernels(t *testing.T) {
 			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}, iters: 2},
 		{ranks: 2, hidden: 128, topk: 2, experts: 4, tokens: []int{0, 0}, weights: true,
 			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 32}},
+		// Few tokens, wide rows: rows cut into slices over the warps.
+		{ranks: 4, hidden: 2048, topk: 3, experts: 16, tokens: []int{3, 1, 2, 0}, weights: true, bias: 2,
+			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 128}, iters: 2},
+		{ranks: 3, hidden: 1152, topk: 4, experts: 12, tokens: []int{5, 7, 2}, fp8: true, weights: true,
+			cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 64}, iters: 2},
 	} {
 		t.Run(fmt.Sprintf("R%d-H%d-K%d-T%v-fp8=%v", c.ranks, c.hidden, c.topk, c.tokens, c.fp8), func(t *testing.T) {
 			runCase(t, c)

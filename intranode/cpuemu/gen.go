@@ -1,6 +1,8 @@
 //go:build ignore
 
-// gen writes kernels_gen.h: the CUDA sources of the intranode kernels with
+// gen writes kernels_gen.h: the CUDA sources of the intranode kernels
+// (intranode.cu; not intranode_tma.cu, whose build without TMA is the plain
+// kernel body, checked here through goep_intranode_dispatch) with
 // every function whose body holds inline PTX removed (shim.h emulates each
 // of them), includes dropped, and __shared__ declarations turned into
 // per-block storage. Run from this directory: go run gen.go [-check].
@@ -24,8 +26,9 @@ var emulated = map[string]bool{
 	"goep_ld_acquire_sys_u32": true, "goep_ld_acquire_sys_u64": true, "goep_ld_relaxed_sys_u32": true,
 	"goep_st_release_gpu_u32": true, "goep_st_release_gpu_u64": true, "goep_st_release_sys_u32": true,
 	"goep_st_release_sys_u64": true, "goep_st_relaxed_sys_u32": true, "goep_fence_acq_rel_gpu": true,
-	"goep_fence_acq_rel_sys": true, "goep_chan_ld_relaxed_sys_u64": true, "goep_in_red_add_release_sys_u64": true,
-	"goep_in_ld_nc_v4": true, "goep_in_ld_cg_v4": true, "goep_in_st_v4": true, "goep_in_ld_cg_f32": true,
+	"goep_fence_acq_rel_sys": true, "goep_chan_ld_relaxed_sys_u64": true,
+	"goep_in_red_add_relaxed_sys_u64": true, "goep_in_ld_nc_v4": true, "goep_in_ld_peer_v4": true,
+	"goep_in_st_v4": true, "goep_in_ld_peer_f32": true,
 }
 
 var (

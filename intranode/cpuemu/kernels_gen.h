@@ -500,19 +500,22 @@ __device__ __forceinline__ bool goep_spin_ok(goep_spin& s, goep_watchdog* wd, u3
 
 // ---------------------------------------------------------------------------
 // Waits on plain counters (EP head/tail counters, grid barriers, flags the
-// host writes): spin with acquire loads at system scope until *p reaches
-// target. id names the counter for the host (Communicator.NewWaitID), peer
+// host writes): spin with relaxed loads at system scope until *p reaches
+// target, then acquire it once (an acquire per poll makes each poll slower
+// than the update takes to arrive; the final acquire reads the releasing
+// write's value or a later one of the same counter and synchronises with it). id names the counter for the host (Communicator.NewWaitID), peer
 // is the rank expected to move it. Return false when the spin gave up.
 
 __device__ __forceinline__ bool goep_wait_ge_u64(const u64* p, u64 target, goep_watchdog* wd, u32 id, u32 peer,
                                                  u32 stage) {
   goep_spin s = goep_spin_start();
   u64 v;
-  while ((v = goep_ld_acquire_sys_u64(p)) < target) {
+  while ((v = goep_chan_ld_relaxed_sys_u64(p)) < target) {
     if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, id, peer, stage, target, v)) {
       return false;
     }
   }
+  (void)goep_ld_acquire_sys_u64(p);
   return true;
 }
 
@@ -521,11 +524,12 @@ __device__ __forceinline__ bool goep_wait_ge_u32(const u32* p, u32 target, goep_
                                                  u32 stage) {
   goep_spin s = goep_spin_start();
   u32 v;
-  while ((i32)((v = goep_ld_acquire_sys_u32(p)) - target) < 0) {
+  while ((i32)((v = goep_ld_relaxed_sys_u32(p)) - target) < 0) {
     if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, id, peer, stage, target, v)) {
       return false;
     }
   }
+  (void)goep_ld_acquire_sys_u32(p);
   return true;
 }
 
@@ -568,7 +572,13 @@ __device__ __forceinline__ bool goep_block_any_failed(bool failed) { return __sy
 //                        into peer d's receive regions only after d has
 //                        entered the same launch, which orders the write after
 //                        d's earlier work on its stream (consumers of the
-//                        previous recv_x, the previous combine's reduction).
+//                        previous recv_x, the previous combine's reads). For
+//                        combine it also says "my combine input is ready".
+//   cinput[src]          {u64 y_off, u64 w_off}, written by rank src before
+//                        its combine entry flag (same thread, so the flag's
+//                        release covers it): where src's combine input rows
+//                        and weights lie in src's own workspace
+//                        (GOEP_IN_NO_OFFSET: no weights).
 //
 // Block shares: block b of a grid of G blocks adds
 //   floor((b+1)*U/G) - floor(b*U/G),  U = GOEP_IN_ARRIVAL_UNIT,
@@ -594,7 +604,22 @@ __device__ __forceinline__ bool goep_block_any_failed(bool failed) { return __sy
 // Largest block of each kernel (its __launch_bounds__).
 #define GOEP_IN_NOTIFY_MAX_THREADS 1024
 #define GOEP_IN_DISPATCH_MAX_THREADS 1024
+#define GOEP_IN_DISPATCH_WIDE_MAX_THREADS 512
+#define GOEP_IN_DISPATCH_TMA_MAX_THREADS 1024
 #define GOEP_IN_COMBINE_MAX_THREADS 512
+#define GOEP_IN_COPY_MAX_THREADS 512
+
+// Most staging buffers per warp in the TMA dispatch (intranode_tma.cu).
+#define GOEP_IN_TMA_MAX_STAGES 4
+
+// 16-byte vectors each lane keeps in flight per dispatch copy round
+// (goep_intranode_dispatch; the wide build keeps twice GOEP_IN_WIDE_UNROLL).
+#ifndef GOEP_IN_UNROLL
+#define GOEP_IN_UNROLL 4
+#endif
+#ifndef GOEP_IN_WIDE_UNROLL
+#define GOEP_IN_WIDE_UNROLL 8
+#endif
 
 // Kernel kinds (index of epoch / arrive / entered).
 #define GOEP_IN_KIND_NOTIFY 0
@@ -607,7 +632,12 @@ __device__ __forceinline__ bool goep_block_any_failed(bool failed) { return __sy
 #define GOEP_IN_CTRL_ARRIVE 128
 #define GOEP_IN_CTRL_ENTERED 512
 #define GOEP_IN_CTRL_KIND_STRIDE 128
+#define GOEP_IN_CTRL_CINPUT 896
+#define GOEP_IN_CTRL_CINPUT_STRIDE 16
 #define GOEP_IN_CTRL_BYTES 1024
+
+// cinput: "this rank passes no combine weights".
+#define GOEP_IN_NO_OFFSET (~0ull)
 
 #define GOEP_IN_ARRIVAL_UNIT (1ull << 20)
 
@@ -616,11 +646,14 @@ __device__ __forceinline__ bool goep_block_any_failed(bool failed) { return __sy
 #define GOEP_IN_STAGE_DISPATCH_ENTRY 2
 #define GOEP_IN_STAGE_DISPATCH_ARRIVAL 3
 #define GOEP_IN_STAGE_COMBINE_ENTRY 4
-#define GOEP_IN_STAGE_COMBINE_ARRIVAL 5
+#define GOEP_IN_STAGE_COMBINE_ARRIVAL 5  // pull combine: peers finishing their reads of this rank's input
 
 static_assert(GOEP_IN_CTRL_ARRIVE + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_ENTERED, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_BYTES, "goep: intranode ctrl");
 static_assert(GOEP_IN_MAX_RANKS * 8 <= GOEP_IN_CTRL_KIND_STRIDE, "goep: intranode ctrl line");
+static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_CINPUT, "goep: intranode ctrl");
+static_assert(GOEP_IN_CTRL_CINPUT + GOEP_IN_MAX_RANKS * GOEP_IN_CTRL_CINPUT_STRIDE <= GOEP_IN_CTRL_BYTES,
+              "goep: intranode ctrl");
 
 __device__ __forceinline__ u64* goep_in_ctrl(u64 base, u64 off_ctrl) { return (u64*)(base + off_ctrl); }
 __device__ __forceinline__ u64* goep_in_epoch(u64* ctrl, int kind) {
@@ -632,6 +665,10 @@ __device__ __forceinline__ u64* goep_in_arrive(u64* ctrl, int kind, int src) {
 __device__ __forceinline__ u64* goep_in_entered(u64* ctrl, int kind, int src) {
   return (u64*)((char*)ctrl + GOEP_IN_CTRL_ENTERED + kind * GOEP_IN_CTRL_KIND_STRIDE) + src;
 }
+// cinput[src]: {y_off, w_off}.
+__device__ __forceinline__ u64* goep_in_cinput(u64* ctrl, int src) {
+  return (u64*)((char*)ctrl + GOEP_IN_CTRL_CINPUT + src * GOEP_IN_CTRL_CINPUT_STRIDE);
+}
 
 // This block's share of GOEP_IN_ARRIVAL_UNIT.
 __device__ __forceinline__ u64 goep_in_block_share() {
@@ -642,19 +679,21 @@ __device__ __forceinline__ u64 goep_in_block_share() {
 // ---------------------------------------------------------------------------
 // Memory operations.
 
-// Reduction (no return value) with release semantics at system scope: the
-// peer that acquires the counter sees every write this thread made or
-// observed before it.
-/* goep_in_red_add_release_sys_u64: emulated in shim.h */
+// Reduction with relaxed semantics at system scope. After a
+// fence.acq_rel.sys of the same thread it is a release pattern (PTX memory
+// model), so one fence covers the reductions to every peer.
+/* goep_in_red_add_relaxed_sys_u64: emulated in shim.h */
 
 // Streaming 16-byte load of data that no one writes during the kernel (the
 // caller's local input): non-coherent path, no L1 allocation, 256-byte L2
 // prefetch.
 /* goep_in_ld_nc_v4: emulated in shim.h */
 
-// 16-byte load cached in L2 only: for data other GPUs wrote during this
-// kernel (read after an acquire), which L1 must not serve stale.
-/* goep_in_ld_cg_v4: emulated in shim.h */
+// 16-byte load of a peer's combine input (NVLink), read after the acquire
+// of the peer's entry flag: a plain (weak, coherent) load that does not
+// allocate in L1, with a 256-byte L2 prefetch hint. Not .nc: the peer wrote
+// the rows while this kernel may already have been running.
+/* goep_in_ld_peer_v4: emulated in shim.h */
 
 // 16-byte store that does not allocate in L1 (the target is usually a peer
 // GPU's memory over NVLink).
@@ -687,16 +726,20 @@ __device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int nu
   return !goep_block_any_failed(!ok);
 }
 
-// After this block's writes into the peers' workspaces: barrier, then one
-// thread makes them visible system-wide and adds the block's share to every
-// peer's arrive[kind][rank] (release, system scope).
+// After this block's writes into the peers' workspaces (or, in combine, its
+// reads of them): barrier, then one thread makes them visible system-wide
+// (fence.acq_rel.sys, cumulative over what the block's threads did before
+// the barrier) and adds the block's share to every peer's
+// arrive[kind][rank] with relaxed reductions: fence + relaxed write is a
+// release pattern, so one fence serves every peer instead of one release
+// per peer.
 __device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctrl, int kind, int num_ranks, int rank) {
   __syncthreads();
   if (threadIdx.x == 0) {
     goep_fence_acq_rel_sys();
     const u64 share = goep_in_block_share();
     for (int d = 0; d < num_ranks; ++d) {
-      goep_in_red_add_release_sys_u64(goep_in_arrive(goep_in_ctrl(peers[d], off_ctrl), kind, rank), share);
+      goep_in_red_add_relaxed_sys_u64(goep_in_arrive(goep_in_ctrl(peers[d], off_ctrl), kind, rank), share);
     }
   }
 }
@@ -730,16 +773,243 @@ __device__ __forceinline__ int goep_in_gather_dests(int pos_lane, int val_lane, 
   return __popc(mask);
 }
 
+// ---------------------------------------------------------------------------
+// Dispatch pieces shared by goep_intranode_dispatch (intranode.cu) and
+// goep_intranode_dispatch_tma (intranode_tma.cu).
+//
+// Work split: block b takes tokens [T*b/G, T*(b+1)/G) (contiguous tokens, so
+// a block's rows land contiguously at every destination) and cuts each of
+// its rows into num_slices slices of 16-byte chunks; unit u of the block is
+// slice u % S of token t_lo + u / S, and warp w takes units w, w + nwarps,
+// ... With S = 1 (many tokens) a warp moves whole rows; with few tokens the
+// launcher raises S so that every warp of every SM has work.
+
+// Chunk range [lo, hi) of one slice of a row of nchunks 16-byte chunks.
+__device__ __forceinline__ void goep_in_slice_range(int nchunks, int slice, int num_slices, int* lo, int* hi) {
+  *lo = (int)((i64)nchunks * slice / num_slices);
+  *hi = (int)((i64)nchunks * (slice + 1) / num_slices);
+}
+
+// Announces epoch e of dispatch and, unless skip_entry (a dispatch that
+// directly follows notify on the same stream: notify's barrier already
+// proved that every rank finished the work before it), waits until every
+// rank entered it. False (whole block) when the wait gave up.
+__device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
+                                                       int rank, u64 e, int skip_entry, goep_watchdog* wd,
+                                                       u32 wait_id) {
+  goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e);
+  if (skip_entry) {
+    return true;
+  }
+  return goep_in_wait_entered(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_DISPATCH_ENTRY);
+}
+
+// After the block's rows: arrival; block 0 waits for every source and
+// advances the epoch (the kernel ends once this rank's receive region is
+// complete).
+__device__ __forceinline__ void goep_in_dispatch_finish(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
+                                                        int rank, u64 e, goep_watchdog* wd, u32 wait_id) {
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank);
+  if (blockIdx.x == 0) {
+    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id,
+                              GOEP_IN_STAGE_DISPATCH_ARRIVAL)) {
+      return;
+    }
+    if (threadIdx.x == 0) {
+      *goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH) = e;
+    }
+  }
+}
+
+// Per-row metadata of token t to its nd destinations (warp-collective):
+// local expert ids and weights (lanes < k), the source token (lane 0), the
+// FP8 scales (lanes strided).
+__device__ __forceinline__ void goep_in_dispatch_meta(const u64* s_peers, u64 off_recv_scales, u64 off_recv_src,
+                                                      u64 off_recv_topk, u64 off_recv_weights, const float* scales,
+                                                      const i64* topk_idx, const float* topk_weights, i64 t, int k,
+                                                      int local_experts, int num_scales, int nd, const int* dst,
+                                                      const int* row, int lane) {
+  i64 eid = -1;
+  float w = 0.0f;
+  if (lane < k) {
+    eid = topk_idx[t * k + lane];
+    if (topk_weights != nullptr) {
+      w = topk_weights[t * k + lane];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
+    if (i < nd) {
+      const u64 base = s_peers[dst[i]];
+      const i64 r = row[i];
+      if (lane < k) {
+        const i64 lo = (i64)dst[i] * local_experts;
+        const bool mine = eid >= lo && eid < lo + local_experts;
+        ((i64*)(base + off_recv_topk))[r * k + lane] = mine ? eid - lo : (i64)-1;
+        if (topk_weights != nullptr) {
+          ((float*)(base + off_recv_weights))[r * k + lane] = mine ? w : 0.0f;
+        }
+      }
+      if (lane == 0) {
+        ((i32*)(base + off_recv_src))[r] = (i32)t;
+      }
+    }
+  }
+  for (int c = lane; c < num_scales; c += 32) {
+    const float v = scales[t * num_scales + c];
+#pragma unroll
+    for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
+      if (i < nd) {
+        ((float*)(s_peers[dst[i]] + off_recv_scales))[(i64)row[i] * num_scales + c] = v;
+      }
+    }
+  }
+}
+
+// Loads this lane's U 16-byte chunks c0, c0 + 32, ... (those below c_hi)
+// of a local row.
+template <int U>
+__device__ __forceinline__ void goep_in_load_round(uint4 (&v)[U], const u8* src, int c0, int c_hi) {
+#pragma unroll
+  for (int q = 0; q < U; ++q) {
+    const int c = c0 + 32 * q;
+    if (c < c_hi) {
+      v[q] = goep_in_ld_nc_v4(src + (u64)c * 16);
+    }
+  }
+}
+
+// Stores them to each of the nd destination rows in drow (shared memory).
+template <int U>
+__device__ __forceinline__ void goep_in_store_round(const uint4 (&v)[U], const u64* drow, int nd, int c0, int c_hi) {
+  for (int i = 0; i < nd; ++i) {
+    u8* const d = (u8*)drow[i];
+#pragma unroll
+    for (int q = 0; q < U; ++q) {
+      const int c = c0 + 32 * q;
+      if (c < c_hi) {
+        goep_in_st_v4(d + (u64)c * 16, v[q]);
+      }
+    }
+  }
+}
+
+// The rows of one dispatch block with plain loads and stores: units of
+// (token, slice) over the block's warps; per unit the warp writes the
+// destination rows (compacted, ascending rank) to my_drow, the metadata
+// (slice 0 only), then copies the slice: U vectors per lane per round, and
+// with kPrefetch the next round's loads issued before this round's stores
+// (2U vectors in flight per lane). Token and unit counts fit in int32 (the
+// launcher checks T * S).
+template <int U, bool kPrefetch>
+__device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const i32* s_base, u64* my_drow,
+                                                      u64 off_recv_x, u64 off_recv_scales, u64 off_recv_src,
+                                                      u64 off_recv_topk, u64 off_recv_weights, const u8* x,
+                                                      const float* scales, const i64* topk_idx,
+                                                      const float* topk_weights, const i32* send_pos,
+                                                      int num_tokens, int k, int num_ranks, int local_experts,
+                                                      int row_bytes, int num_scales, int num_slices) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  const u32 rank_mask = (1u << num_ranks) - 1u;
+  const int nchunks = row_bytes >> 4;
+  const int t_lo = (int)((i64)num_tokens * blockIdx.x / gridDim.x);
+  const int t_hi = (int)((i64)num_tokens * (blockIdx.x + 1) / gridDim.x);
+  const int nunits = (t_hi - t_lo) * num_slices;
+  for (int u = warp; u < nunits; u += nwarps) {
+    const int q_t = u / num_slices;
+    const i64 t = t_lo + q_t;
+    const int slice = u - q_t * num_slices;
+    int pos = -1, row_here = 0;
+    if (lane < num_ranks) {
+      pos = send_pos[t * num_ranks + lane];
+      row_here = s_base[lane] + pos;
+    }
+    const u32 mask = __ballot_sync(0xffffffffu, pos >= 0) & rank_mask;
+    const int nd = __popc(mask);
+    if (nd == 0) {
+      continue;
+    }
+    __syncwarp();  // the previous unit's readers of my_drow are done
+    if (pos >= 0 && lane < num_ranks) {
+      my_drow[__popc(mask & ((1u << lane) - 1u))] = s_peers[lane] + off_recv_x + (u64)row_here * (u64)row_bytes;
+    }
+    if (slice == 0) {
+      int dst[GOEP_IN_MAX_RANKS], row[GOEP_IN_MAX_RANKS];
+      goep_in_gather_dests(pos, row_here, rank_mask, dst, row);
+      goep_in_dispatch_meta(s_peers, off_recv_scales, off_recv_src, off_recv_topk, off_recv_weights, scales,
+                            topk_idx, topk_weights, t, k, local_experts, num_scales, nd, dst, row, lane);
+    }
+    __syncwarp();
+
+    int c_lo, c_hi;
+    goep_in_slice_range(nchunks, slice, num_slices, &c_lo, &c_hi);
+    const u8* src = x + t * row_bytes;
+    if (!kPrefetch) {
+      for (int c0 = c_lo + lane; c0 < c_hi; c0 += 32 * U) {
+        uint4 v[U];
+        goep_in_load_round<U>(v, src, c0, c_hi);
+        goep_in_store_round<U>(v, my_drow, nd, c0, c_hi);
+      }
+    } else {
+      uint4 a[U], b[U];
+      int c0 = c_lo + lane;
+      goep_in_load_round<U>(a, src, c0, c_hi);
+      for (; c0 < c_hi; c0 += 64 * U) {
+        const int c1 = c0 + 32 * U, c2 = c1 + 32 * U;
+        if (c1 < c_hi) {
+          goep_in_load_round<U>(b, src, c1, c_hi);
+        }
+        goep_in_store_round<U>(a, my_drow, nd, c0, c_hi);
+        if (c2 < c_hi) {
+          goep_in_load_round<U>(a, src, c2, c_hi);
+        }
+        if (c1 < c_hi) {
+          goep_in_store_round<U>(b, my_drow, nd, c1, c_hi);
+        }
+      }
+    }
+  }
+}
+
+// The whole plain dispatch kernel body (shared memory, entry, rows,
+// completion), for the kernels that differ only in UNROLL, PREFETCH and
+// their launch bounds MAXT. Expects the dispatch parameter names.
+#define GOEP_IN_DISPATCH_KERNEL_BODY(UNROLL, PREFETCH, MAXT)                                                       \
+  u64& s_epoch = *emu_shared<u64>();                                                                                         \
+  u64 (&s_peers)[GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_MAX_RANKS]>();                                                                      \
+  i32 (&s_base)[GOEP_IN_MAX_RANKS] = *emu_shared<i32[GOEP_IN_MAX_RANKS]>();                                                                       \
+  u64 (&s_drow)[(MAXT) / 32][GOEP_IN_MAX_RANKS] = *emu_shared<u64[(MAXT) / 32][GOEP_IN_MAX_RANKS]>();                                                          \
+  const int tid = threadIdx.x;                                                                                    \
+  u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);                                                          \
+  if (tid == 0) {                                                                                                 \
+    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;                            \
+  }                                                                                                               \
+  if (tid < num_ranks) {                                                                                          \
+    s_peers[tid] = peers[tid];                                                                                    \
+    s_base[tid] = recv_base[tid];                                                                                 \
+  }                                                                                                               \
+  __syncthreads();                                                                                                \
+  const u64 e = s_epoch;                                                                                          \
+  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, skip_entry, wd, wait_id)) {              \
+    return;                                                                                                       \
+  }                                                                                                               \
+  goep_in_dispatch_rows<UNROLL, PREFETCH>(s_peers, s_base, s_drow[tid >> 5], off_recv_x, off_recv_scales,        \
+                                          off_recv_src, off_recv_topk, off_recv_weights, x, scales, topk_idx,     \
+                                          topk_weights, send_pos, num_tokens, k, num_ranks, local_experts,        \
+                                          row_bytes, num_scales, num_slices);                                     \
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, wd, wait_id);
+
 #endif  // GOEP_INTRANODE_CUH
 
 // ---- intranode.cu
-// intranode.cu: v1 intranode (NVLink) notify, dispatch and combine.
+// intranode.cu: intranode (NVLink) notify, dispatch and combine.
 //
 // The plain-Go semantics are intranode.ReferenceDispatch / ReferenceCombine;
 // the Go twins are in kernels/twins/intranode.go; the launchers (which
 // validate every argument before a launch) are in package intranode. The
-// workspace ABI (control block, arrival shares, epochs) is described in
-// intranode.cuh.
+// workspace ABI (control block, arrival shares, epochs, combine input
+// descriptors) is described in intranode.cuh; the TMA variant of dispatch
+// is in intranode_tma.cu (its own module).
 //
 // Handle (device memory of the rank that dispatches, reused by cached
 // dispatch and by combine):
@@ -757,17 +1027,20 @@ __device__ __forceinline__ int goep_in_gather_dests(int pos_lane, int val_lane, 
 //   recv_weights[N][K] f32 (0 where recv_topk is -1). Row of token t of
 //   source s: recv_base_s[d] + send_pos_s[t][d]; ordered by source, then t.
 //
-// Combine slots of owner s: slot[d][j][H] bf16 and wslot[d][j][K] f32, where
-// j = send_pos_s[t][d]: rank d pushes its received rows of source s (one
-// contiguous run of recv order) to slot[d][0..n) of s, then s reduces
-//   out[t] = bf16_rne(((0 + slot[d0][j0]) + slot[d1][j1] + ...) + bias0 + bias1)
+// Combine (pull): rank d's combine input y_d [N_d][H] bf16 (and weights
+// [N_d][K] f32) lies in d's workspace, in d's receive order, so the row that
+// d returns for token t of owner s is y_d[recv_base_s[d] + send_pos_s[t][d]].
+// The owner reads those rows over NVLink and computes
+//   out[t] = bf16_rne(((0 + y_d0[.]) + y_d1[.] + ...) + bias0 + bias1)
 // over d ascending with send_pos[t][d] >= 0, in fp32: the summation order of
 // intranode.ReferenceCombine, so results match it bit for bit.
 
 
-// 16-byte vectors each lane keeps in flight per copy round.
-#ifndef GOEP_IN_UNROLL
-#define GOEP_IN_UNROLL 4
+// 16-byte chunks per lane per combine round; each needs one load per source
+// rank, all issued before the first add (GOEP_IN_COMBINE_UNROLL * 8 loads in
+// flight per lane at 8 ranks).
+#ifndef GOEP_IN_COMBINE_UNROLL
+#define GOEP_IN_COMBINE_UNROLL 2
 #endif
 
 // Block-size bounds (GOEP_IN_*_MAX_THREADS, intranode.cuh), given on
@@ -775,8 +1048,8 @@ __device__ __forceinline__ int goep_in_gather_dests(int pos_lane, int val_lane, 
 // `extern "C" __global__ void name(` form the registry test looks for (a
 // definition inherits the bounds of its declaration). They cap registers so
 // that the launchers' block sizes always fit, whatever NVRTC version compiles
-// this: notify and dispatch up to 1024 threads (64 registers, no spills on
-// sm_90 with NVRTC 11.8), combine up to 512.
+// this: notify and dispatch up to 1024 threads (64 registers), combine and
+// the staging copy up to 512 (128 registers).
 
 extern "C" {
 __global__ void __launch_bounds__(GOEP_IN_NOTIFY_MAX_THREADS)
@@ -789,16 +1062,26 @@ __global__ void __launch_bounds__(GOEP_IN_DISPATCH_MAX_THREADS)
                             u64 off_recv_topk, u64 off_recv_weights, const u8* x, const float* scales,
                             const i64* topk_idx, const float* topk_weights, const i32* send_pos, const i32* recv_base,
                             int num_tokens, int k, int num_ranks, int rank, int local_experts, int row_bytes,
-                            int num_scales, goep_watchdog* wd, u32 wait_id);
+                            int num_scales, int num_slices, int skip_entry, goep_watchdog* wd, u32 wait_id);
+__global__ void __launch_bounds__(GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
+    goep_intranode_dispatch_wide(const u64* peers, u64 off_ctrl, u64 off_recv_x, u64 off_recv_scales,
+                                 u64 off_recv_src, u64 off_recv_topk, u64 off_recv_weights, const u8* x,
+                                 const float* scales, const i64* topk_idx, const float* topk_weights,
+                                 const i32* send_pos, const i32* recv_base, int num_tokens, int k, int num_ranks,
+                                 int rank, int local_experts, int row_bytes, int num_scales, int num_slices,
+                                 int skip_entry, goep_watchdog* wd, u32 wait_id);
 __global__ void __launch_bounds__(GOEP_IN_COMBINE_MAX_THREADS)
-    goep_intranode_combine(const u64* peers, u64 off_ctrl, u64 off_slots, u64 off_wslots, u64 slot_rows, const u8* y,
-                           const float* weights, const i32* rank_prefix, const i32* send_pos, const u8* bias0,
-                           const u8* bias1, u8* out, float* out_weights, int num_tokens, int k, int num_ranks,
-                           int rank, int hidden, goep_watchdog* wd, u32 wait_id);
+    goep_intranode_combine(const u64* peers, u64 off_ctrl, u64 off_y, u64 off_w, const i32* recv_base,
+                           const i32* send_pos, const u8* bias0, const u8* bias1, u8* out, float* out_weights,
+                           int num_tokens, int k, int num_ranks, int rank, int hidden, int num_slices,
+                           goep_watchdog* wd, u32 wait_id);
+__global__ void __launch_bounds__(GOEP_IN_COPY_MAX_THREADS)
+    goep_intranode_copy_rows(const u8* src, u8* dst, const i32* num_rows, int max_rows, u64 row_bytes);
 }
 
-/* goep_in_ld_cg_f32: emulated in shim.h */
-
+// A peer's combine weight (NVLink), read after the acquire of its entry
+// flag: plain load, no L1 allocation.
+/* goep_in_ld_peer_f32: emulated in shim.h */
 // ---------------------------------------------------------------------------
 // Notify (one block): send positions, count exchange, barrier, prefixes.
 //
@@ -998,310 +1281,296 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
   }
 }
 
+
 // ---------------------------------------------------------------------------
 // Dispatch (cached and non-cached): every token row goes straight to its
-// final place in each destination's receive region. Block b takes tokens
-// [T*b/G, T*(b+1)/G); warp w of it takes every nwarps-th token from w. A warp
-// loads a 16-byte vector per lane GOEP_IN_UNROLL times (non-coherent,
-// no-L1 loads of local HBM), then stores those vectors to each destination of
-// the token, so a row is read once whatever its fan-out. Row bytes must be a
-// multiple of 16 and x, recv_x 16-byte aligned (the launcher checks).
+// final place in each destination's receive region. Work split: units of
+// (token, row slice), see goep_in_slice_range and goep_in_dispatch_rows
+// (intranode.cuh): a warp loads 16-byte vectors of the row (non-coherent,
+// no-L1 loads of local HBM) and stores each to every destination of the
+// token, so a row is read once whatever its fan-out; the warp of slice 0 also
+// writes the token's metadata. Row bytes must be a multiple of 16 and x,
+// recv_x 16-byte aligned (the launcher checks).
 //
 // Completion: after its rows every block releases its arrival share to every
 // rank; block 0 then waits for all ranks' shares of this epoch (so the kernel
 // ends only when this rank's receive region is complete) and advances the
 // epoch. x is BF16 or FP8 bytes (row_bytes = 2H or H); scales is null for
-// BF16; topk_weights may be null (recv_weights then untouched).
+// BF16; topk_weights may be null (recv_weights then untouched). skip_entry:
+// see goep_in_dispatch_enter.
+//
+// Two builds of the same body: goep_intranode_dispatch (up to 1024 threads,
+// 64 registers: GOEP_IN_UNROLL vectors a round) and
+// goep_intranode_dispatch_wide (up to 512 threads, 128 registers:
+// GOEP_IN_WIDE_UNROLL vectors a round and the next round's loads in flight
+// during this round's stores). The launcher picks by LaunchConfig.Copy.
 extern "C" __global__ void goep_intranode_dispatch(const u64* peers, u64 off_ctrl, u64 off_recv_x,
                                                    u64 off_recv_scales, u64 off_recv_src, u64 off_recv_topk,
                                                    u64 off_recv_weights, const u8* x, const float* scales,
                                                    const i64* topk_idx, const float* topk_weights,
                                                    const i32* send_pos, const i32* recv_base, int num_tokens, int k,
                                                    int num_ranks, int rank, int local_experts, int row_bytes,
-                                                   int num_scales, goep_watchdog* wd, u32 wait_id) {
-  u64& s_epoch = *emu_shared<u64>();
-  u64 (&s_peers)[GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_MAX_RANKS]>();
-  i32 (&s_base)[GOEP_IN_MAX_RANKS] = *emu_shared<i32[GOEP_IN_MAX_RANKS]>();
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
-  u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
-  if (tid == 0) {
-    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;
-  }
-  if (tid < num_ranks) {
-    s_peers[tid] = peers[tid];
-    s_base[tid] = recv_base[tid];
-  }
-  __syncthreads();
-  const u64 e = s_epoch;
-  goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e);
-  if (!goep_in_wait_entered(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_DISPATCH_ENTRY)) {
-    return;
-  }
+                                                   int num_scales, int num_slices, int skip_entry,
+                                                   goep_watchdog* wd, u32 wait_id) {
+  GOEP_IN_DISPATCH_KERNEL_BODY(GOEP_IN_UNROLL, false, GOEP_IN_DISPATCH_MAX_THREADS)
+}
 
-  const u32 rank_mask = (1u << num_ranks) - 1u;
-  const int nchunks = row_bytes >> 4;
-  const i64 t_lo = (i64)num_tokens * blockIdx.x / gridDim.x;
-  const i64 t_hi = (i64)num_tokens * (blockIdx.x + 1) / gridDim.x;
-  for (i64 t = t_lo + warp; t < t_hi; t += nwarps) {
-    int pos = -1, row_here = 0;
-    if (lane < num_ranks) {
-      pos = send_pos[t * num_ranks + lane];
-      row_here = s_base[lane] + pos;
-    }
-    int dst[GOEP_IN_MAX_RANKS], row[GOEP_IN_MAX_RANKS];
-    const int nd = goep_in_gather_dests(pos, row_here, rank_mask, dst, row);
-    if (nd == 0) {
-      continue;
-    }
+extern "C" __global__ void goep_intranode_dispatch_wide(const u64* peers, u64 off_ctrl, u64 off_recv_x,
+                                                        u64 off_recv_scales, u64 off_recv_src, u64 off_recv_topk,
+                                                        u64 off_recv_weights, const u8* x, const float* scales,
+                                                        const i64* topk_idx, const float* topk_weights,
+                                                        const i32* send_pos, const i32* recv_base, int num_tokens,
+                                                        int k, int num_ranks, int rank, int local_experts,
+                                                        int row_bytes, int num_scales, int num_slices,
+                                                        int skip_entry, goep_watchdog* wd, u32 wait_id) {
+  GOEP_IN_DISPATCH_KERNEL_BODY(GOEP_IN_WIDE_UNROLL, true, GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
+}
 
-    // Per-row metadata: source token, local expert ids, weights.
-    i64 eid = -1;
-    float w = 0.0f;
-    if (lane < k) {
-      eid = topk_idx[t * k + lane];
-      if (topk_weights != nullptr) {
-        w = topk_weights[t * k + lane];
-      }
-    }
+// One warp's share of a combine unit: this lane's 16-byte chunks c_lo +
+// lane, + 32, ... below c_hi of the output row. Per round: U chunks, each
+// loaded from every source row (nd of them, ascending rank; addresses in
+// shared memory) and from the biases (when not null), all before the first
+// add; then per chunk the fp32 sum in ascending source order, + bias0,
+// + bias1, RNE to bf16.
+template <int U>
+__device__ __forceinline__ void goep_in_combine_slice(const u64* srow, int nd,
+                                                      const u8* b0, const u8* b1, u8* orow, int c_lo, int c_hi,
+                                                      int lane) {
+  constexpr int NV = GOEP_IN_MAX_RANKS + 2;
+#pragma unroll 1
+  for (int c0 = c_lo + lane; c0 < c_hi; c0 += 32 * U) {
+    uint4 v[U][NV];
 #pragma unroll
-    for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
-      if (i < nd) {
-        const u64 base = s_peers[dst[i]];
-        const i64 r = row[i];
-        if (lane < k) {
-          const i64 lo = (i64)dst[i] * local_experts;
-          const bool mine = eid >= lo && eid < lo + local_experts;
-          ((i64*)(base + off_recv_topk))[r * k + lane] = mine ? eid - lo : (i64)-1;
-          if (topk_weights != nullptr) {
-            ((float*)(base + off_recv_weights))[r * k + lane] = mine ? w : 0.0f;
+    for (int q = 0; q < U; ++q) {
+      const int c = c0 + 32 * q;
+      if (c < c_hi) {
+#pragma unroll
+        for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
+          if (i < nd) {
+            v[q][i] = goep_in_ld_peer_v4((const u8*)srow[i] + (u64)c * 16);
           }
         }
-        if (lane == 0) {
-          ((i32*)(base + off_recv_src))[r] = (i32)t;
+        if (b0 != nullptr) {
+          v[q][NV - 2] = goep_in_ld_nc_v4(b0 + (u64)c * 16);
+        }
+        if (b1 != nullptr) {
+          v[q][NV - 1] = goep_in_ld_nc_v4(b1 + (u64)c * 16);
         }
       }
     }
-    for (int c = lane; c < num_scales; c += 32) {
-      const float v = scales[t * num_scales + c];
 #pragma unroll
-      for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
-        if (i < nd) {
-          ((float*)(s_peers[dst[i]] + off_recv_scales))[(i64)row[i] * num_scales + c] = v;
+    for (int q = 0; q < U; ++q) {
+      const int c = c0 + 32 * q;
+      if (c < c_hi) {
+        float acc[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[j] = 0.0f;
         }
-      }
-    }
-
-    // The row: load once, store to every destination.
-    const u8* src = x + t * row_bytes;
-    u8* drow[GOEP_IN_MAX_RANKS];
 #pragma unroll
-    for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
-      drow[i] = (u8*)(s_peers[dst[i]] + off_recv_x + (u64)row[i] * (u64)row_bytes);
-    }
-    for (int c0 = lane; c0 < nchunks; c0 += 32 * GOEP_IN_UNROLL) {
-      uint4 v[GOEP_IN_UNROLL];
+        for (int i = 0; i < NV; ++i) {
+          const bool use = i < GOEP_IN_MAX_RANKS ? i < nd : (i == NV - 2 ? b0 != nullptr : b1 != nullptr);
+          if (use) {
+            const u32 w4[4] = {v[q][i].x, v[q][i].y, v[q][i].z, v[q][i].w};
 #pragma unroll
-      for (int u = 0; u < GOEP_IN_UNROLL; ++u) {
-        const int c = c0 + 32 * u;
-        if (c < nchunks) {
-          v[u] = goep_in_ld_nc_v4(src + (u64)c * 16);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
-        if (i < nd) {
-#pragma unroll
-          for (int u = 0; u < GOEP_IN_UNROLL; ++u) {
-            const int c = c0 + 32 * u;
-            if (c < nchunks) {
-              goep_in_st_v4(drow[i] + (u64)c * 16, v[u]);
+            for (int j = 0; j < 4; ++j) {
+              acc[2 * j] += goep_u32_as_f32(w4[j] << 16);
+              acc[2 * j + 1] += goep_u32_as_f32(w4[j] & 0xffff0000u);
             }
           }
         }
+        u32 o[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          o[j] = (u32)goep_f32_to_bf16_bits(acc[2 * j]) | ((u32)goep_f32_to_bf16_bits(acc[2 * j + 1]) << 16);
+        }
+        *(uint4*)(orow + (u64)c * 16) = make_uint4(o[0], o[1], o[2], o[3]);
       }
-    }
-  }
-
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank);
-  if (blockIdx.x == 0) {
-    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id,
-                              GOEP_IN_STAGE_DISPATCH_ARRIVAL)) {
-      return;
-    }
-    if (tid == 0) {
-      *goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH) = e;
     }
   }
 }
 
 // ---------------------------------------------------------------------------
-// Combine: push, arrive, wait, reduce, in one kernel.
+// Combine (pull): entry, reads, completion, in one kernel.
 //
-// Push: y's rows are in receive order, so the rows of owner s are the
-// contiguous run [rank_prefix[s-1], rank_prefix[s]) and go, as one run, to
-// slot[rank][0..n) of s. The whole of y is one flat array of 16-byte chunks
-// split evenly over the blocks (each block a contiguous range, threads
-// strided in it, GOEP_IN_UNROLL loads in flight); each chunk finds its owner
-// from the run boundaries. Weights [N][K] likewise, 4 bytes at a time.
+// Entry: block 0 publishes this rank's input descriptor {off_y, off_w} to
+// every peer's cinput[rank] and then releases entered[combine][rank] = e (the
+// same thread, so the release covers the descriptor): "my combine input is
+// ready" (this rank's stream finished whatever produced it). Every block
+// waits for every rank's flag; thread d, having acquired peer d's flag, reads
+// d's descriptor and turns it into d's input address as mapped here.
 //
-// Every block then releases its share to every owner and waits (itself, no
-// grid barrier needed) until all ranks' shares of this epoch are here: all
-// blocks of one launch must be resident at once, so the grid must not exceed
-// what the GPU runs concurrently (the launcher caps it at the SM count).
+// Reads: units of (own token, row slice) over all warps of the grid (the
+// launcher picks num_slices so that few tokens still occupy every warp). For
+// token t the ranks d with send_pos[t][d] >= 0 hold its rows at
+// y_d[recv_base[d] + send_pos[t][d]]; each lane loads its chunk of every such
+// row (GOEP_IN_COMBINE_UNROLL chunks at once: up to 8 * unroll 16-byte NVLink
+// loads in flight, plus the biases), then adds in ascending d, then bias0,
+// then bias1, in fp32, and rounds to bf16. The warp of slice 0 also sums the
+// weights (lanes < k).
 //
-// Reduce: warp per own token (grid-strided), lanes over 16-byte chunks;
-// sources in ascending rank order, then bias0, then bias1, fp32, RNE to bf16.
-extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl, u64 off_slots, u64 off_wslots,
-                                                  u64 slot_rows, const u8* y, const float* weights,
-                                                  const i32* rank_prefix, const i32* send_pos, const u8* bias0,
-                                                  const u8* bias1, u8* out, float* out_weights, int num_tokens, int k,
-                                                  int num_ranks, int rank, int hidden, goep_watchdog* wd,
-                                                  u32 wait_id) {
+// Completion: nobody may overwrite a rank's input while a peer still reads
+// it, and the rank's own stream may do so as soon as this kernel ends there
+// (the next layer's experts writing y, the staging copy of the next combine,
+// ...). So every block, after its reads, releases its arrival share to every
+// rank (arrive[combine][rank], "done reading your input"), and block 0 waits
+// until every rank's shares of this epoch are here before it advances the
+// epoch and the kernel ends. The next dispatch and combine entry flags then
+// protect nothing more: they are kept for the receive regions (dispatch) and
+// for the "input ready" meaning (combine).
+extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl, u64 off_y, u64 off_w,
+                                                  const i32* recv_base, const i32* send_pos, const u8* bias0,
+                                                  const u8* bias1, u8* out, float* out_weights, int num_tokens,
+                                                  int k, int num_ranks, int rank, int hidden, int num_slices,
+                                                  goep_watchdog* wd, u32 wait_id) {
   u64& s_epoch = *emu_shared<u64>();
-  u64 (&s_peers)[GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_MAX_RANKS]>();
-  i64 (&s_lo)[GOEP_IN_MAX_RANKS + 1] = *emu_shared<i64[GOEP_IN_MAX_RANKS + 1]>();  // first received row of each source
+  u64 (&s_y)[GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_MAX_RANKS]>();  // peer d's combine input as mapped here
+  u64 (&s_w)[GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_MAX_RANKS]>();  // peer d's combine weights, 0 if none
+  i32 (&s_base)[GOEP_IN_MAX_RANKS] = *emu_shared<i32[GOEP_IN_MAX_RANKS]>();
+  u64 (&s_src)[GOEP_IN_COMBINE_MAX_THREADS / 32][GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_COMBINE_MAX_THREADS / 32][GOEP_IN_MAX_RANKS]>();   // per warp: source rows
+  u64 (&s_wsrc)[GOEP_IN_COMBINE_MAX_THREADS / 32][GOEP_IN_MAX_RANKS] = *emu_shared<u64[GOEP_IN_COMBINE_MAX_THREADS / 32][GOEP_IN_MAX_RANKS]>();  // per warp: weight rows
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  u64* const my_src = s_src[warp];
+  u64* const my_wsrc = s_wsrc[warp];
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
     s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_COMBINE)) + 1;
-    s_lo[0] = 0;
   }
   if (tid < num_ranks) {
-    s_peers[tid] = peers[tid];
-    s_lo[tid + 1] = rank_prefix[tid];
+    s_base[tid] = recv_base[tid];
   }
   __syncthreads();
   const u64 e = s_epoch;
-  goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank, e);
-  if (!goep_in_wait_entered(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_COMBINE_ENTRY)) {
-    return;
+  if (blockIdx.x == 0 && tid < num_ranks) {
+    u64* const peer_ctrl = goep_in_ctrl(peers[tid], off_ctrl);
+    volatile u64* const desc = goep_in_cinput(peer_ctrl, rank);
+    desc[0] = off_y;
+    desc[1] = off_w;
+    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, GOEP_IN_KIND_COMBINE, rank), e);
   }
-
-  const u64 row_bytes = (u64)hidden * 2;
-  const i64 cpr = (i64)(row_bytes >> 4);  // chunks per row
-  const i64 n_rows = s_lo[num_ranks];
-  {
-    const i64 total = n_rows * cpr;
-    const i64 g_lo = total * blockIdx.x / gridDim.x, g_hi = total * (blockIdx.x + 1) / gridDim.x;
-    const u64 my_slots = (u64)rank * slot_rows * row_bytes;
-    for (i64 g0 = g_lo + tid; g0 < g_hi; g0 += (i64)blockDim.x * GOEP_IN_UNROLL) {
-      uint4 v[GOEP_IN_UNROLL];
-#pragma unroll
-      for (int u = 0; u < GOEP_IN_UNROLL; ++u) {
-        const i64 g = g0 + (i64)u * blockDim.x;
-        if (g < g_hi) {
-          v[u] = goep_in_ld_nc_v4(y + g * 16);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < GOEP_IN_UNROLL; ++u) {
-        const i64 g = g0 + (i64)u * blockDim.x;
-        if (g < g_hi) {
-          int s = 0;
-          for (int q = 1; q < num_ranks; ++q) {
-            if (g >= s_lo[q] * cpr) {
-              s = q;
-            }
-          }
-          goep_in_st_v4((u8*)(s_peers[s] + off_slots + my_slots) + (g - s_lo[s] * cpr) * 16, v[u]);
-        }
-      }
-    }
-    if (weights != nullptr) {
-      const i64 nw = n_rows * k;
-      const i64 w_lo = nw * blockIdx.x / gridDim.x, w_hi = nw * (blockIdx.x + 1) / gridDim.x;
-      const u64 my_wslots = (u64)rank * slot_rows * (u64)k * 4;
-      for (i64 f = w_lo + tid; f < w_hi; f += blockDim.x) {
-        int s = 0;
-        for (int q = 1; q < num_ranks; ++q) {
-          if (f >= s_lo[q] * k) {
-            s = q;
-          }
-        }
-        ((float*)(s_peers[s] + off_wslots + my_wslots))[f - s_lo[s] * k] = weights[f];
-      }
+  bool ok = true;
+  if (tid < num_ranks) {
+    ok = goep_wait_ge_u64(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, wd, wait_id, tid,
+                          GOEP_IN_STAGE_COMBINE_ENTRY);
+    if (ok) {
+      // Program-ordered after this thread's acquire of peer tid's flag.
+      const volatile u64* const desc = goep_in_cinput(ctrl, tid);
+      const u64 base = peers[tid];
+      const u64 oy = desc[0], ow = desc[1];
+      s_y[tid] = base + oy;
+      s_w[tid] = ow == GOEP_IN_NO_OFFSET ? 0ull : base + ow;
     }
   }
-
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank);
-  if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_COMBINE_ARRIVAL)) {
+  if (goep_block_any_failed(!ok)) {
     return;
-  }
-  if (blockIdx.x == 0 && tid == 0) {
-    // Every block of this launch read the epoch before it arrived.
-    *goep_in_epoch(ctrl, GOEP_IN_KIND_COMBINE) = e;
   }
 
   const u32 rank_mask = (1u << num_ranks) - 1u;
-  const u64 own = s_peers[rank];
-  const i64 nw_total = (i64)gridDim.x * nwarps;
-  for (i64 t = (i64)blockIdx.x * nwarps + warp; t < num_tokens; t += nw_total) {
-    int pos = -1;
+  const u64 row_bytes = (u64)hidden * 2;
+  const int cpr = (int)(row_bytes >> 4);  // 16-byte chunks per row
+  // Unit counts fit in int32 (the launcher checks T * S).
+  const int nunits = num_tokens * num_slices;
+  const int nw_total = gridDim.x * nwarps;
+  for (int u = blockIdx.x * nwarps + warp; u < nunits; u += nw_total) {
+    const int q_t = u / num_slices;
+    const i64 t = q_t;
+    const int slice = u - q_t * num_slices;
+    int pos = -1, row_there = 0;
     if (lane < num_ranks) {
       pos = send_pos[t * num_ranks + lane];
+      row_there = s_base[lane] + pos;
     }
-    int dst[GOEP_IN_MAX_RANKS], slot[GOEP_IN_MAX_RANKS];
-    const int nd = goep_in_gather_dests(pos, pos, rank_mask, dst, slot);
-    const u8* srow[GOEP_IN_MAX_RANKS];
+    // Source rows (and weight rows), compacted in ascending rank order, in
+    // shared memory: registers go to the loads in flight.
+    const u32 mask = __ballot_sync(0xffffffffu, pos >= 0) & rank_mask;
+    const int nd = __popc(mask);
+    __syncwarp();  // the previous unit's readers of my_src / my_wsrc are done
+    if (pos >= 0 && lane < num_ranks) {
+      const int i = __popc(mask & ((1u << lane) - 1u));
+      my_src[i] = s_y[lane] + (u64)row_there * row_bytes;
+      my_wsrc[i] = s_w[lane] != 0 ? s_w[lane] + (u64)row_there * (u64)k * 4 : 0ull;
+    }
+    __syncwarp();
+    // Weights first (issued now, summed after the rows): lanes < k of the
+    // warp of slice 0.
+    const bool do_w = slice == 0 && out_weights != nullptr && lane < k;
+    float wv[GOEP_IN_MAX_RANKS];
 #pragma unroll
     for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
-      srow[i] = (const u8*)(own + off_slots) + ((u64)dst[i] * slot_rows + (u64)slot[i]) * row_bytes;
+      wv[i] = 0.0f;
+      if (do_w && i < nd) {
+        const u64 wb = my_wsrc[i];
+        if (wb != 0) {
+          wv[i] = goep_in_ld_peer_f32((const float*)wb + lane);
+        }
+      }
     }
+    int c_lo, c_hi;
+    goep_in_slice_range(cpr, slice, num_slices, &c_lo, &c_hi);
+    u8* const orow = out + t * row_bytes;
     const u8* b0 = bias0 != nullptr ? bias0 + t * row_bytes : nullptr;
     const u8* b1 = bias1 != nullptr ? bias1 + t * row_bytes : nullptr;
-    u8* orow = out + t * row_bytes;
-    // One 16-byte chunk per lane per round: every source's chunk (and the
-    // biases') is loaded before the first add, so up to 10 loads are in
-    // flight per lane; the adds then run in the reference's order.
-    for (i64 c = lane; c < cpr; c += 32) {
-      uint4 v[GOEP_IN_MAX_RANKS + 2];
+    goep_in_combine_slice<GOEP_IN_COMBINE_UNROLL>(my_src, nd, b0, b1, orow, c_lo, c_hi, lane);
+    if (do_w) {
+      float acc = 0.0f;
 #pragma unroll
       for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
         if (i < nd) {
-          v[i] = goep_in_ld_cg_v4(srow[i] + c * 16);
+          acc += wv[i];
         }
       }
-      if (b0 != nullptr) {
-        v[GOEP_IN_MAX_RANKS] = goep_in_ld_nc_v4(b0 + c * 16);
-      }
-      if (b1 != nullptr) {
-        v[GOEP_IN_MAX_RANKS + 1] = goep_in_ld_nc_v4(b1 + c * 16);
-      }
-      float acc[8];
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        acc[q] = 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < GOEP_IN_MAX_RANKS + 2; ++i) {
-        const bool use = i < GOEP_IN_MAX_RANKS ? i < nd : (i == GOEP_IN_MAX_RANKS ? b0 != nullptr : b1 != nullptr);
-        if (use) {
-          const u32 wv[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            acc[2 * q] += goep_u32_as_f32(wv[q] << 16);
-            acc[2 * q + 1] += goep_u32_as_f32(wv[q] & 0xffff0000u);
-          }
-        }
-      }
-      u32 wv[4];
+      out_weights[t * k + lane] = acc;
+    }
+  }
+
+  // Done reading every peer's input: tell them; block 0 waits until every
+  // rank is done with this rank's input.
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank);
+  if (blockIdx.x == 0) {
+    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_COMBINE_ARRIVAL)) {
+      return;
+    }
+    if (tid == 0) {
+      // Every block of this launch read the epoch before it arrived.
+      *goep_in_epoch(ctrl, GOEP_IN_KIND_COMBINE) = e;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Staging copy for a combine input that lies outside the workspace:
+// min(num_rows[0], max_rows) * row_bytes bytes from src to dst (this rank's
+// combine input region), sized on the device from the handle's received
+// count so that the host needs no count and graphs replay it. 16-byte
+// vectors when both pointers and the size allow, else 4-byte words
+// (row_bytes % 4 == 0).
+extern "C" __global__ void goep_intranode_copy_rows(const u8* src, u8* dst, const i32* num_rows, int max_rows,
+                                                    u64 row_bytes) {
+  const i32 rows = min(num_rows[0], max_rows);
+  const u64 n = (u64)(rows > 0 ? rows : 0) * row_bytes;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  if ((((u64)src | (u64)dst | n) & 15ull) == 0) {
+    const u64 nv = n >> 4;
+    u64 i = first;
+    for (; i + 3 * stride < nv; i += 4 * stride) {
+      uint4 v[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        wv[q] = (u32)goep_f32_to_bf16_bits(acc[2 * q]) | ((u32)goep_f32_to_bf16_bits(acc[2 * q + 1]) << 16);
+        v[q] = goep_in_ld_nc_v4(src + (i + q * stride) * 16);
       }
-      *(uint4*)(orow + c * 16) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
-    }
-    if (out_weights != nullptr && lane < k) {
-      float a = 0.0f;
 #pragma unroll
-      for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
-        if (i < nd) {
-          const float* ws = (const float*)(own + off_wslots);
-          a += goep_in_ld_cg_f32(ws + ((u64)dst[i] * slot_rows + (u64)slot[i]) * (u64)k + lane);
-        }
+      for (int q = 0; q < 4; ++q) {
+        *(uint4*)(dst + (i + q * stride) * 16) = v[q];
       }
-      out_weights[t * k + lane] = a;
     }
+    for (; i < nv; i += stride) {
+      *(uint4*)(dst + i * 16) = goep_in_ld_nc_v4(src + i * 16);
+    }
+    return;
+  }
+  for (u64 i = first; i < (n >> 2); i += stride) {
+    ((u32*)dst)[i] = ((const u32*)src)[i];
   }
 }
 

@@ -82,6 +82,7 @@ inline int __syncthreads_or(int p) {
   return r;
 }
 inline EmuWarp& emu_warp() { return *emu.block->warps[emu.tid.x / 32]; }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar.arrive_and_wait(); }
 template <class T>
 inline T __shfl_sync(unsigned, T v, int src) {
   EmuWarp& w = emu_warp();
@@ -136,7 +137,7 @@ EMU_LD(goep_ld_acquire_gpu_u64, emu_u64, __ATOMIC_ACQUIRE, true)
 EMU_LD(goep_ld_acquire_sys_u32, unsigned, __ATOMIC_ACQUIRE, true)
 EMU_LD(goep_ld_acquire_sys_u64, emu_u64, __ATOMIC_ACQUIRE, true)
 EMU_LD(goep_ld_relaxed_sys_u32, unsigned, __ATOMIC_RELAXED, false)
-EMU_LD(goep_chan_ld_relaxed_sys_u64, emu_u64, __ATOMIC_RELAXED, false)
+EMU_LD(goep_chan_ld_relaxed_sys_u64, emu_u64, __ATOMIC_RELAXED, true)
 EMU_ST(goep_st_release_gpu_u32, unsigned, __ATOMIC_RELEASE)
 EMU_ST(goep_st_release_gpu_u64, emu_u64, __ATOMIC_RELEASE)
 EMU_ST(goep_st_release_sys_u32, unsigned, __ATOMIC_RELEASE)
@@ -144,11 +145,12 @@ EMU_ST(goep_st_release_sys_u64, emu_u64, __ATOMIC_RELEASE)
 EMU_ST(goep_st_relaxed_sys_u32, unsigned, __ATOMIC_RELAXED)
 inline void goep_fence_acq_rel_gpu() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void goep_fence_acq_rel_sys() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void goep_in_red_add_release_sys_u64(emu_u64* p, emu_u64 v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
+// Relaxed: the fence before it (goep_fence_acq_rel_sys) orders.
+inline void goep_in_red_add_relaxed_sys_u64(emu_u64* p, emu_u64 v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 inline uint4 goep_in_ld_nc_v4(const void* p) { uint4 v; memcpy(&v, p, 16); return v; }
-inline uint4 goep_in_ld_cg_v4(const void* p) { uint4 v; memcpy(&v, p, 16); return v; }
+inline uint4 goep_in_ld_peer_v4(const void* p) { uint4 v; memcpy(&v, p, 16); return v; }
+inline float goep_in_ld_peer_f32(const float* p) { return *p; }
 inline void goep_in_st_v4(void* p, uint4 v) { memcpy(p, &v, 16); }
-inline float goep_in_ld_cg_f32(const float* p) { return *(const volatile float*)p; }
 // atomicCAS used by goep_watchdog_expire
 inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned v) {
   __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);

@@ -21,7 +21,10 @@ import (
 func init() {
 	device.RegisterHostKernel(intranode.KernelNotify, notifyTwin)
 	device.RegisterHostKernel(intranode.KernelDispatch, dispatchTwin)
+	device.RegisterHostKernel(intranode.KernelDispatchWide, dispatchTwin)
+	device.RegisterHostKernel(intranode.KernelDispatchTMA, dispatchTMATwin)
 	device.RegisterHostKernel(intranode.KernelCombine, combineTwin)
+	device.RegisterHostKernel(intranode.KernelCopyRows, copyRowsTwin)
 }
 
 // inCtrl addresses the control block of one workspace.
@@ -33,6 +36,9 @@ func (c inCtrl) arrive(kind, src int) uintptr {
 }
 func (c inCtrl) entered(kind, src int) uintptr {
 	return uintptr(c) + uintptr(intranode.EnteredOffset(kind, src))
+}
+func (c inCtrl) combineInput(src int) uintptr {
+	return uintptr(c) + uintptr(intranode.CombineInputOffset(src))
 }
 
 // inGroup is what every twin needs: the peer workspaces and this rank.
@@ -60,12 +66,22 @@ func (g inGroup) nextEpoch(kind int) uint64 { return devapi.U64(g.own().epoch(ki
 
 func (g inGroup) finish(kind int, e uint64) { devapi.U64(g.own().epoch(kind)).Store(e) }
 
-// enter announces epoch e of kind to every rank and waits until every rank
-// announced it.
-func (g inGroup) enter(kind int, e uint64, stage uint32) bool {
+// announce tells every rank that this rank entered epoch e of kind.
+func (g inGroup) announce(kind int, e uint64) {
 	for d := range g.peers {
 		devapi.U64(g.ctrl(d).entered(kind, g.rank)).Store(e)
 	}
+}
+
+// enter announces epoch e of kind to every rank and waits until every rank
+// announced it.
+func (g inGroup) enter(kind int, e uint64, stage uint32) bool {
+	g.announce(kind, e)
+	return g.waitEntered(kind, e, stage)
+}
+
+// waitEntered waits until every rank announced epoch e of kind.
+func (g inGroup) waitEntered(kind int, e uint64, stage uint32) bool {
 	for d := range g.peers {
 		if !devapi.WaitGE64(g.own().entered(kind, d), e, g.wd, g.waitID, uint32(d), stage) {
 			return false
@@ -174,23 +190,34 @@ func notifyTwin(l *device.HostLaunch) error {
 	return nil
 }
 
-// dispatchTwin is goep_intranode_dispatch:
+// dispatchTwin is goep_intranode_dispatch and goep_intranode_dispatch_wide:
 //
 //	(const u64* peers, u64 off_ctrl, u64 off_recv_x, u64 off_recv_scales,
 //	 u64 off_recv_src, u64 off_recv_topk, u64 off_recv_weights, const u8* x,
 //	 const float* scales, const i64* topk_idx, const float* topk_weights,
 //	 const i32* send_pos, const i32* recv_base, int num_tokens, int k,
 //	 int num_ranks, int rank, int local_experts, int row_bytes,
-//	 int num_scales, goep_watchdog* wd, u32 wait_id)
-func dispatchTwin(l *device.HostLaunch) error {
-	a := l.Args
+//	 int num_scales, int num_slices, int skip_entry, goep_watchdog* wd,
+//	 u32 wait_id)
+func dispatchTwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 22) }
+
+// dispatchTMATwin is goep_intranode_dispatch_tma: the same parameters with
+// int piece_bytes, int stages before wd (how rows move is the kernel's
+// business; what lands where is the same).
+func dispatchTMATwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 24) }
+
+// dispatchRows runs a dispatch whose watchdog and wait id are parameters
+// wdArg and wdArg+1.
+func dispatchRows(a *device.Args, wdArg int) error {
 	offX, offScales, offSrc := uintptr(a.GetU64(2)), uintptr(a.GetU64(3)), uintptr(a.GetU64(4))
 	offTopK, offW := uintptr(a.GetU64(5)), uintptr(a.GetU64(6))
 	t, k, ranks, rank := int(a.GetI32(13)), int(a.GetI32(14)), int(a.GetI32(15)), int(a.GetI32(16))
 	le, rowBytes, ns := int64(a.GetI32(17)), int(a.GetI32(18)), int(a.GetI32(19))
-	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(20), a.GetU32(21))
+	skipEntry := a.GetI32(21) != 0
+	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(wdArg), a.GetU32(wdArg+1))
 	e := g.nextEpoch(intranode.KindDispatch)
-	if !g.enter(intranode.KindDispatch, e, intranode.StageDispatchEntry) {
+	g.announce(intranode.KindDispatch, e)
+	if !skipEntry && !g.waitEntered(intranode.KindDispatch, e, intranode.StageDispatchEntry) {
 		return nil
 	}
 	x := device.HostSlice[byte](a.GetPtr(7), t*rowBytes)
@@ -245,61 +272,52 @@ func dispatchTwin(l *device.HostLaunch) error {
 	return nil
 }
 
-// combineTwin is goep_intranode_combine:
+// combineTwin is goep_intranode_combine (pull):
 //
-//	(const u64* peers, u64 off_ctrl, u64 off_slots, u64 off_wslots,
-//	 u64 slot_rows, const u8* y, const float* weights,
-//	 const i32* rank_prefix, const i32* send_pos, const u8* bias0,
+//	(const u64* peers, u64 off_ctrl, u64 off_y, u64 off_w,
+//	 const i32* recv_base, const i32* send_pos, const u8* bias0,
 //	 const u8* bias1, u8* out, float* out_weights, int num_tokens, int k,
-//	 int num_ranks, int rank, int hidden, goep_watchdog* wd, u32 wait_id)
+//	 int num_ranks, int rank, int hidden, int num_slices,
+//	 goep_watchdog* wd, u32 wait_id)
+//
+// Entry publishes this rank's input descriptor and then its entry flag;
+// once every rank's flag is here, the twin reads every peer's input where
+// its descriptor says, sums, and then tells every rank it is done reading
+// and waits until every rank is done with its own input.
 func combineTwin(l *device.HostLaunch) error {
 	a := l.Args
-	offSlots, offW, slotRows := uintptr(a.GetU64(2)), uintptr(a.GetU64(3)), int(a.GetU64(4))
-	t, k, ranks, rank, h := int(a.GetI32(13)), int(a.GetI32(14)), int(a.GetI32(15)), int(a.GetI32(16)), int(a.GetI32(17))
-	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(18), a.GetU32(19))
+	offY, offW := a.GetU64(2), a.GetU64(3)
+	t, k, ranks, rank, h := int(a.GetI32(10)), int(a.GetI32(11)), int(a.GetI32(12)), int(a.GetI32(13)), int(a.GetI32(14))
+	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(16), a.GetU32(17))
 	e := g.nextEpoch(intranode.KindCombine)
+	for d := range g.peers {
+		desc := g.ctrl(d).combineInput(rank)
+		devapi.U64(desc).Store(offY)
+		devapi.U64(desc + 8).Store(offW)
+	}
 	if !g.enter(intranode.KindCombine, e, intranode.StageCombineEntry) {
 		return nil
 	}
-	prefix := device.HostSlice[int32](a.GetPtr(7), ranks)
-	n := int(prefix[ranks-1])
-	y := device.HostSlice[uint16](a.GetPtr(5), n*h)
-	var w []float32
-	if p := a.GetPtr(6); p != 0 {
-		w = device.HostSlice[float32](p, n*k)
-	}
-	lo := 0
-	for s := 0; s < ranks; s++ {
-		hi := int(prefix[s])
-		if hi > lo {
-			copy(device.HostSlice[uint16](g.peers[s]+offSlots+uintptr(2*rank*slotRows*h), (hi-lo)*h), y[lo*h:hi*h])
-			if w != nil {
-				copy(device.HostSlice[float32](g.peers[s]+offW+uintptr(4*rank*slotRows*k), (hi-lo)*k), w[lo*k:hi*k])
-			}
+	ys := make([]uintptr, ranks)
+	ws := make([]uintptr, ranks)
+	for d, p := range g.peers {
+		desc := g.own().combineInput(d)
+		ys[d] = p + uintptr(devapi.U64(desc).Load())
+		if o := devapi.U64(desc + 8).Load(); o != intranode.NoOffset {
+			ws[d] = p + uintptr(o)
 		}
-		lo = hi
 	}
-	if !g.arrive(intranode.KindCombine, e, intranode.StageCombineArrival) {
-		return nil
-	}
-	g.finish(intranode.KindCombine, e)
-
-	own := g.peers[rank]
-	slots := device.HostSlice[uint16](own+offSlots, ranks*slotRows*h)
-	var wslots []float32
-	outW := a.GetPtr(12)
-	if outW != 0 {
-		wslots = device.HostSlice[float32](own+offW, ranks*slotRows*k)
-	}
-	sendPos := device.HostSlice[int32](a.GetPtr(8), t*ranks)
+	base := device.HostSlice[int32](a.GetPtr(4), ranks)
+	sendPos := device.HostSlice[int32](a.GetPtr(5), t*ranks)
 	var b0, b1 []uint16
-	if p := a.GetPtr(9); p != 0 {
+	if p := a.GetPtr(6); p != 0 {
 		b0 = device.HostSlice[uint16](p, t*h)
 	}
-	if p := a.GetPtr(10); p != 0 {
+	if p := a.GetPtr(7); p != 0 {
 		b1 = device.HostSlice[uint16](p, t*h)
 	}
-	out := device.HostSlice[uint16](a.GetPtr(11), t*h)
+	out := device.HostSlice[uint16](a.GetPtr(8), t*h)
+	outW := a.GetPtr(9)
 	acc := make([]float32, h)
 	for tok := 0; tok < t; tok++ {
 		clear(acc)
@@ -308,7 +326,8 @@ func combineTwin(l *device.HostLaunch) error {
 			if pos < 0 {
 				continue
 			}
-			for j, v := range slots[(d*slotRows+pos)*h : (d*slotRows+pos+1)*h] {
+			row := int(base[d]) + pos
+			for j, v := range device.HostSlice[uint16](ys[d]+uintptr(2*row*h), h) {
 				acc[j] += kernels.BF16ToFloat32(v)
 			}
 		}
@@ -326,13 +345,33 @@ func combineTwin(l *device.HostLaunch) error {
 			for i := range ow {
 				s := float32(0)
 				for d := 0; d < ranks; d++ {
-					if pos := int(sendPos[tok*ranks+d]); pos >= 0 {
-						s += wslots[(d*slotRows+pos)*k+i]
+					if pos := int(sendPos[tok*ranks+d]); pos >= 0 && ws[d] != 0 {
+						s += device.HostSlice[float32](ws[d]+uintptr(4*((int(base[d])+pos)*k+i)), 1)[0]
 					}
 				}
 				ow[i] = s
 			}
 		}
+	}
+	// Done reading every peer's input; wait until every rank is done with
+	// this rank's.
+	if !g.arrive(intranode.KindCombine, e, intranode.StageCombineArrival) {
+		return nil
+	}
+	g.finish(intranode.KindCombine, e)
+	return nil
+}
+
+// copyRowsTwin is goep_intranode_copy_rows:
+//
+//	(const u8* src, u8* dst, const i32* num_rows, int max_rows,
+//	 u64 row_bytes)
+func copyRowsTwin(l *device.HostLaunch) error {
+	a := l.Args
+	n := min(int(device.HostSlice[int32](a.GetPtr(2), 1)[0]), int(a.GetI32(3)))
+	bytes := max(n, 0) * int(a.GetU64(4))
+	if bytes > 0 {
+		copy(device.HostSlice[byte](a.GetPtr(1), bytes), device.HostSlice[byte](a.GetPtr(0), bytes))
 	}
 	return nil
 }

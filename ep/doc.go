@@ -1,6 +1,84 @@
-// Package ep is the user-facing expert-parallel API for Go inference engines:
-// dispatch and combine of MoE tokens across the GPUs of a node (intranode,
-// over NVLink) and across nodes (internode, RDMA plus NVLink forwarding).
-// Tensors are device pointers with a shape and a dtype; streams and events
-// belong to the engine. (Being built: see the project issues.)
+// Package ep is the expert-parallel API for Go inference engines: dispatch
+// of MoE tokens to the GPUs that hold their experts and combine of the
+// experts' outputs back, between the GPUs of a node over NVLink.
+//
+// # Model
+//
+// Every rank (one GPU: a process per GPU under torchrun, mpirun, srun or
+// `ep-bench launch`, or a goroutine per GPU in one process) builds a
+// Buffer with NewBuffer from a channels/bootstrap Bootstrap, its Device
+// and a Config. The Buffer owns all the memory the calls need (NVLink
+// workspace shared with every peer, handle slots, counters, default
+// outputs), allocated once: no call allocates device memory.
+//
+//	buf, err := ep.NewBuffer(ctx, bs, dev, ep.Config{MaxTokens: 4096, Hidden: 7168, TopK: 8, Experts: 256})
+//	res, err := buf.Dispatch(ctx, ep.DispatchArgs{X: x, TopK: ids, Weights: w, Stream: s, After: ready})
+//	// experts read res.RecvX / res.RecvTopK / res.RecvWeights on s after res.Done,
+//	// and write their outputs into buf.CombineInput(res.Handle)
+//	out, err := buf.Combine(ctx, ep.CombineArgs{X: y, Handle: res.Handle, Stream: s})
+//
+// Tensors are device pointers with a shape and a dtype (Tensor); no tensor
+// framework is involved. Streams belong to the engine: wrap a CUstream with
+// WrapStream, or pass nil for the Buffer's own stream. Every call may be
+// ordered after an event (After) and records an event when its work is
+// done (Done), so communication overlaps the engine's compute on other
+// streams. Events are Buffer.NewEvent's (CUevents: an engine records them
+// on its streams with cudaEventRecord on Event.Handle, or Event.Record).
+//
+// # Modes
+//
+// A non-cached Dispatch (no Handle) exchanges counts (notify) and moves the
+// rows; it returns a Handle. By default the host then waits for the
+// received count, as DeepEP does, so the outputs have exact shapes and
+// TokensPerExpert is known on the host. With WorstCase the host does not
+// wait: outputs have Buffer.MaxRecv rows, the count stays on the device,
+// and the call can be captured into a CUDA graph. A cached Dispatch (Handle
+// given) reuses the routing of an earlier one: one kernel, no host wait.
+// Combine always takes a Handle and never waits on the host. Layout runs
+// DeepEP's get_dispatch_layout for the engine (Dispatch does not need it).
+//
+// # Outputs and their lifetime
+//
+// Dispatch returns views into this rank's workspace, where the peers'
+// kernels wrote the rows directly; they stay valid for work ordered before
+// the next Dispatch of the Buffer (in this rank's stream order: peers write
+// again only once this rank's stream has entered the next dispatch).
+// DispatchArgs.Out copies them into caller buffers instead. Combine writes
+// CombineArgs.Out, or a Buffer-owned view valid until the next Combine.
+// The combine input is fastest in the workspace (CombineInput, or the
+// received rows themselves); anything else is copied there first.
+//
+// # Validation and failures
+//
+// Every argument is checked on the host before anything is launched:
+// dtypes, shapes against Config and against each other, token counts,
+// pointer alignment, launch parameters, handles (another Buffer's, or
+// expired). A refusal wraps ErrInvalidArgument and leaves the Buffer
+// usable. Expert ids cannot be checked on the host without a copy: the
+// kernels count ids outside [-1, Experts), treat them as -1, and the call
+// reports them as an *InvalidIDsError with a valid result (WorstCase
+// dispatches and Layout: Buffer.InvalidIDs after Done); engines with host
+// ids can call ValidateTopK. Configurations are checked by SizeHints and
+// NewBuffer (experts divisible by ranks, hidden a multiple of 8, of 128
+// with FP8, regions that fit WorkspaceBytes, the same on every rank).
+//
+// Every device-side wait is bounded (Config.Timeout). A rank that never
+// arrives makes its peers' waits give up with an error naming the stage and
+// the rank (errors.Is(err, ErrTimeout); errors.As to
+// *channels.TimeoutError), returned by the call, or for asynchronous work
+// by Check and the next call; from then on the Buffer refuses every call
+// with it until Close.
+//
+// # Goroutines
+//
+// A Buffer may be used from any goroutine; its methods are serialised. The
+// collective calls (Dispatch, Combine, Barrier, Close) must be issued in
+// the same order on every rank, so drive each Buffer from one goroutine per
+// rank. Several Buffers (two micro-batches) are independent and may be
+// driven concurrently, each by its own goroutine, with distinct Config.Tag
+// when built or closed concurrently over one bootstrap. Check, Memory,
+// InvalidIDs and the accessors may be called at any time.
+//
+// Without a GPU everything runs on the host backend (ep.Host devices,
+// goroutine ranks), where the kernels' Go twins compute the same results.
 package ep

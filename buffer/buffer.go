@@ -1,0 +1,580 @@
+package buffer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/internal/cuda"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/intranode"
+)
+
+// Buffer is one rank's EP buffer: the memory every dispatch and combine of
+// a group of ranks on one node works in, built collectively over a
+// bootstrap and a channels.Communicator:
+//
+//   - the NVLink workspace (intranode.Layout), registered with the
+//     communicator and exchanged with every peer (CUDA IPC between
+//     processes, peer access between goroutine ranks), and the peer table
+//     on the GPU that kernels index by rank;
+//   - handle slots: the device part of dispatch handles;
+//   - the dispatch-layout kernel's outputs and workspace, and a default
+//     combine output;
+//   - memory semaphores with every peer for the device barrier (Barrier),
+//     and the communicator's watchdog, which bounds every device-side wait;
+//   - pinned host-mapped counters the kernels write and the host polls;
+//   - a stream of its own and the events it hands out.
+//
+// Package ep launches kernels on it; this package owns lifecycle and
+// memory. Methods are safe for concurrent use, but the collective ones
+// (New, Barrier, Close) must be called in the same order on every rank.
+type Buffer struct {
+	cfg   Config
+	hint  SizeHint
+	rank  int
+	ranks int
+	user  device.Device // the caller's device
+	dev   *accounting   // what everything here allocates through
+	ctx   *cuda.Context // nil on the host backend
+	bs    bootstrap.Bootstrap
+	comm  *channels.Communicator
+
+	ws       device.Buffer
+	table    device.Buffer
+	slots    device.Buffer
+	layout   device.Buffer
+	combine  device.Buffer
+	barrier  device.Buffer
+	mapped   device.HostMapped
+	sems     *channels.DeviceArray
+	stream   device.Stream
+	waitID   uint32
+	work     intranode.Workspace
+	slotPlan handleSlot
+	outPlan  layoutPlace
+
+	mu     sync.Mutex
+	events []*Event
+	closed bool
+	broken error
+}
+
+// Bootstrap tags of the Buffer's own messages (config check, close
+// barrier): below the communicator's tag space (1<<40), one range per
+// Config.Tag.
+const (
+	tagBase   = 1 << 39
+	tagConfig = 1
+	tagReady  = 2
+	tagClose  = 3
+)
+
+func (b *Buffer) tag(kind int) int { return tagBase | b.cfg.Tag<<8 | kind }
+
+// StageBarrier is the stage of the device barrier's waits in timeout
+// records (the intranode kernels use 1..5).
+const StageBarrier = 100
+
+// New builds rank bs.Rank()'s Buffer on dev: every rank of the bootstrap
+// calls it at the same time with the same Config. It allocates and
+// exchanges everything up front; no call on the Buffer allocates device
+// memory afterwards. dev and bs stay the caller's: Close does not close
+// them.
+func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Config) (_ *Buffer, err error) {
+	if bs == nil || dev == nil {
+		return nil, errors.New("buffer: New needs a bootstrap and a device")
+	}
+	hint, err := SizeHints(cfg, bs.Size())
+	if err != nil {
+		return nil, fmt.Errorf("buffer: rank %d: %w", bs.Rank(), err)
+	}
+	b := &Buffer{cfg: cfg, hint: hint, rank: bs.Rank(), ranks: bs.Size(), user: dev, dev: newAccounting(dev), bs: bs,
+		ctx: cudaContext(dev)}
+	if dev.Info().Kind == device.CUDA && b.ctx == nil {
+		return nil, fmt.Errorf("buffer: rank %d: a CUDA device must have Context() (a wrapping Device must forward it)", b.rank)
+	}
+	ic := hint.Layout.Config
+	b.slotPlan, b.outPlan = slotLayout(ic), layoutOutputs(ic)
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, b.free())
+		}
+	}()
+	if err := b.checkConfigs(ctx); err != nil {
+		return nil, err
+	}
+	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout}}); err != nil {
+		return nil, b.errorf("%w", err)
+	}
+	b.waitID = b.comm.NewWaitID(fmt.Sprintf("ep buffer %d intranode kernels", cfg.Tag))
+	if err := b.allocate(); err != nil {
+		return nil, err
+	}
+	if err := b.exchange(ctx); err != nil {
+		return nil, err
+	}
+	// Nobody launches into a peer's workspace before every rank has it.
+	if _, err := b.exchangeAll(ctx, tagReady, nil); err != nil {
+		return nil, b.errorf("meeting the peers: %w", err)
+	}
+	return b, nil
+}
+
+func (b *Buffer) errorf(format string, a ...any) error {
+	return fmt.Errorf("buffer: rank %d: "+format, append([]any{b.rank}, a...)...)
+}
+
+// checkConfigs tells every peer this rank's shared configuration and
+// compares theirs, so that a mismatch is an error naming the rank instead
+// of kernels reading each other's memory at different offsets.
+func (b *Buffer) checkConfigs(ctx context.Context) error {
+	c := b.cfg
+	mine := fmt.Sprintf("tokens=%d hidden=%d topk=%d experts=%d fp8=%v workspace=%d tag=%d",
+		c.MaxTokens, c.Hidden, c.TopK, c.Experts, c.FP8, b.hint.Workspace, c.Tag)
+	theirs, err := b.exchangeAll(ctx, tagConfig, []byte(mine))
+	if err != nil {
+		return b.errorf("config check: %w", err)
+	}
+	for r, t := range theirs {
+		if t != nil && string(t) != mine {
+			return b.errorf("rank %d's Buffer config (%s) differs from this rank's (%s)", r, t, mine)
+		}
+	}
+	return nil
+}
+
+// exchangeAll sends msg to every peer under the Buffer's tag and returns
+// theirs (nil at this rank's index), sending to all before receiving.
+func (b *Buffer) exchangeAll(ctx context.Context, kind int, msg []byte) ([][]byte, error) {
+	out := make([][]byte, b.ranks)
+	for p := 0; p < b.ranks; p++ {
+		if p != b.rank {
+			if err := b.bs.Send(ctx, p, b.tag(kind), msg); err != nil {
+				return nil, fmt.Errorf("send to rank %d: %w", p, err)
+			}
+		}
+	}
+	var errs []error
+	for p := 0; p < b.ranks; p++ {
+		if p != b.rank {
+			m, err := b.bs.Recv(ctx, p, b.tag(kind))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("rank %d: %w", p, err))
+				continue
+			}
+			out[p] = m
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// allocate makes every allocation and zeroes what must start zeroed.
+func (b *Buffer) allocate() (err error) {
+	d, h := b.dev, b.hint
+	alloc := func(what string, dst *device.Buffer, n int) {
+		if err == nil && n > 0 {
+			if *dst, err = d.Alloc(n); err != nil {
+				err = b.errorf("%s (%d bytes): %w", what, n, err)
+			}
+		}
+	}
+	alloc("NVLink workspace", &b.ws, h.Workspace)
+	alloc("peer table", &b.table, h.PeerTable)
+	alloc("handle slots", &b.slots, h.Handles)
+	alloc("layout outputs", &b.layout, h.LayoutOutputs)
+	alloc("combine outputs", &b.combine, h.CombineOutputs)
+	alloc("barrier scratch", &b.barrier, h.Barrier)
+	if err != nil {
+		return err
+	}
+	if b.mapped, err = d.AllocHostMapped(h.HostMapped); err != nil {
+		return b.errorf("host-mapped counters: %w", err)
+	}
+	clear(b.mapped.Host) // pinned memory comes uninitialised
+	b.storeMapped(mappedRecvCount, -1)
+	// The kernels never clear the workspace's control block, and the
+	// layout kernel leaves its workspace zeroed after every launch: both
+	// must start at zero.
+	l := h.Layout
+	if err := d.CopyIn(b.ws.Ptr+uintptr(l.Ctrl.Offset), make([]byte, l.Ctrl.Size)); err != nil {
+		return b.errorf("zero the control block: %w", err)
+	}
+	if err := d.CopyIn(b.layout.Ptr+uintptr(b.outPlan.workspace), make([]byte, routing.LayoutWorkspaceBytes)); err != nil {
+		return b.errorf("zero the layout workspace: %w", err)
+	}
+	if b.stream, err = d.NewStream(); err != nil {
+		return b.errorf("stream: %w", err)
+	}
+	return nil
+}
+
+// exchange registers the workspace with the communicator, opens every
+// peer's, uploads the peer table and builds the barrier's semaphores.
+func (b *Buffer) exchange(ctx context.Context) error {
+	mine, err := b.comm.RegisterMemory(b.ws)
+	if err != nil {
+		return b.errorf("%w", err)
+	}
+	var peers []int
+	for p := 0; p < b.ranks; p++ {
+		if p != b.rank {
+			peers = append(peers, p)
+		}
+	}
+	theirs, err := b.comm.ExchangeMemory(ctx, mine, peers, b.cfg.Tag)
+	if err != nil {
+		return b.errorf("exchange workspaces: %w", err)
+	}
+	table := make([]byte, 8*b.ranks)
+	binary.LittleEndian.PutUint64(table[8*b.rank:], uint64(b.ws.Ptr))
+	for i, p := range peers {
+		if theirs[i].Size() < b.hint.Layout.Size {
+			return b.errorf("rank %d's workspace has %d bytes; the layout needs %d", p, theirs[i].Size(), b.hint.Layout.Size)
+		}
+		binary.LittleEndian.PutUint64(table[8*p:], uint64(theirs[i].Ptr()))
+	}
+	if err := b.dev.CopyIn(b.table.Ptr, table); err != nil {
+		return b.errorf("peer table: %w", err)
+	}
+	b.work = intranode.Workspace{Layout: b.hint.Layout, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size,
+		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID}
+	if len(peers) == 0 {
+		return nil
+	}
+	conns, err := b.comm.ConnectAll(ctx, peers, b.cfg.Tag)
+	if err != nil {
+		return b.errorf("connect: %w", err)
+	}
+	sems, err := b.comm.NewMemorySemaphores(ctx, conns)
+	if err != nil {
+		return b.errorf("semaphores: %w", err)
+	}
+	list := make([]channels.Semaphore, len(sems))
+	for i, s := range sems {
+		list[i] = s
+	}
+	if b.sems, err = b.comm.UploadSemaphores(list); err != nil {
+		return b.errorf("semaphores: %w", err)
+	}
+	return nil
+}
+
+// Rank is this rank; Ranks the group size.
+func (b *Buffer) Rank() int { return b.rank }
+
+// Ranks is the number of ranks in the group.
+func (b *Buffer) Ranks() int { return b.ranks }
+
+// Config is the configuration the Buffer was built with.
+func (b *Buffer) Config() Config { return b.cfg }
+
+// SizeHint is what the Buffer was sized with.
+func (b *Buffer) SizeHint() SizeHint { return b.hint }
+
+// Device is the caller's device.
+func (b *Buffer) Device() device.Device { return b.user }
+
+// Communicator is the Buffer's communicator (owned by the Buffer).
+func (b *Buffer) Communicator() *channels.Communicator { return b.comm }
+
+// Workspace is the intranode kernels' view of the workspaces.
+func (b *Buffer) Workspace() *intranode.Workspace { return &b.work }
+
+// Stream is the Buffer's own stream.
+func (b *Buffer) Stream() device.Stream { return b.stream }
+
+// Memory reports what the Buffer holds now on this rank, its communicator
+// included.
+func (b *Buffer) Memory() Memory { return b.dev.live() }
+
+// HandleSlots is the number of handle slots.
+func (b *Buffer) HandleSlots() int { return b.cfg.handles() }
+
+// Slot is the device memory of handle slot i.
+type Slot struct {
+	Handle intranode.Handle // Tokens left 0: the caller sets it
+	// TopK is int64[MaxTokens][TopK]: a copy of the routing the handle was
+	// built from, so cached dispatches need only x.
+	TopK uintptr
+	// ExpertCounts is int32[LocalExperts]: received (token, local expert)
+	// pairs, for dispatches that do not wait on the host.
+	ExpertCounts uintptr
+}
+
+// Slot returns the device memory of handle slot i (0 <= i < HandleSlots).
+func (b *Buffer) Slot(i int) Slot {
+	p, s := b.slots.Ptr+uintptr(i*b.slotPlan.size), b.slotPlan
+	return Slot{
+		Handle: intranode.Handle{SendPos: p + uintptr(s.sendPos), RankPrefix: p + uintptr(s.rankPrefix),
+			RecvBase: p + uintptr(s.recvBase), NumRecv: p + uintptr(s.numRecv)},
+		TopK:         p + uintptr(s.topk),
+		ExpertCounts: p + uintptr(s.expertCounts),
+	}
+}
+
+// LayoutOutputs are the dispatch-layout kernel's outputs in the Buffer, for
+// up to MaxTokens tokens, with its invalid-id count in host-mapped memory.
+func (b *Buffer) LayoutOutputs() routing.LayoutOutput {
+	p := b.layout.Ptr
+	return routing.LayoutOutput{
+		TokensPerRank:   p + uintptr(b.outPlan.perRank),
+		TokensPerExpert: p + uintptr(b.outPlan.perExpert),
+		IsTokenInRank:   p + uintptr(b.outPlan.inRank),
+		Invalid:         b.mapped.Dev + mappedLayoutInvalid,
+		Workspace:       p + uintptr(b.outPlan.workspace),
+	}
+}
+
+// CombineOutputs are the default combine outputs: BF16 [MaxTokens][Hidden]
+// and float32 [MaxTokens][TopK].
+func (b *Buffer) CombineOutputs() (x, weights uintptr) {
+	return b.combine.Ptr, b.combine.Ptr + uintptr(alignUp(2*b.cfg.MaxTokens*b.cfg.Hidden))
+}
+
+// Host-mapped counters the kernels write: RecvCountPtr (the notify
+// kernel's received count, polled by WaitRecvCount), NotifyInvalidPtr and
+// ExpertCountsPtr (int32[LocalExperts]).
+func (b *Buffer) RecvCountPtr() uintptr     { return b.mapped.Dev + mappedRecvCount }
+func (b *Buffer) NotifyInvalidPtr() uintptr { return b.mapped.Dev + mappedNotifyInvalid }
+func (b *Buffer) ExpertCountsPtr() uintptr  { return b.mapped.Dev + mappedExpertCounts }
+
+func (b *Buffer) mappedI32(off int) *atomic.Int32 {
+	return (*atomic.Int32)(unsafe.Pointer(&b.mapped.Host[off]))
+}
+
+func (b *Buffer) storeMapped(off int, v int32) { b.mappedI32(off).Store(v) }
+
+// ResetRecvCount sets the host-mapped received count to -1 before a notify
+// that writes it; the previous such notify must have completed (its count
+// read by WaitRecvCount).
+func (b *Buffer) ResetRecvCount() { b.storeMapped(mappedRecvCount, -1) }
+
+// NotifyInvalid reads the invalid-id count the last notify wrote (complete
+// once its stream has passed it); LayoutInvalid the layout kernel's.
+func (b *Buffer) NotifyInvalid() int { return int(b.mappedI32(mappedNotifyInvalid).Load()) }
+
+// LayoutInvalid reads the invalid-id count of the last layout launch.
+func (b *Buffer) LayoutInvalid() int { return int(b.mappedI32(mappedLayoutInvalid).Load()) }
+
+// ExpertCounts reads the host-mapped per-local-expert counts of the last
+// notify that wrote them.
+func (b *Buffer) ExpertCounts() []int {
+	out := make([]int, b.hint.Layout.LocalExperts)
+	for i := range out {
+		out[i] = int(b.mappedI32(mappedExpertCounts + 4*i).Load())
+	}
+	return out
+}
+
+// WaitRecvCount polls the host-mapped received count until the notify
+// kernel writes it (what DeepEP's host does before it sizes outputs). It
+// gives up on ctx, on a device-side timeout of this rank (the watchdog's
+// record), or when nothing arrives within the wait timeout plus a second
+// (the stream never reached the kernel); each makes the Buffer unusable.
+func (b *Buffer) WaitRecvCount(ctx context.Context, what string) (int, error) {
+	p := b.mappedI32(mappedRecvCount)
+	if n := p.Load(); n >= 0 {
+		return int(n), nil
+	}
+	limit := b.comm.Timeouts().Wait + time.Second
+	start := time.Now()
+	for i := 0; ; i++ {
+		if n := p.Load(); n >= 0 {
+			return int(n), nil
+		}
+		if err := b.Check(); err != nil {
+			return 0, err
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, b.Fail(b.errorf("%s: waiting for the received count: %w", what, err))
+		}
+		if time.Since(start) > limit {
+			return 0, b.Fail(b.errorf("%s: the received count did not arrive within %s (is the stream blocked?)", what, limit))
+		}
+		if i > 1000 {
+			time.Sleep(5 * time.Microsecond)
+		}
+	}
+}
+
+// NewEvent creates an event on the Buffer's device, closed with the
+// Buffer unless closed before.
+func (b *Buffer) NewEvent() (*Event, error) {
+	if err := b.Usable(); err != nil {
+		return nil, err
+	}
+	e, err := newEvent(b.ctx)
+	if err != nil {
+		return nil, b.errorf("%w", err)
+	}
+	b.mu.Lock()
+	b.events = append(b.events, e)
+	b.mu.Unlock()
+	return e, nil
+}
+
+// IsCapturing reports whether s is being captured into a CUDA graph
+// (never on the host backend).
+func (b *Buffer) IsCapturing(s device.Stream) (bool, error) {
+	if b.ctx == nil {
+		return false, nil
+	}
+	var h uintptr
+	if s != nil {
+		h = s.Handle()
+	}
+	st, err := cuda.WrapStream(b.ctx, h).CaptureStatus()
+	if err != nil {
+		return false, b.errorf("capture status: %w", err)
+	}
+	return st != cuda.CaptureStatusNone, nil
+}
+
+// Barrier enqueues a device-side barrier on s over the memory semaphores:
+// work issued on s after it starts only once every rank's stream has
+// reached its own Barrier. Its waits are bounded like the kernels'; a
+// timeout names the rank that never arrived (Check).
+func (b *Buffer) Barrier(s device.Stream) error {
+	if err := b.Usable(); err != nil {
+		return err
+	}
+	if b.sems == nil {
+		return nil
+	}
+	n := b.sems.Len()
+	stride := uint32(b.sems.Stride())
+	sig := device.NewArgs(5).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0)
+	if err := b.dev.Launch("goep_chan_sem_signal", device.D1(n), device.D1(32), 0, s, sig); err != nil {
+		return b.Fail(b.errorf("barrier signal: %w", err))
+	}
+	wait := device.NewArgs(7).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0).U32(StageBarrier).Ptr(b.barrier.Ptr)
+	if err := b.dev.Launch("goep_chan_sem_wait", device.D1(n), device.D1(32), 0, s, wait); err != nil {
+		return b.Fail(b.errorf("barrier wait: %w", err))
+	}
+	return nil
+}
+
+// Usable returns nil while the Buffer may be used: not closed, and no
+// device-side wait of it has timed out (see Check) nor Fail been called.
+func (b *Buffer) Usable() error { return b.Check() }
+
+// Check reports a device-side timeout of this rank's kernels (read from
+// the host-mapped record: cheap, may be called while kernels run) or an
+// earlier failure; from then on every call returns the same error until
+// Close. A timeout error wraps *channels.TimeoutError (errors.As) and names
+// the stage and the rank waited on.
+func (b *Buffer) Check() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return b.errorf("%w", channels.ErrClosed)
+	}
+	if b.broken != nil {
+		return b.broken
+	}
+	if err := b.comm.Check(); err != nil {
+		b.broken = b.describe(err)
+		return b.broken
+	}
+	return nil
+}
+
+// describe names the stage of a timeout.
+func (b *Buffer) describe(err error) error {
+	var te *channels.TimeoutError
+	if !errors.As(err, &te) {
+		return b.errorf("unusable: %w", err)
+	}
+	stage := fmt.Sprintf("stage %d", te.Stage)
+	switch {
+	case te.ID == b.waitID:
+		stage = "intranode " + intranode.StageName(te.Stage)
+	case te.Stage == StageBarrier:
+		stage = "device barrier"
+	}
+	return b.errorf("%s timed out waiting on rank %d; the buffer is unusable until Close: %w", stage, te.Peer, err)
+}
+
+// Fail makes the Buffer refuse further calls with err (a launch that failed
+// after its peers' kernels started leaves the protocol state unknown) and
+// returns it; an earlier failure wins.
+func (b *Buffer) Fail(err error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.broken == nil && !b.closed {
+		b.broken = err
+	}
+	if b.broken != nil {
+		return b.broken
+	}
+	return err
+}
+
+// Close waits for the Buffer's stream, meets every rank (so that no peer
+// still uses this rank's memory: each rank must have synchronised the
+// streams it used the Buffer on), then frees everything: workspace, peer
+// mappings, slots, counters, events, stream and the communicator. It checks
+// that every allocation was freed. The bootstrap and device stay open.
+// Close after a failure still meets the peers, bounded by ctx and the
+// bootstrap's timeout, and frees everything whatever the outcome.
+func (b *Buffer) Close(ctx context.Context) error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	var errs []error
+	if err := b.stream.Synchronize(); err != nil {
+		errs = append(errs, b.errorf("close: stream: %w", err))
+	}
+	if _, err := b.exchangeAll(ctx, tagClose, nil); err != nil {
+		errs = append(errs, b.errorf("close: meeting the peers: %w", err))
+	}
+	errs = append(errs, b.free())
+	return errors.Join(errs...)
+}
+
+// free releases everything allocated so far (New's cleanup and Close).
+func (b *Buffer) free() error {
+	var errs []error
+	b.mu.Lock()
+	events := b.events
+	b.events = nil
+	b.mu.Unlock()
+	for _, e := range events {
+		errs = append(errs, e.Close())
+	}
+	if b.stream != nil {
+		errs = append(errs, b.stream.Close())
+		b.stream = nil
+	}
+	for _, p := range []*device.Buffer{&b.ws, &b.table, &b.slots, &b.layout, &b.combine, &b.barrier} {
+		if p.Ptr != 0 {
+			errs = append(errs, b.dev.Free(*p))
+			*p = device.Buffer{}
+		}
+	}
+	if b.mapped.Dev != 0 {
+		errs = append(errs, b.dev.FreeHostMapped(b.mapped))
+		b.mapped = device.HostMapped{}
+	}
+	if b.comm != nil {
+		errs = append(errs, b.comm.Close()) // peers' mappings, semaphores, watchdog
+	}
+	if m := b.dev.live(); m.Allocations != 0 || m.HostAllocations != 0 {
+		errs = append(errs, b.errorf("close: %d device allocations (%d bytes) and %d host-mapped (%d bytes) still held",
+			m.Allocations, m.Device, m.HostAllocations, m.HostMapped))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,189 @@
+package buffer
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/intranode"
+)
+
+// Config sizes a Buffer. Every rank of a group passes the same MaxTokens,
+// Hidden, TopK, Experts, FP8 and WorkspaceBytes (New checks); Handles,
+// Timeout and Tag are per rank but usually equal too.
+type Config struct {
+	// MaxTokens is the most tokens one rank dispatches in one call.
+	MaxTokens int
+	// Hidden is the row length in elements: a multiple of 8 (BF16 rows move
+	// as 16-byte vectors), of 128 with FP8.
+	Hidden int
+	// TopK is the number of experts per token (1..32).
+	TopK int
+	// Experts is the global expert count, a multiple of the rank count;
+	// rank r owns experts [r*E/R, (r+1)*E/R).
+	Experts int
+	// FP8 reserves room for FP8 rows' scales (one float32 per 128
+	// elements) in the receive region.
+	FP8 bool
+	// Handles is the number of handle slots: how many dispatch handles can
+	// be alive at once (0 means DefaultHandles).
+	Handles int
+	// WorkspaceBytes, when not 0, is the size of the NVLink workspace to
+	// allocate, like DeepEP's num_nvl_bytes; it must hold every region of
+	// the layout SizeHints computes. 0 means exactly the layout's size.
+	WorkspaceBytes int
+	// Timeout bounds every device-side wait (the communicator's
+	// Timeouts.Wait); 0 means $GOEP_CHANNEL_TIMEOUT, else 60 s.
+	Timeout time.Duration
+	// Tag keeps apart Buffers that are built or closed at the same time
+	// over one bootstrap (two micro-batches built from two goroutines):
+	// give them different tags, 0..MaxTag. Buffers built one after the
+	// other in the same order on every rank may share a tag.
+	Tag int
+}
+
+// DefaultHandles is the number of handle slots when Config.Handles is 0.
+const DefaultHandles = 4
+
+// MaxTag is the largest Config.Tag.
+const MaxTag = 1<<24 - 1
+
+func (c Config) handles() int {
+	if c.Handles == 0 {
+		return DefaultHandles
+	}
+	return c.Handles
+}
+
+// intranode is the workspace configuration for ranks ranks.
+func (c Config) intranode(ranks int) (intranode.Config, error) {
+	switch {
+	case ranks < 1 || ranks > intranode.MaxRanks:
+		return intranode.Config{}, fmt.Errorf("%d ranks: a node-local buffer takes 1..%d", ranks, intranode.MaxRanks)
+	case c.Experts < 1 || c.Experts%ranks != 0:
+		return intranode.Config{}, fmt.Errorf("%d experts do not divide evenly over %d ranks", c.Experts, ranks)
+	case c.MaxTokens < 1 || c.MaxTokens > routing.MaxTokens:
+		return intranode.Config{}, fmt.Errorf("max tokens %d: want 1..%d", c.MaxTokens, routing.MaxTokens)
+	case c.Handles < 0:
+		return intranode.Config{}, fmt.Errorf("%d handle slots", c.Handles)
+	case c.WorkspaceBytes < 0:
+		return intranode.Config{}, fmt.Errorf("workspace of %d bytes", c.WorkspaceBytes)
+	case c.Timeout < 0:
+		return intranode.Config{}, fmt.Errorf("timeout %s", c.Timeout)
+	case c.Tag < 0 || c.Tag > MaxTag:
+		return intranode.Config{}, fmt.Errorf("tag %d: want 0..%d", c.Tag, MaxTag)
+	}
+	ic := intranode.Config{Ranks: ranks, MaxTokens: c.MaxTokens, Hidden: c.Hidden, TopK: c.TopK,
+		LocalExperts: c.Experts / ranks, FP8: c.FP8}
+	return ic, ic.Validate()
+}
+
+// SizeHint is what a Buffer of a Config takes on each rank, computed
+// without allocating anything.
+type SizeHint struct {
+	// Layout places the regions of the NVLink workspace.
+	Layout intranode.Layout
+	// Workspace is the IPC-shared NVLink workspace in bytes (the layout's
+	// size, or Config.WorkspaceBytes).
+	Workspace int
+	// PeerTable holds every rank's workspace address (u64 per rank).
+	PeerTable int
+	// HandleSlot is one handle's device memory (send positions, prefixes,
+	// counts and a copy of the routing); Handles is all slots.
+	HandleSlot, Handles int
+	// LayoutOutputs are the dispatch-layout kernel's outputs and workspace.
+	LayoutOutputs int
+	// CombineOutputs is the default combine output: BF16 [MaxTokens][Hidden]
+	// and float32 [MaxTokens][TopK].
+	CombineOutputs int
+	// Barrier is the device barrier's scratch.
+	Barrier int
+	// HostMapped is pinned host memory mapped into the device: received
+	// count, invalid-id counts and per-local-expert counts.
+	HostMapped int
+	// Device is the sum of the device allocations above. The communicator
+	// adds a little more (watchdog, semaphore tokens; see Buffer.Memory).
+	Device int
+}
+
+// regionAlign keeps the Buffer's own sub-allocations apart on cache lines.
+const regionAlign = 256
+
+func alignUp(n int) int { return (n + regionAlign - 1) / regionAlign * regionAlign }
+
+// hostMapped layout: counters first, then the per-local-expert counts.
+const (
+	mappedRecvCount     = 0  // int32: tokens received (-1 until notify writes it)
+	mappedNotifyInvalid = 4  // int32: top-k ids outside [-1, E) seen by the last notify
+	mappedLayoutInvalid = 8  // int32: the same, seen by the last layout launch
+	mappedExpertCounts  = 64 // int32[LocalExperts]
+)
+
+// handleSlot places one handle's device memory.
+type handleSlot struct {
+	sendPos, rankPrefix, recvBase, numRecv, topk, expertCounts, size int
+}
+
+func slotLayout(ic intranode.Config) handleSlot {
+	var s handleSlot
+	off := 0
+	place := func(n int) int {
+		o := off
+		off += alignUp(n)
+		return o
+	}
+	s.sendPos = place(4 * ic.MaxTokens * ic.Ranks)
+	s.rankPrefix = place(4 * ic.Ranks)
+	s.recvBase = place(4 * ic.Ranks)
+	s.numRecv = place(4)
+	s.topk = place(8 * ic.MaxTokens * ic.TopK)
+	s.expertCounts = place(4 * ic.LocalExperts)
+	s.size = off
+	return s
+}
+
+// layoutBytes places the layout kernel's outputs: per-rank and per-expert
+// counts, is_token_in_rank, then the kernel's workspace.
+type layoutPlace struct{ perRank, perExpert, inRank, workspace, size int }
+
+func layoutOutputs(ic intranode.Config) layoutPlace {
+	var p layoutPlace
+	p.perRank = 0
+	p.perExpert = alignUp(4 * ic.Ranks)
+	p.inRank = p.perExpert + alignUp(4*ic.Experts())
+	p.workspace = p.inRank + alignUp(ic.MaxTokens*ic.Ranks)
+	p.size = p.workspace + alignUp(routing.LayoutWorkspaceBytes)
+	return p
+}
+
+// SizeHints computes what a Buffer of c takes on each of ranks ranks, and
+// checks c: experts divisible by ranks, hidden a multiple of what the
+// kernels need, the layout fitting Config.WorkspaceBytes.
+func SizeHints(c Config, ranks int) (SizeHint, error) {
+	ic, err := c.intranode(ranks)
+	if err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: %w", err)
+	}
+	l, err := intranode.NewLayout(ic)
+	if err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: %w", err)
+	}
+	h := SizeHint{Layout: l, Workspace: l.Size, PeerTable: 8 * ranks}
+	if c.WorkspaceBytes != 0 {
+		if c.WorkspaceBytes < l.Size {
+			return SizeHint{}, fmt.Errorf("buffer: the regions for %d tokens x hidden %d, top-%d, %d experts, %d ranks%s need a workspace of %d bytes; Config.WorkspaceBytes is %d",
+				c.MaxTokens, c.Hidden, c.TopK, c.Experts, ranks, map[bool]string{true: ", FP8", false: ""}[c.FP8], l.Size, c.WorkspaceBytes)
+		}
+		h.Workspace = c.WorkspaceBytes
+	}
+	h.HandleSlot = slotLayout(ic).size
+	h.Handles = c.handles() * h.HandleSlot
+	h.LayoutOutputs = layoutOutputs(ic).size
+	h.CombineOutputs = alignUp(2*c.MaxTokens*c.Hidden) + alignUp(4*c.MaxTokens*c.TopK)
+	if ranks > 1 {
+		h.Barrier = 32 * (ranks - 1)
+	}
+	h.HostMapped = mappedExpertCounts + 4*ic.LocalExperts
+	h.Device = h.Workspace + h.PeerTable + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.Barrier
+	return h, nil
+}

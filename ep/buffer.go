@@ -1,0 +1,218 @@
+package ep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/goep-dev/goep/buffer"
+	"github.com/goep-dev/goep/channels/bootstrap"
+)
+
+// Event marks a point in a stream: a CUevent on the CUDA backend (Handle),
+// nothing on the host backend. Calls take one in After (the stream waits
+// for it first) and return one in Done.
+type Event = buffer.Event
+
+// Memory is what a Buffer holds on its rank, allocation by allocation.
+type Memory = buffer.Memory
+
+// Buffer is one rank's expert-parallel communication buffer on a node: the
+// NVLink workspace shared with every other rank of the group, handle
+// slots, counters, a stream and events (see package buffer). Every rank of
+// the group builds its Buffer at the same time (NewBuffer) and then issues
+// the same collective calls (Layout is local; Dispatch, Combine and Barrier
+// are collective) in the same order.
+//
+// Goroutines: a Buffer's methods may be called from any goroutine and are
+// serialised by the Buffer, but the collective calls of one Buffer must be
+// issued in one order on every rank, so issue them from one goroutine per
+// rank. Several Buffers (two micro-batches) are independent: each may be
+// driven by its own goroutine, their kernels may run at once on different
+// streams, and their Tags must differ when they are built or closed
+// concurrently. Check, Memory, InvalidIDs and the accessors may be called
+// at any time, even while another goroutine is in a call.
+type Buffer struct {
+	b        *buffer.Buffer
+	cfg      Config
+	rank     int
+	ranks    int
+	dispatch LaunchConfig // resolved
+	combine  LaunchConfig
+
+	mu    sync.Mutex // serialises calls
+	slots []slotState
+	tick  uint64
+	done  map[string]*Event // default Done events, one per operation
+}
+
+// slotState is who holds a handle slot.
+type slotState struct {
+	owner  *Handle
+	used   uint64 // tick of the last use, for least-recently-used reuse
+	pinned bool
+}
+
+// NewBuffer builds rank bs.Rank()'s Buffer on dev for a group of bs.Size()
+// ranks (1..8 GPUs of one node, or host-backend goroutine ranks). Every
+// rank calls it at the same time with the same Config. All memory is
+// allocated here: no call on the Buffer allocates device memory. dev and bs
+// stay the caller's; close the Buffer first.
+func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Config) (*Buffer, error) {
+	if bs == nil || dev == nil {
+		return nil, errors.New("ep: NewBuffer needs a bootstrap and a device")
+	}
+	if _, err := SizeHints(cfg, bs.Size()); err != nil {
+		return nil, &argError{fmt.Errorf("ep: rank %d: %w", bs.Rank(), err)}
+	}
+	disp, _ := cfg.Dispatch.resolve(bs.Size(), OpDispatch)
+	comb, _ := cfg.Combine.resolve(bs.Size(), OpCombine)
+	b, err := buffer.New(ctx, bs, dev, cfg.buffer())
+	if err != nil {
+		return nil, err
+	}
+	eb := &Buffer{b: b, cfg: cfg, rank: b.Rank(), ranks: b.Ranks(), dispatch: disp, combine: comb,
+		slots: make([]slotState, b.HandleSlots()), done: map[string]*Event{}}
+	for _, op := range []string{"layout", "dispatch", "combine", "barrier"} {
+		e, err := b.NewEvent()
+		if err != nil {
+			return nil, errors.Join(err, b.Close(ctx))
+		}
+		eb.done[op] = e
+	}
+	return eb, nil
+}
+
+// Rank is this rank.
+func (b *Buffer) Rank() int { return b.rank }
+
+// Ranks is the size of the group.
+func (b *Buffer) Ranks() int { return b.ranks }
+
+// Config is the configuration the Buffer was built with.
+func (b *Buffer) Config() Config { return b.cfg }
+
+// SizeHint is what the Buffer was sized with.
+func (b *Buffer) SizeHint() SizeHint { return b.b.SizeHint() }
+
+// Memory reports the device and host-mapped memory the Buffer holds now.
+func (b *Buffer) Memory() Memory { return b.b.Memory() }
+
+// Device is the Buffer's device.
+func (b *Buffer) Device() Device { return b.b.Device() }
+
+// Stream is the Buffer's own stream, used by calls whose Stream is nil.
+func (b *Buffer) Stream() Stream { return b.b.Stream() }
+
+// MaxRecv is the most rows a rank can receive in one dispatch,
+// Ranks*MaxTokens: the row count of worst-case outputs.
+func (b *Buffer) MaxRecv() int { return b.ranks * b.cfg.MaxTokens }
+
+// LocalExperts is the number of experts on each rank.
+func (b *Buffer) LocalExperts() int { return b.cfg.Experts / b.ranks }
+
+// NewEvent creates an event for After and Done, closed with the Buffer.
+// Engines record it on their stream (Record, or cudaEventRecord on its
+// Handle) to order a call after their work.
+func (b *Buffer) NewEvent() (*Event, error) { return b.b.NewEvent() }
+
+// Check returns nil while the Buffer is usable, else the error that made
+// it unusable (a device-side timeout names the stage and the rank waited
+// on; errors.Is(err, ErrTimeout)). Cheap: it reads host-mapped memory.
+func (b *Buffer) Check() error { return b.b.Check() }
+
+// InvalidIDs reports top-k ids outside [-1, Experts) counted by the last
+// dispatch and by the last layout launch of this Buffer, one
+// *InvalidIDsError each (joined; nil when none). Dispatches that wait on
+// the host report theirs from the call itself; for worst-case dispatches
+// and Layout, call this once their Done event has completed.
+func (b *Buffer) InvalidIDs() error {
+	var errs []error
+	if n := b.b.NotifyInvalid(); n > 0 {
+		errs = append(errs, &InvalidIDsError{Rank: b.rank, Op: "dispatch", Count: n, Experts: b.cfg.Experts})
+	}
+	if n := b.b.LayoutInvalid(); n > 0 {
+		errs = append(errs, &InvalidIDsError{Rank: b.rank, Op: "layout", Count: n, Experts: b.cfg.Experts})
+	}
+	return errors.Join(errs...)
+}
+
+// Barrier enqueues a device-side barrier of all ranks on s (nil: the
+// Buffer's stream), after After: work issued on s afterwards starts once
+// every rank's stream has reached its Barrier. Collective. It returns the
+// Buffer's barrier event, recorded after the barrier.
+func (b *Buffer) Barrier(s Stream, after *Event) (*Event, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s, err := b.begin("barrier", s, after)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.b.Barrier(s); err != nil {
+		return nil, err
+	}
+	return b.finish("barrier", s, nil)
+}
+
+// Close waits for the Buffer's stream, meets every rank, and frees all the
+// Buffer holds, checking nothing is left. Each rank must first have
+// synchronised the streams it used the Buffer on (no kernel of any rank may
+// still read or write the Buffer's memory). Views and handles die with it.
+// Collective; it also works after a failure (bounded by ctx and the
+// bootstrap timeout).
+func (b *Buffer) Close(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := range b.slots {
+		if h := b.slots[i].owner; h != nil {
+			h.expired = true
+		}
+		b.slots[i] = slotState{}
+	}
+	return b.b.Close(ctx)
+}
+
+// stream is s, or the Buffer's stream when s is nil.
+func (b *Buffer) stream(s Stream) Stream {
+	if s == nil {
+		return b.b.Stream()
+	}
+	return s
+}
+
+// begin is the start of every call: the Buffer must be usable, s defaults
+// to the Buffer's stream, and s waits for after.
+func (b *Buffer) begin(op string, s Stream, after *Event) (Stream, error) {
+	if err := b.b.Usable(); err != nil {
+		return nil, err
+	}
+	s = b.stream(s)
+	if after != nil {
+		if err := after.Wait(s); err != nil {
+			return nil, fmt.Errorf("ep: rank %d: %s: waiting for the After event: %w", b.rank, op, err)
+		}
+	}
+	return s, nil
+}
+
+// finish records the call's Done event (done, or the Buffer's own for op).
+func (b *Buffer) finish(op string, s Stream, done *Event) (*Event, error) {
+	if done == nil {
+		done = b.done[op]
+	}
+	if err := done.Record(s); err != nil {
+		return nil, b.b.Fail(fmt.Errorf("ep: rank %d: %s: recording the Done event: %w", b.rank, op, err))
+	}
+	// A device-side wait that already gave up (always the case on the host
+	// backend, whose kernels run as they are issued) is reported now.
+	if err := b.b.Check(); err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// fail makes the Buffer unusable after a launch error mid-collective.
+func (b *Buffer) fail(op string, err error) error {
+	return b.b.Fail(fmt.Errorf("ep: rank %d: %s: %w", b.rank, op, err))
+}

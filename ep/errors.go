@@ -1,0 +1,49 @@
+package ep
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/goep-dev/goep/channels"
+)
+
+// Sentinel errors for errors.Is.
+var (
+	// ErrTimeout: a device-side wait ran out (the error also wraps a
+	// *channels.TimeoutError naming the stage and the rank waited on). The
+	// Buffer refuses calls until Close.
+	ErrTimeout = channels.ErrTimeout
+	// ErrClosed: the Buffer was closed.
+	ErrClosed = channels.ErrClosed
+	// ErrForeignHandle: a handle from another Buffer.
+	ErrForeignHandle = errors.New("handle belongs to another buffer")
+	// ErrExpiredHandle: a handle whose slot a later dispatch took (see
+	// Config.Handles, Handle.Pin) or that was released.
+	ErrExpiredHandle = errors.New("handle expired")
+	// ErrInvalidArgument: validation refused the call before any launch;
+	// the Buffer stays usable.
+	ErrInvalidArgument = errors.New("invalid argument")
+)
+
+// InvalidIDsError reports top-k expert ids outside [-1, Experts) that a
+// kernel counted. The kernels treat them as -1 (no expert), so the call
+// completed on every rank and its result is valid; the routing is wrong.
+type InvalidIDsError struct {
+	Rank    int
+	Op      string // "dispatch" or "layout"
+	Count   int    // entries outside [-1, Experts)
+	Experts int
+}
+
+func (e *InvalidIDsError) Error() string {
+	return fmt.Sprintf("ep: rank %d: %s: %d top-k ids outside [-1, %d) (treated as -1)", e.Rank, e.Op, e.Count, e.Experts)
+}
+
+// argError marks a validation failure.
+type argError struct{ err error }
+
+func (e *argError) Error() string   { return e.err.Error() }
+func (e *argError) Unwrap() []error { return []error{e.err, ErrInvalidArgument} }
+func (b *Buffer) invalid(op string, format string, a ...any) error {
+	return &argError{fmt.Errorf("ep: rank %d: %s: "+format, append([]any{b.rank, op}, a...)...)}
+}

@@ -1,0 +1,305 @@
+package ep_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/ep"
+	"github.com/goep-dev/goep/internal/cuda"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// gpuIters sets the rounds of the repeated-calls test on GPUs
+// (-ep.iters=1000 on the GPU machine).
+var gpuIters = flag.Int("ep.iters", 100, "rounds of TestRepeatedCallsGPU")
+
+func gpuCount(t testing.TB) int {
+	n, err := ep.GPUCount()
+	if err != nil || n == 0 {
+		t.Logf("no CUDA GPU: %v", err)
+		return 0
+	}
+	return n
+}
+
+// counting wraps a Device and keeps every allocation, host-mapped
+// allocation and import that is still open, to prove Close frees all.
+type counting struct {
+	device.Device
+	mu      sync.Mutex
+	allocs  map[uintptr]int
+	mapped  map[uintptr]int
+	imports map[uintptr]int
+	total   int // allocations ever made
+}
+
+func newCounting(d device.Device) *counting {
+	return &counting{Device: d, allocs: map[uintptr]int{}, mapped: map[uintptr]int{}, imports: map[uintptr]int{}}
+}
+
+func (c *counting) Alloc(n int) (device.Buffer, error) {
+	b, err := c.Device.Alloc(n)
+	if err == nil {
+		c.mu.Lock()
+		c.allocs[b.Ptr] = n
+		c.total++
+		c.mu.Unlock()
+	}
+	return b, err
+}
+
+func (c *counting) Free(b device.Buffer) error {
+	c.mu.Lock()
+	delete(c.allocs, b.Ptr)
+	c.mu.Unlock()
+	return c.Device.Free(b)
+}
+
+func (c *counting) AllocHostMapped(n int) (device.HostMapped, error) {
+	m, err := c.Device.AllocHostMapped(n)
+	if err == nil {
+		c.mu.Lock()
+		c.mapped[m.Dev] = n
+		c.total++
+		c.mu.Unlock()
+	}
+	return m, err
+}
+
+func (c *counting) FreeHostMapped(m device.HostMapped) error {
+	c.mu.Lock()
+	delete(c.mapped, m.Dev)
+	c.mu.Unlock()
+	return c.Device.FreeHostMapped(m)
+}
+
+func (c *counting) Import(h device.Shared) (device.Buffer, error) {
+	b, err := c.Device.Import(h)
+	if err == nil {
+		c.mu.Lock()
+		c.imports[b.Ptr]++
+		c.mu.Unlock()
+	}
+	return b, err
+}
+
+func (c *counting) CloseImport(b device.Buffer) error {
+	c.mu.Lock()
+	if c.imports[b.Ptr]--; c.imports[b.Ptr] <= 0 {
+		delete(c.imports, b.Ptr)
+	}
+	c.mu.Unlock()
+	return c.Device.CloseImport(b)
+}
+
+// Context forwards the CUDA context so the wrapper also works on GPUs.
+func (c *counting) Context() *cuda.Context {
+	if x, ok := c.Device.(interface{ Context() *cuda.Context }); ok {
+		return x.Context()
+	}
+	return nil
+}
+
+func (c *counting) live() (allocs, mapped, imports int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.allocs), len(c.mapped), len(c.imports)
+}
+
+// rig is a group of goroutine ranks with a Buffer each.
+type rig struct {
+	kind    ep.Kind
+	cfg     ep.Config
+	devs    []ep.Device
+	counts  []*counting
+	boots   []bootstrap.Bootstrap
+	bufs    []*ep.Buffer
+	streams []ep.Stream
+	closed  bool
+}
+
+// newRig builds ranks Buffers of cfg on devices of kind, each wrapped in a
+// counting Device; Cleanup closes them (if the test did not) and checks
+// nothing leaked.
+func newRig(t testing.TB, kind ep.Kind, ranks int, cfg ep.Config) *rig {
+	t.Helper()
+	r := &rig{kind: kind, cfg: cfg, bufs: make([]*ep.Buffer, ranks), streams: make([]ep.Stream, ranks)}
+	var err error
+	r.boots, err = bootstrap.NewInProcess(ranks, bootstrap.Config{Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	for i := 0; i < ranks; i++ {
+		d, err := ep.OpenDevice(kind, i)
+		require.NoError(t, err)
+		c := newCounting(d)
+		r.devs = append(r.devs, d)
+		r.counts = append(r.counts, c)
+	}
+	t.Cleanup(func() {
+		if !r.closed {
+			require.NoError(t, r.close())
+		}
+		for i := range r.devs {
+			a, m, imp := r.counts[i].live()
+			require.Zero(t, a+m+imp, "rank %d: %d allocations, %d host-mapped, %d imports left after Close", i, a, m, imp)
+			require.NoError(t, r.devs[i].Close())
+			require.NoError(t, r.boots[i].Close())
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, r.run(func(i int, _ *ep.Buffer) error {
+		b, err := ep.NewBuffer(ctx, r.boots[i], r.counts[i], cfg)
+		r.bufs[i] = b
+		if err != nil {
+			return err
+		}
+		r.streams[i], err = r.devs[i].NewStream()
+		return err
+	}))
+	return r
+}
+
+// run calls f on every rank at once and joins the errors.
+func (r *rig) run(f func(i int, b *ep.Buffer) error) error {
+	errs := make([]error, len(r.bufs))
+	var wg sync.WaitGroup
+	for i := range r.bufs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(i, r.bufs[i]); err != nil {
+				errs[i] = fmt.Errorf("rank %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (r *rig) close() error {
+	r.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return r.run(func(i int, b *ep.Buffer) error {
+		var errs []error
+		if r.streams[i] != nil {
+			errs = append(errs, r.streams[i].Synchronize(), r.streams[i].Close())
+		}
+		if b != nil {
+			errs = append(errs, b.Close(ctx))
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// mem is device memory a test allocated; freed at Cleanup.
+func alloc(t testing.TB, d ep.Device, n int) uintptr {
+	b, err := d.Alloc(max(n, 256))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Free(b) })
+	return b.Ptr
+}
+
+func bytesOf[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	var z T
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(z)))
+}
+
+func toDev[T any](t testing.TB, d ep.Device, s []T) uintptr {
+	var z T
+	p := alloc(t, d, len(s)*int(unsafe.Sizeof(z)))
+	if len(s) > 0 {
+		require.NoError(t, d.CopyIn(p, bytesOf(s)))
+	}
+	return p
+}
+
+func fromDev[T any](t testing.TB, d ep.Device, p uintptr, n int) []T {
+	out := make([]T, n)
+	if n > 0 {
+		require.NoError(t, d.CopyOut(bytesOf(out), p))
+	}
+	return out
+}
+
+func poison(t testing.TB, d ep.Device, p uintptr, n int) {
+	if n > 0 {
+		require.NoError(t, d.MemsetAsync(p, 0xEE, n, nil))
+		require.NoError(t, d.DefaultStream().Synchronize())
+	}
+}
+
+// sameSlice fails with the first differing index instead of a huge diff.
+func sameSlice[T comparable](t testing.TB, want, got []T, format string, a ...any) {
+	t.Helper()
+	what := fmt.Sprintf(format, a...)
+	require.Equal(t, len(want), len(got), "%s: length", what)
+	for i := range want {
+		if want[i] != got[i] {
+			n := 0
+			for j := range want {
+				if want[j] != got[j] {
+					n++
+				}
+			}
+			t.Fatalf("%s: %d of %d elements differ; first at %d: want %v, got %v", what, n, len(want), i, want[i], got[i])
+		}
+	}
+}
+
+func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
+	t.Helper()
+	w, g := make([]uint32, len(want)), make([]uint32, len(got))
+	for i, v := range want {
+		w[i] = math.Float32bits(v)
+	}
+	for i, v := range got {
+		g[i] = math.Float32bits(v)
+	}
+	sameSlice(t, w, g, format, a...)
+}
+
+// randBF16 draws BF16 values of either sign, magnitudes 2^-8..2^8.
+func randBF16(rng *rand.Rand, n int) []uint16 {
+	x := make([]uint16, n)
+	var bits uint64
+	for i := range x {
+		if i%4 == 0 {
+			bits = rng.Uint64()
+		}
+		v := uint16(bits)
+		bits >>= 16
+		x[i] = v&0x8000 | (119+(v>>8)&15)<<7 | v&0x7f
+	}
+	return x
+}
+
+func randF32(rng *rand.Rand, n int) []float32 {
+	w := make([]float32, n)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64())
+	}
+	return w
+}
+
+func randFP8(rng *rand.Rand, n int) []uint8 {
+	x := make([]uint8, n)
+	for i := range x {
+		x[i] = uint8(rng.Uint32()) & 0x7e // finite E4M3
+	}
+	return x
+}

@@ -64,6 +64,13 @@ for s in $STEPS; do
 	channels-launch) [ "$NGPU" -gt 1 ] && step channels-launch "$BIN/ep-bench" launch -n "$NGPU" -- channels --check --sms 8,16,24,32,48,64,132 --json "$LOGS/channels.json" ;;
 	intranode) step intranode gotest intranode intranode.test -test.v -test.count=1 -test.timeout=9m ;;
 	intranode-bench) step intranode-bench gotest intranode intranode.test -test.run '^$' -test.bench GPU -test.benchtime 50x ;;
+	ep) step ep gotest ep ep.test -test.v -test.count=1 -test.timeout=9m -ep.iters="${EP_ITERS:-1000}" ;;
+	buffer) step buffer gotest buffer buffer.test -test.v -test.count=1 ;;
+	ep-intranode)
+		step ep-intranode "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 128,512,4096 --fp8 --json "$LOGS/intranode.json"
+		step ep-intranode-16 "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 4096 --fp8 --sms 16 --json "$LOGS/intranode-16.json"
+		;;
+	ep-tune) step ep-tune "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 4096 --fp8 --tune --json "$LOGS/intranode-tune.json" ;;
 	epbench) step epbench gotest bench bench.test -test.v -test.count=1 -test.timeout=8m ;;
 	*) echo "unknown step $s" ;;
 	esac

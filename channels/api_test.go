@@ -382,3 +382,109 @@ func TestConnectAllAnyOrder(t *testing.T) {
 		assert.Len(t, seen[r], 3)
 	}
 }
+
+// Each side of a memory semaphore signals in the form it was built for:
+// store-form handles carry an outbound counter, add-form ones do not, and
+// the host backend refuses a signal in the other form before it touches
+// the token (a GPU faults on the store form without a counter, and an add
+// on a store-form semaphore would be taken back by the next store).
+func TestSignalFormsDoNotMix(t *testing.T) {
+	hostPair(t, func(ctx context.Context, c *channels.Communicator) error {
+		dev := c.Device()
+		peer := 1 - c.Rank()
+		conns, err := c.ConnectAll(ctx, []int{peer, peer}, 0)
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		_, err = c.NewMemorySemaphoresWith(ctx, conns[:1], channels.SemaphoreConfig{Signal: 7})
+		assert.ErrorContains(t, err, "unknown signal form")
+		adds, err := c.NewMemorySemaphores(ctx, conns[:1])
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		stores, err := c.NewMemorySemaphoresWith(ctx, conns[1:], channels.SemaphoreConfig{Signal: channels.SignalStore})
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		add, store := adds[0], stores[0]
+		assert.Equal(t, channels.SignalAdd, add.SignalForm())
+		assert.Equal(t, channels.SignalStore, store.SignalForm())
+		assert.Zero(t, add.DeviceHandle().Outbound, "add-form semaphores have no outbound counter")
+		assert.NotZero(t, store.DeviceHandle().Outbound)
+		assert.NotEqual(t, store.DeviceHandle().Expected, store.DeviceHandle().Outbound)
+		_, err = add.Outbound()
+		assert.ErrorContains(t, err, "add signals")
+
+		arr, err := c.UploadSemaphores([]channels.Semaphore{add, store})
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		out, err := dev.Alloc(64)
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		defer dev.Free(out)
+		const release, relaxed, storeForm = 0, 1, 2
+		signal := func(i, form, count uint32) error {
+			return dev.Launch("goep_chan_sem_signal", device.D1(1), device.D1(32), 0, nil,
+				device.NewArgs(5).Ptr(arr.Ptr()).U32(devapi.SemaphoreSize).U32(i).U32(count).U32(form))
+		}
+		wait := func(i, count uint32) []uint64 {
+			require.NoError(t, dev.Launch("goep_chan_sem_wait", device.D1(1), device.D1(32), 0, nil,
+				device.NewArgs(7).Ptr(arr.Ptr()).U32(devapi.SemaphoreSize).U32(i).U32(count).U32(0).U32(1).Ptr(out.Ptr)))
+			return append([]uint64(nil), device.HostSlice[uint64](out.Ptr, 4)...)
+		}
+
+		// The wrong form is refused before it signals.
+		assert.ErrorContains(t, signal(0, storeForm, 1), "built for add signals")
+		assert.ErrorContains(t, signal(1, release, 1), "built for store signals")
+		assert.ErrorContains(t, signal(1, relaxed, 1), "must not be mixed")
+		// The right forms: 3 adds and 5 stores to the peer.
+		if !assert.NoError(t, signal(0, release, 2)) || !assert.NoError(t, signal(0, relaxed, 1)) ||
+			!assert.NoError(t, signal(1, storeForm, 5)) {
+			return errAssert
+		}
+		sent, err := store.Outbound()
+		assert.NoError(t, err)
+		assert.Equal(t, uint64(5), sent)
+		if err := c.Barrier(ctx); err != nil { // the peer has signalled too
+			return err
+		}
+		for _, x := range []struct {
+			sem  *channels.MemorySemaphore
+			i    uint32
+			want uint64
+		}{{add, 0, 3}, {store, 1, 5}} {
+			in, err := x.sem.Inbound()
+			assert.NoError(t, err)
+			assert.Equal(t, x.want, in, "token of %v semaphore, nothing lost and nothing refused got through", x.sem.SignalForm())
+			assert.Equal(t, []uint64{x.want, x.want, x.want, 0}, wait(x.i, uint32(x.want)), "consumed, token, expected")
+		}
+		return c.Barrier(ctx)
+	})
+}
+
+// A mesh built for store signals gives channels whose semaphores are, and
+// whose names say so.
+func TestStoreSignalMesh(t *testing.T) {
+	hostPair(t, func(ctx context.Context, c *channels.Communicator) error {
+		_, err := c.NewMemoryChannelMesh(ctx, channels.MeshConfig{Tag: 3, Signal: 9})
+		assert.ErrorContains(t, err, "unknown signal form")
+		mesh, err := c.NewMemoryChannelMesh(ctx, channels.MeshConfig{Tag: 3, Signal: channels.SignalStore})
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		ch := mesh.Channels[0]
+		assert.Equal(t, channels.SignalStore, ch.Semaphore().SignalForm())
+		h := ch.DeviceHandle()
+		assert.NotZero(t, h.Sem.Outbound)
+		assert.Equal(t, ch.Semaphore().DeviceHandle().Outbound, h.Sem.Outbound)
+		plain, err := c.NewMemoryChannelMesh(ctx, channels.MeshConfig{Tag: 4})
+		if !assert.NoError(t, err) {
+			return errAssert
+		}
+		assert.Zero(t, plain.Channels[0].DeviceHandle().Sem.Outbound)
+		assert.Equal(t, channels.SignalAdd, plain.Channels[0].Semaphore().SignalForm())
+		return c.Barrier(ctx)
+	})
+}

@@ -44,6 +44,7 @@ const (
 	SemWatchdog = 24
 	SemPeer     = 32
 	SemID       = 36
+	SemOutbound = 40
 )
 
 // goep_ll16, goep_ll8 and goep_ll_flag field offsets.
@@ -113,13 +114,15 @@ const (
 
 var le = binary.LittleEndian
 
-// Semaphore is goep_semaphore.
+// Semaphore is goep_semaphore. Outbound is 0 unless the semaphore was
+// built for store signals (goep_sem_signal_store).
 type Semaphore struct {
 	Inbound, Expected, Remote, Watchdog uintptr
 	Peer, ID                            uint32
+	Outbound                            uintptr
 }
 
-// Encode writes s into b[:SemaphoreSize] (reserved bytes zero).
+// Encode writes s into b[:SemaphoreSize].
 func (s Semaphore) Encode(b []byte) {
 	clear(b[:SemaphoreSize])
 	le.PutUint64(b[SemInbound:], uint64(s.Inbound))
@@ -128,6 +131,7 @@ func (s Semaphore) Encode(b []byte) {
 	le.PutUint64(b[SemWatchdog:], uint64(s.Watchdog))
 	le.PutUint32(b[SemPeer:], s.Peer)
 	le.PutUint32(b[SemID:], s.ID)
+	le.PutUint64(b[SemOutbound:], uint64(s.Outbound))
 }
 
 // Bytes is s encoded.
@@ -147,6 +151,7 @@ func DecodeSemaphore(b []byte) Semaphore {
 		Watchdog: uintptr(le.Uint64(b[SemWatchdog:])),
 		Peer:     le.Uint32(b[SemPeer:]),
 		ID:       le.Uint32(b[SemID:]),
+		Outbound: uintptr(le.Uint64(b[SemOutbound:])),
 	}
 }
 
@@ -257,7 +262,7 @@ var Layout = []Struct{
 		{"timeout_ns", WatchdogTimeoutNS}, {"record", WatchdogRecord}, {"abort", WatchdogAbort}}},
 	{"goep_semaphore", SemaphoreSize, []Field{
 		{"inbound", SemInbound}, {"expected", SemExpected}, {"remote", SemRemote}, {"wd", SemWatchdog},
-		{"peer", SemPeer}, {"id", SemID}}},
+		{"peer", SemPeer}, {"id", SemID}, {"outbound", SemOutbound}}},
 	{"goep_ll16", LL16Size, []Field{
 		{"flag1", LL16Flag1}, {"data2", LL16Data2}, {"flag2", LL16Flag2}}},
 	{"goep_ll8", LL8Size, []Field{{"flag", LL8Flag}}},

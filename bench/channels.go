@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("channels", "check, then measure, the channel primitives (signal/wait in add, store and relaxed forms, put/get, LL packets, put to all peers) on N ranks", runChannels)
+	register("channels", "check, then measure, the channel primitives (signal/wait, put/get, LL packets, put to all peers) on N ranks", runChannels)
 }
 
 // chanOpts are the parsed flags of `ep-bench channels`.
@@ -61,7 +61,7 @@ type chanReport struct {
 func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("channels", stderr)
 	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present)")
-	check := fs.Bool("check", false, "run the full correctness suite first: put/get/LL 4 B..1 GiB (16 MiB on host), 1,000,000 signal round trips per signal form (1,000 on host), 1,000 graph replays, host semaphores, timeouts (200 ms) and abort")
+	check := fs.Bool("check", false, "run the full correctness suite first: put/get/LL 4 B..1 GiB (16 MiB on host), 1,000,000 signal round trips (1,000 on host), 1,000 graph replays, host semaphores, timeouts (200 ms) and abort")
 	bench := fs.Bool("bench", true, "measure after checking")
 	sizes := fs.String("sizes", "", "transfer sizes for put/get and LL, e.g. 8,4K,1M,256M (default GPU 8,1K,64K,1M,16M,256M; host 8,1K,64K,1M)")
 	sms := fs.String("sms", "", "SM counts (blocks) swept by put-to-all (default 8,16,24,32,48,64,80,96,112,132, capped at the GPU's)")
@@ -306,8 +306,6 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			func() error { return r.CheckPackets(ctx, seed, cs, 8) }},
 		{"signal/wait", fmt.Sprintf("%d ping-pong round trips with data (+%d relaxed), bursts of %d: none lost or duplicated", rounds, max(rounds/10, 1), burst),
 			func() error { return r.CheckSignals(ctx, rounds, burst) }},
-		{"store signal/wait", fmt.Sprintf("%d ping-pong round trips with data on channels built for store signals, bursts of %d: none lost or duplicated", rounds, burst),
-			func() error { return r.CheckStoreSignals(ctx, rounds, burst) }},
 		{"host semaphores", "100 host signals to a peer and through loopback",
 			func() error { return r.CheckHostSemaphores(ctx, 3, 100) }},
 		{"counter wait", "goep_wait_ge_u64 under the watchdog",
@@ -353,9 +351,8 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			}
 		}
 	}
-	_ = measure(r.BenchPingPong(ctx, o.rounds, channeltest.ReleaseSignal)) &&
-		measure(r.BenchPingPong(ctx, o.rounds, channeltest.StoreSignal)) &&
-		measure(r.BenchPingPong(ctx, o.rounds, channeltest.RelaxedSignal)) &&
+	_ = measure(r.BenchPingPong(ctx, o.rounds, false)) &&
+		measure(r.BenchPingPong(ctx, o.rounds, true)) &&
 		measure(r.BenchPutGet(ctx, o.sizes, o.pairSMs, o.threads, o.iters)) &&
 		benchLL(ctx, r, o, 16, uint32(seed), measure) &&
 		benchLL(ctx, r, o, 8, uint32(seed), measure) &&

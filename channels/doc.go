@@ -13,12 +13,10 @@
 //     copy engines) and host memory (goroutine ranks of the host backend);
 //     IB verbs and TCP come with port channels.
 //   - Semaphores: MemorySemaphore (device to device: signal is a release
-//     add on the peer's inbound token over mapped memory or, for semaphores
-//     built with SignalStore, a release store of the count of signals sent,
-//     kept in an outbound counter, by one thread at a time; wait spins on
-//     the token until it reaches a monotonic expected counter kept in
-//     device memory, then acquires) and HostSemaphore (the host signals the
-//     peer's device through the connection; the device waits or polls).
+//     add on the peer's inbound token over mapped memory, wait spins with
+//     acquire loads on a monotonic expected counter kept in device memory)
+//     and HostSemaphore (the host signals the peer's device through the
+//     connection; the device waits or polls).
 //   - Memory channels: a semaphore plus the memory it moves data between
 //     (the peer's and this rank's buffers, and LL packet buffers with their
 //     flag counters). Kernels use them through kernels/channel_device.cuh:

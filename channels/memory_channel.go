@@ -24,10 +24,8 @@ type MemoryChannelConfig struct {
 
 // MemoryChannel joins this rank to one peer over mapped memory (NVLink):
 // kernels put, get, send LL packets and signal/wait through its device
-// handle (kernels/channel_device.cuh), signalling in the form its semaphore
-// was built for (goep_mc_signal / goep_mc_relaxed_signal for SignalAdd,
-// goep_mc_signal_store for SignalStore). It is plain data: nothing to
-// flush, nothing to close beyond the communicator.
+// handle (kernels/channel_device.cuh). It is plain data: nothing to flush,
+// nothing to close beyond the communicator.
 type MemoryChannel struct {
 	sem *MemorySemaphore
 	cfg MemoryChannelConfig
@@ -60,7 +58,7 @@ func NewMemoryChannel(sem *MemorySemaphore, cfg MemoryChannelConfig) (*MemoryCha
 	}
 	ch := &MemoryChannel{sem: sem, cfg: cfg}
 	ch.id = c.newIDLocked("")
-	c.names[ch.id] = fmt.Sprintf("memory channel %d to rank %d (tag %d%s)", ch.id, peer, sem.conn.Tag(), formNote(sem.form))
+	c.names[ch.id] = fmt.Sprintf("memory channel %d to rank %d (tag %d)", ch.id, peer, sem.conn.Tag())
 	return ch, nil
 }
 

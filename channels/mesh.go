@@ -18,10 +18,6 @@ type MeshConfig struct {
 	// Packets is this rank's packet buffer: every channel's LocalPackets,
 	// and every peer's RemotePackets on its channel to this rank. Optional.
 	Packets *PacketBuffer
-	// Signal is the form in which this rank's kernels signal on the mesh's
-	// channels (SignalAdd by default; see SignalForm). The peers' meshes
-	// may pick another.
-	Signal SignalForm
 }
 
 // Mesh is the result of NewMemoryChannelMesh; slices are indexed like
@@ -62,9 +58,6 @@ func (c *Communicator) NewMemoryChannelMesh(ctx context.Context, cfg MeshConfig)
 	if len(peers) == 0 {
 		return nil, c.errorf("memory channel mesh: no peers")
 	}
-	if cfg.Signal != SignalAdd && cfg.Signal != SignalStore {
-		return nil, c.errorf("memory channel mesh: unknown signal form %v", cfg.Signal)
-	}
 	if err := c.usable(); err != nil {
 		return nil, err
 	}
@@ -85,7 +78,7 @@ func (c *Communicator) NewMemoryChannelMesh(ctx context.Context, cfg MeshConfig)
 	if m.Connections, err = c.ConnectAll(ctx, peers, cfg.Tag); err != nil {
 		return nil, err
 	}
-	if m.Semaphores, err = c.NewMemorySemaphoresWith(ctx, m.Connections, SemaphoreConfig{Signal: cfg.Signal}); err != nil {
+	if m.Semaphores, err = c.NewMemorySemaphores(ctx, m.Connections); err != nil {
 		return nil, err
 	}
 	m.Channels = make([]*MemoryChannel, len(peers))

@@ -55,23 +55,6 @@ func TestSignalWait(t *testing.T) {
 	})
 }
 
-// The store form of signal (goep_sem_signal_store, on channels built for
-// it) loses and duplicates nothing either: ping-pong with data (1,000,000
-// round trips on GPUs) and bursts from one signaller consumed by waits and
-// polls, with every token equal to its sender's outbound counter and its
-// receiver's expected counter after each.
-func TestSignalWaitStore(t *testing.T) {
-	forWorlds(t, func(t *testing.T, w world) {
-		rounds, burst := 1000, 300
-		if w.gpu() {
-			rounds, burst = 1_000_000, 100_000
-		}
-		runRanks(t, w, 1<<16, func(ctx context.Context, r *channeltest.Rank) error {
-			return r.CheckStoreSignals(ctx, rounds, burst)
-		})
-	})
-}
-
 // Host-to-device semaphores, to a peer and through a loopback connection,
 // signalled while the device already waits.
 func TestHostSemaphores(t *testing.T) {

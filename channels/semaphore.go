@@ -20,20 +20,17 @@ type Semaphore interface {
 }
 
 // MemorySemaphore is a device-to-device semaphore: kernels on either rank
-// signal the other (over the mapped memory, in the form the semaphore was
-// built for: SignalForm) and wait on their own (see kernels/sem_device.cuh).
-type MemorySemaphore struct {
-	semaphore
-	form SignalForm
-}
+// signal the other (a release add on the peer's inbound token, over the
+// mapped memory) and wait on their own (see kernels/sem_device.cuh).
+type MemorySemaphore struct{ semaphore }
 
 // HostSemaphore is a host-to-device semaphore: this rank's host signals the
 // peer's device through the connection (Signal), and this rank's device
 // waits for the peer host's signals (its handle cannot signal: remote is 0).
 type HostSemaphore struct {
 	semaphore
-	mu   sync.Mutex
-	sent uint64 // signals sent; the peer's token is set to it
+	mu       sync.Mutex
+	outbound uint64 // signals sent; the peer's token is set to it
 }
 
 // semaphore is the state both kinds share.
@@ -43,55 +40,7 @@ type semaphore struct {
 	id       uint32
 	inbound  slot             // this rank's token (registered: the peer writes it)
 	expected slot             // this rank's consumed count
-	outbound slot             // signals sent, store-form memory semaphores only (else zero)
 	remote   RegisteredMemory // the peer's token for this pair
-}
-
-// SignalForm is how kernels on this rank signal a memory semaphore's peer
-// (kernels/sem_device.cuh). Each side of a semaphore is built for one form
-// and keeps it: the forms must not be mixed on one semaphore, because a
-// store-form signal writes the count of store signals sent, which would
-// take back any add made in between. The two sides of a pair may pick
-// different forms (each picks how it signals the other); waits are the
-// same for both.
-type SignalForm uint8
-
-const (
-	// SignalAdd: goep_sem_signal / goep_sem_relaxed_signal (an atomic add
-	// on the peer's token); any number of threads may signal at once. The
-	// default.
-	SignalAdd SignalForm = iota
-	// SignalStore: goep_sem_signal_store (a release store of the incremented
-	// count of signals sent, kept in an outbound counter in this rank's
-	// device memory); one thread at a time per semaphore, successive
-	// signallers ordered (same thread, __syncthreads, release/acquire or
-	// launch order). Cheaper than a remote atomic, MSCCL++'s signal.
-	SignalStore
-)
-
-func (f SignalForm) String() string {
-	switch f {
-	case SignalAdd:
-		return "add signals"
-	case SignalStore:
-		return "store signals"
-	}
-	return fmt.Sprintf("SignalForm(%d)", uint8(f))
-}
-
-// formNote is what names of store-form objects add to their tag.
-func formNote(f SignalForm) string {
-	if f == SignalStore {
-		return ", " + f.String()
-	}
-	return ""
-}
-
-// SemaphoreConfig configures memory semaphores; the zero value is the
-// default.
-type SemaphoreConfig struct {
-	// Signal is the form in which this rank's kernels signal the peer.
-	Signal SignalForm
 }
 
 type semKind byte
@@ -120,27 +69,15 @@ func (c *Communicator) NewMemorySemaphore(ctx context.Context, conn Connection) 
 }
 
 // NewMemorySemaphores builds one semaphore per connection, exchanging with
-// all peers at once (no ordering of peers can deadlock). They are built for
-// add signals (SignalAdd); see NewMemorySemaphoresWith.
+// all peers at once (no ordering of peers can deadlock).
 func (c *Communicator) NewMemorySemaphores(ctx context.Context, conns []Connection) ([]*MemorySemaphore, error) {
-	return c.NewMemorySemaphoresWith(ctx, conns, SemaphoreConfig{})
-}
-
-// NewMemorySemaphoresWith is NewMemorySemaphores with a configuration: with
-// cfg.Signal SignalStore, each semaphore also gets an outbound counter and
-// its kernels signal with goep_sem_signal_store only. The peer builds its
-// side with a configuration of its own.
-func (c *Communicator) NewMemorySemaphoresWith(ctx context.Context, conns []Connection, cfg SemaphoreConfig) ([]*MemorySemaphore, error) {
-	if cfg.Signal != SignalAdd && cfg.Signal != SignalStore {
-		return nil, c.errorf("memory semaphores: unknown signal form %v", cfg.Signal)
-	}
-	base, err := c.newSemaphores(ctx, conns, semMemory, cfg.Signal)
+	base, err := c.newSemaphores(ctx, conns, semMemory)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]*MemorySemaphore, len(base))
 	for i := range base {
-		out[i] = &MemorySemaphore{semaphore: base[i], form: cfg.Signal}
+		out[i] = &MemorySemaphore{base[i]}
 	}
 	return out, nil
 }
@@ -156,7 +93,7 @@ func (c *Communicator) NewHostSemaphore(ctx context.Context, conn Connection) (*
 
 // NewHostSemaphores builds one host-to-device semaphore per connection.
 func (c *Communicator) NewHostSemaphores(ctx context.Context, conns []Connection) ([]*HostSemaphore, error) {
-	base, err := c.newSemaphores(ctx, conns, semHost, SignalAdd)
+	base, err := c.newSemaphores(ctx, conns, semHost)
 	if err != nil {
 		return nil, err
 	}
@@ -171,9 +108,7 @@ func (c *Communicator) NewHostSemaphores(ctx context.Context, conns []Connection
 // serialised registered memory of the sender's inbound token.
 const semMagic = "goepSM01"
 
-// newSemaphores builds the semaphores of kind over conns; form SignalStore
-// also allocates each an outbound counter.
-func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, kind semKind, form SignalForm) ([]semaphore, error) {
+func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, kind semKind) ([]semaphore, error) {
 	if err := c.usable(); err != nil {
 		return nil, err
 	}
@@ -200,9 +135,6 @@ func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, ki
 		var err error
 		if out[i].inbound, err = c.tokens.alloc(); err == nil {
 			out[i].expected, err = c.locals.alloc()
-		}
-		if err == nil && form == SignalStore {
-			out[i].outbound, err = c.locals.alloc()
 		}
 		if err == nil {
 			msgs[i], err = semMessage(c, kind, out[i].inbound.mem)
@@ -234,7 +166,7 @@ func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, ki
 	defer c.mu.Unlock()
 	for i := range out {
 		id := c.newIDLocked("")
-		c.names[id] = fmt.Sprintf("%s %d with rank %d (tag %d%s)", kind, id, conns[i].RemoteRank(), conns[i].Tag(), formNote(form))
+		c.names[id] = fmt.Sprintf("%s %d with rank %d (tag %d)", kind, id, conns[i].RemoteRank(), conns[i].Tag())
 		out[i].id = id
 	}
 	return out, nil
@@ -295,7 +227,7 @@ func (s *semaphore) Connection() Connection { return s.conn }
 
 func (s *semaphore) handle(remote uintptr) devapi.Semaphore {
 	return devapi.Semaphore{Inbound: s.inbound.ptr, Expected: s.expected.ptr, Remote: remote,
-		Watchdog: s.c.wd.buf.Ptr, Peer: uint32(s.conn.RemoteRank()), ID: s.id, Outbound: s.outbound.ptr}
+		Watchdog: s.c.wd.buf.Ptr, Peer: uint32(s.conn.RemoteRank()), ID: s.id}
 }
 
 // Inbound reads this rank's token (signals received so far); Expected the
@@ -319,23 +251,8 @@ func (s *semaphore) read(p uintptr) (uint64, error) {
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
-// DeviceHandle is the goep_semaphore for kernels. Its outbound counter is
-// set only for store-form semaphores, so the store form faults on (and the
-// host backend refuses) a semaphore built for adds.
+// DeviceHandle is the goep_semaphore for kernels.
 func (s *MemorySemaphore) DeviceHandle() devapi.Semaphore { return s.handle(s.remote.Ptr()) }
-
-// SignalForm is the form this rank's kernels signal the peer in.
-func (s *MemorySemaphore) SignalForm() SignalForm { return s.form }
-
-// Outbound reads the number of store signals this rank's device has sent
-// on a store-form semaphore (the value its last signal stored into the
-// peer's token). For tests and diagnostics: the value is a snapshot.
-func (s *MemorySemaphore) Outbound() (uint64, error) {
-	if s.form != SignalStore {
-		return 0, s.c.errorf("semaphore %d is built for %v and counts no outbound signals", s.id, s.form)
-	}
-	return s.read(s.outbound.ptr)
-}
 
 // DeviceHandle is the goep_semaphore for kernels; it can wait and poll,
 // not signal.
@@ -346,9 +263,9 @@ func (s *HostSemaphore) DeviceHandle() devapi.Semaphore { return s.handle(0) }
 func (s *HostSemaphore) Signal() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.conn.UpdateAndSync(s.remote, 0, s.sent+1); err != nil {
+	if err := s.conn.UpdateAndSync(s.remote, 0, s.outbound+1); err != nil {
 		return err
 	}
-	s.sent++
+	s.outbound++
 	return nil
 }

@@ -98,21 +98,14 @@ static_assert(GOEP_OFFSETOF(goep_watchdog, abort) == 16, "goep: goep_watchdog.ab
 // ---------------------------------------------------------------------------
 // Semaphore (device-to-device and host-to-device). Tokens are monotonic
 // 64-bit counters:
-//   inbound:  this rank's token; the peer adds to it (device-to-device,
-//             add form), the peer's device stores ever larger values into
-//             it (device-to-device, store form) or the peer's host does
+//   inbound:  this rank's token; the peer adds to it (device-to-device) or
+//             the peer's host stores ever larger values into it
 //             (host-to-device). Lives in this rank's registered memory.
 //   expected: how many signals this rank has consumed; advanced by wait and
 //             poll. Device memory of this rank, touched by one thread at a
 //             time.
 //   remote:   the peer's inbound token for this pair, mapped over NVLink;
 //             0 for a host-to-device semaphore (the device cannot signal).
-//   outbound: how many signals this rank has sent, for the store form of
-//             signal (goep_sem_signal_store), which writes the peer's token
-//             instead of adding to it. Device memory of this rank, touched
-//             by one thread at a time. Only semaphores built for store
-//             signals have one; 0 otherwise (add-form memory semaphores and
-//             host-to-device semaphores).
 struct goep_semaphore {
   u64* inbound;
   u64* expected;
@@ -120,7 +113,7 @@ struct goep_semaphore {
   goep_watchdog* wd;
   u32 peer;  // peer rank, for timeout records
   u32 id;    // communicator-wide id of the semaphore or channel
-  u64* outbound;
+  u64 reserved;
 };
 static_assert(sizeof(goep_semaphore) == 48, "goep: goep_semaphore layout");
 static_assert(GOEP_OFFSETOF(goep_semaphore, inbound) == 0, "goep: goep_semaphore.inbound");
@@ -129,7 +122,6 @@ static_assert(GOEP_OFFSETOF(goep_semaphore, remote) == 16, "goep: goep_semaphore
 static_assert(GOEP_OFFSETOF(goep_semaphore, wd) == 24, "goep: goep_semaphore.wd");
 static_assert(GOEP_OFFSETOF(goep_semaphore, peer) == 32, "goep: goep_semaphore.peer");
 static_assert(GOEP_OFFSETOF(goep_semaphore, id) == 36, "goep: goep_semaphore.id");
-static_assert(GOEP_OFFSETOF(goep_semaphore, outbound) == 40, "goep: goep_semaphore.outbound");
 
 // ---------------------------------------------------------------------------
 // LL packets. A packet carries its flag next to its payload, so a reader

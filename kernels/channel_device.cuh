@@ -57,18 +57,12 @@ __device__ __forceinline__ T* goep_mc_local_ptr(const goep_memory_channel& ch, u
 }
 
 // ---------------------------------------------------------------------------
-// Synchronisation (single thread; see sem_device.cuh). goep_mc_signal and
-// goep_mc_relaxed_signal are the add form, goep_mc_signal_store the store
-// form: a channel's semaphore is built for one of them.
+// Synchronisation (single thread; see sem_device.cuh).
 
 __device__ __forceinline__ void goep_mc_signal(const goep_memory_channel& ch) { goep_sem_signal(ch.sem); }
 __device__ __forceinline__ void goep_mc_relaxed_signal(const goep_memory_channel& ch) {
   goep_sem_relaxed_signal(ch.sem);
 }
-// Store form: only on channels whose semaphore was built for store signals
-// (channels.SignalStore), by one thread at a time; never mixed with the
-// add forms above on the same channel (sem_device.cuh).
-__device__ __forceinline__ void goep_mc_signal_store(const goep_memory_channel& ch) { goep_sem_signal_store(ch.sem); }
 __device__ __forceinline__ bool goep_mc_wait(const goep_memory_channel& ch, u32 stage = 0) {
   return goep_sem_wait(ch.sem, stage);
 }

@@ -27,25 +27,6 @@ __device__ __forceinline__ const goep_semaphore& goep_chan_sem_at(const char* ha
   return *(const goep_semaphore*)(handles + (u64)i * stride);
 }
 
-// The `form` argument of the signalling kernels (channeltest.SignalForm):
-// release add (goep_sem_signal), relaxed add (goep_sem_relaxed_signal) or
-// release store (goep_sem_signal_store, on semaphores built for it).
-enum {
-  GOEP_CHAN_FORM_RELEASE = 0,
-  GOEP_CHAN_FORM_RELAXED = 1,
-  GOEP_CHAN_FORM_STORE = 2,
-};
-
-__device__ __forceinline__ void goep_chan_signal(const goep_semaphore& s, u32 form) {
-  if (form == GOEP_CHAN_FORM_STORE) {
-    goep_sem_signal_store(s);
-  } else if (form == GOEP_CHAN_FORM_RELAXED) {
-    goep_sem_relaxed_signal(s);
-  } else {
-    goep_sem_signal(s);
-  }
-}
-
 // The whole grid puts local[src_off, +bytes) into the peer's
 // remote[dst_off]; then, when signal is set, every block signals once after
 // its own part (so the receiver waits gridDim.x times).
@@ -68,16 +49,19 @@ extern "C" __global__ void goep_chan_get(const goep_memory_channel* chans, u32 i
   goep_mc_get(chans[idx], remote_off, local_off, bytes, goep_chan_gtid(), goep_chan_gthreads());
 }
 
-// Thread 0 of block b signals handle first+b count times, in the given
-// form (GOEP_CHAN_FORM_*; one signaller per handle, so the store form is
-// allowed).
-extern "C" __global__ void goep_chan_sem_signal(const char* handles, u32 stride, u32 first, u32 count, u32 form) {
+// Thread 0 of block b signals handle first+b count times (relaxed != 0:
+// relaxed signals).
+extern "C" __global__ void goep_chan_sem_signal(const char* handles, u32 stride, u32 first, u32 count, u32 relaxed) {
   if (threadIdx.x != 0) {
     return;
   }
   const goep_semaphore& s = goep_chan_sem_at(handles, stride, first + blockIdx.x);
   for (u32 i = 0; i < count; ++i) {
-    goep_chan_signal(s, form);
+    if (relaxed != 0) {
+      goep_sem_relaxed_signal(s);
+    } else {
+      goep_sem_signal(s);
+    }
   }
 }
 
@@ -126,18 +110,16 @@ extern "C" __global__ void goep_chan_sem_wait(const char* handles, u32 stride, u
 // the responder waits then signals, iters times. With data, each round
 // also carries its number: the sender stores it into word 0 of the peer's
 // buffer before signalling and the receiver checks word 0 of its own after
-// waiting, which fails if the signal overtook the data. form picks the
-// signal (GOEP_CHAN_FORM_*): release add or release store, each with the
-// acquiring wait, or the relaxed signal and wait, with explicit system-scope
-// fences around them when there is data to order (without data: the bare
-// relaxed round trip). out = rounds done, data mismatches, elapsed ns.
+// waiting, which fails if the signal overtook the data. relaxed uses the
+// relaxed signal and wait, with explicit system-scope fences around them
+// when there is data to order (without data: the bare relaxed round trip).
+// out = rounds done, data mismatches, elapsed ns.
 extern "C" __global__ void goep_chan_pingpong(const goep_memory_channel* chans, u32 idx, u64 iters, u32 initiator,
-                                              u32 with_data, u32 form, u32 stage, u64* out) {
+                                              u32 with_data, u32 relaxed, u32 stage, u64* out) {
   if (blockIdx.x != 0 || threadIdx.x != 0) {
     return;
   }
   const goep_memory_channel& ch = chans[idx];
-  const bool relaxed = form == GOEP_CHAN_FORM_RELAXED;
   volatile u64* mine = (volatile u64*)ch.local;
   volatile u64* theirs = (volatile u64*)ch.remote;
   u64 done = 0, bad = 0;
@@ -148,7 +130,7 @@ extern "C" __global__ void goep_chan_pingpong(const goep_memory_channel* chans, 
       if (with_data != 0) {
         *theirs = i;
       }
-      if (relaxed) {
+      if (relaxed != 0) {
         if (with_data != 0) {
           goep_fence_acq_rel_sys();
         }
@@ -158,7 +140,7 @@ extern "C" __global__ void goep_chan_pingpong(const goep_memory_channel* chans, 
           goep_fence_acq_rel_sys();
         }
       } else {
-        goep_chan_signal(ch.sem, form);
+        goep_sem_signal(ch.sem);
         ok = goep_sem_wait(ch.sem, stage);
       }
       if (!ok) {
@@ -168,7 +150,7 @@ extern "C" __global__ void goep_chan_pingpong(const goep_memory_channel* chans, 
         ++bad;
       }
     } else {
-      if (relaxed) {
+      if (relaxed != 0) {
         ok = goep_sem_relaxed_wait(ch.sem, stage);
         if (with_data != 0) {
           goep_fence_acq_rel_sys();
@@ -185,13 +167,13 @@ extern "C" __global__ void goep_chan_pingpong(const goep_memory_channel* chans, 
         }
         *theirs = i;
       }
-      if (relaxed) {
+      if (relaxed != 0) {
         if (with_data != 0) {
           goep_fence_acq_rel_sys();
         }
         goep_sem_relaxed_signal(ch.sem);
       } else {
-        goep_chan_signal(ch.sem, form);
+        goep_sem_signal(ch.sem);
       }
     }
     ++done;

@@ -2,21 +2,18 @@
 //
 // A semaphore pairs two ranks. Each side owns an inbound token (a monotonic
 // u64 in its registered memory) and an expected counter (device memory).
-// signal adds 1 to the peer's inbound token (or, in the store form below,
-// stores the count of signals sent into it); wait advances expected by one
+// signal adds 1 to the peer's inbound token; wait advances expected by one
 // and spins until the own inbound token reaches it. Signals are never lost
-// (they are counted: the token is a count of all signals sent, never a
-// flag) and never consumed twice (expected only moves forward), across
-// launches and graph replays alike.
+// (they are counted, not set) and never consumed twice (expected only moves
+// forward), across launches and graph replays alike.
 //
 // Memory ordering. The token lives in the receiver's GPU memory and the
 // sender is a thread of another GPU (over NVLink) or, for host-to-device
 // semaphores, the peer's host through a copy engine. Threads of different
 // GPUs share no scope narrower than .sys, so .gpu-scoped operations between
 // them are not morally strong and order nothing: signal is a release
-// reduction (store form: a release store) at system scope and wait ends
-// with an acquire load at system scope (it polls with relaxed loads, then
-// acquires once). The
+// reduction at system scope and wait ends with an acquire load at system
+// scope (it polls with relaxed loads, then acquires once). The
 // release orders every write the signalling thread has made or observed
 // (cumulativity) before the token update; a block that put data with many
 // threads must therefore synchronise (__syncthreads) before one thread
@@ -27,38 +24,11 @@
 // system scope): use them for pure rendezvous, or pair them with explicit
 // fences (goep_fence_acq_rel_sys) around several operations.
 //
-// Two forms of signal. Each side of a memory semaphore is built for one of
-// them (channels.SignalAdd, the default, or channels.SignalStore) and its
-// kernels use that form only:
-//
-//   add form (goep_sem_signal, goep_sem_relaxed_signal): an atomic add on
-//   the peer's token. Any number of threads may signal at once.
-//
-//   store form (goep_sem_signal_store): the signaller counts its signals in
-//   the semaphore's outbound counter (this rank's device memory; plain,
-//   non-atomic accesses, volatile like expected's) and writes the new count
-//   into the peer's token with a release store: a remote store instead of
-//   a remote atomic. The token stays monotonic only because nothing else
-//   writes it, hence two rules. One thread at a time signals a given
-//   semaphore in this form: successive signallers must be ordered, by being
-//   the same thread, by __syncthreads, by a release/acquire pair or by
-//   launch order (two signallers at once could store the same count, or a
-//   smaller one after a larger: signals lost). And the add forms are never
-//   used on it: an add does not advance outbound, so the next store would
-//   take that signal back. Both mistakes show up as waits that time out.
-//   Semaphores built for the add form have no outbound counter (outbound is
-//   0), so the store form faults on them at once; the host backend's twins
-//   refuse both mixes with an error.
-//
-// Waits and polls are the same for both forms (the waiter cannot tell how
-// its token was written).
-//
 // One thread at a time may wait on or poll a given semaphore: the expected
 // counter is a plain word that the waiter reads and advances (volatile
 // accesses, so a later waiter of the same launch on another SM, after its
 // own synchronisation with this one, never reads a stale L1 line). Any
-// number of threads may signal in the add form, one at a time in the store
-// form (above).
+// number of threads may signal.
 #ifndef GOEP_SEM_DEVICE_CUH
 #define GOEP_SEM_DEVICE_CUH
 
@@ -74,20 +44,6 @@ __device__ __forceinline__ void goep_sem_signal(const goep_semaphore& s) {
 // Adds 1 to the peer's inbound token with no ordering of earlier writes.
 __device__ __forceinline__ void goep_sem_relaxed_signal(const goep_semaphore& s) {
   asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" : : "l"(s.remote), "l"(1ull) : "memory");
-}
-
-// Store form (see above): counts the signal in outbound and stores the count
-// into the peer's inbound token, after every write this thread made or
-// observed (release, system scope), as goep_sem_signal does. One thread at a
-// time per semaphore, and only on semaphores built for store signals. The
-// outbound counter is written after the release store, so that the store's
-// release does not wait for that local write; the next signaller (this
-// thread, or one ordered after it) reads it back.
-__device__ __forceinline__ void goep_sem_signal_store(const goep_semaphore& s) {
-  volatile u64* const sent = s.outbound;
-  const u64 v = *sent + 1;
-  goep_st_release_sys_u64(s.remote, v);
-  *sent = v;
 }
 
 // The expected counter: signals consumed so far (read), and advancing it.
@@ -114,12 +70,9 @@ __device__ __forceinline__ bool goep_sem_wait(const goep_semaphore& s, u32 stage
   u64 got;
   // Spin with relaxed loads: an acquire load on every iteration makes each
   // poll slower than the signal takes to arrive. Once the token is there,
-  // one acquire load of the same word synchronises with the signal's
-  // release: tokens only grow, so it reads the signal's value or a later
-  // one, which is either part of the same release sequence (add form: every
-  // later write is an atomic add) or written by a later release store of
-  // the same ordered signaller (store form), whose release covers the
-  // earlier signal's writes too.
+  // one acquire load of the same word (it reads the signal's value or a later
+  // one of the same release sequence: tokens only grow, by atomic adds)
+  // synchronises with the signal's release.
   while ((got = goep_chan_ld_relaxed_sys_u64(s.inbound)) < want) {
     if (!goep_spin_ok(sp, s.wd, GOEP_OP_SEM_WAIT, s.id, s.peer, stage, want, got)) {
       return false;

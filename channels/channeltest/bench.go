@@ -74,28 +74,14 @@ func gbps(bytes int64, d time.Duration) float64 {
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
 
-// Names of the ping-pong rows, by mode.
-var pingPongNames = map[SignalMode]string{
-	ReleaseSignal: "signal/wait round trip",
-	RelaxedSignal: "relaxed signal/wait round trip",
-	StoreSignal:   "signal/wait round trip (store signal)",
-}
-
 // BenchPingPong measures signal/wait round trips between rank 0 and each
 // other rank in turn: a single-thread kernel on each side does iters round
 // trips in one launch (no data), timed with the GPU global timer inside the
-// kernel, so launch overhead is excluded. mode picks the signal and wait
-// (StoreSignal runs on the store-signal mesh, which it builds the first
-// time: collective, like the measurement).
-func (r *Rank) BenchPingPong(ctx context.Context, iters int, mode SignalMode) ([]Result, error) {
-	name, ok := pingPongNames[mode]
-	if !ok {
-		return nil, r.errorf("ping-pong: unknown signal mode %v", mode)
-	}
-	if mode == StoreSignal {
-		if _, err := r.StoreChannels(ctx); err != nil {
-			return nil, err
-		}
+// kernel, so launch overhead is excluded.
+func (r *Rank) BenchPingPong(ctx context.Context, iters int, relaxed bool) ([]Result, error) {
+	name := "signal/wait round trip"
+	if relaxed {
+		name = "relaxed signal/wait round trip"
 	}
 	var rows []Result
 	for p := 1; p < r.n; p++ {
@@ -104,7 +90,7 @@ func (r *Rank) BenchPingPong(ctx context.Context, iters int, mode SignalMode) ([
 			if r.me == p {
 				other = 0
 			}
-			out, err := r.pingpong(other, uint64(iters), false, mode, 20)
+			out, err := r.pingpong(other, uint64(iters), false, relaxed, 20)
 			if err != nil {
 				return nil, err
 			}

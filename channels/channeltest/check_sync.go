@@ -2,9 +2,7 @@ package channeltest
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -23,58 +21,14 @@ func (r *Rank) partner() int {
 	return p
 }
 
-// SignalMode is how the ping-pong and burst kernels signal and wait (their
-// form argument, GOEP_CHAN_FORM_* in kernels/channel_kernels.cu).
-type SignalMode uint32
-
-const (
-	// ReleaseSignal: goep_sem_signal (release add) and goep_sem_wait, on
-	// the add-signal channels (Handles).
-	ReleaseSignal SignalMode = 0
-	// RelaxedSignal: goep_sem_relaxed_signal and goep_sem_relaxed_wait
-	// (with explicit fences when data is carried), on Handles.
-	RelaxedSignal SignalMode = 1
-	// StoreSignal: goep_sem_signal_store (release store of the outbound
-	// count) and goep_sem_wait, on the store-signal channels (StoreHandles).
-	StoreSignal SignalMode = 2
-)
-
-func (m SignalMode) String() string {
-	switch m {
-	case ReleaseSignal:
-		return "release"
-	case RelaxedSignal:
-		return "relaxed"
-	case StoreSignal:
-		return "store"
-	}
-	return fmt.Sprintf("SignalMode(%d)", uint32(m))
-}
-
-// handlesFor are the channel handles a mode signals on: the store-signal
-// mesh for StoreSignal (StoreChannels must have built it), else Handles.
-func (r *Rank) handlesFor(mode SignalMode) (*channels.DeviceArray, error) {
-	if mode != StoreSignal {
-		return r.Handles, nil
-	}
-	if r.StoreHandles == nil {
-		return nil, r.errorf("store signals before StoreChannels built the store-signal mesh")
-	}
-	return r.StoreHandles, nil
-}
-
 // pingpong runs the ping-pong kernel with peer and returns its output
 // (rounds done, data mismatches, elapsed ns).
-func (r *Rank) pingpong(peer int, rounds uint64, withData bool, mode SignalMode, stage uint32) ([]uint64, error) {
-	handles, err := r.handlesFor(mode)
-	if err != nil {
-		return nil, err
-	}
+func (r *Rank) pingpong(peer int, rounds uint64, withData, relaxed bool, stage uint32) ([]uint64, error) {
 	if err := r.clearOut(3); err != nil {
 		return nil, err
 	}
-	args := device.NewArgs(8).Ptr(handles.Ptr()).U32(uint32(peer)).U64(rounds).U32(b2u(r.me < peer)).
-		U32(b2u(withData)).U32(uint32(mode)).U32(stage).Ptr(r.out.Ptr)
+	args := device.NewArgs(8).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U64(rounds).U32(b2u(r.me < peer)).
+		U32(b2u(withData)).U32(b2u(relaxed)).U32(stage).Ptr(r.out.Ptr)
 	if err := r.launch("goep_chan_pingpong", 1, 32, args); err != nil {
 		return nil, err
 	}
@@ -105,11 +59,11 @@ func (r *Rank) CheckSignals(ctx context.Context, rounds, burst int) error {
 	}
 	if p := r.partner(); p >= 0 {
 		for _, relaxed := range []bool{false, true} {
-			n, mode := uint64(rounds), ReleaseSignal
+			n := uint64(rounds)
 			if relaxed {
-				n, mode = max(n/10, 1), RelaxedSignal
+				n = max(n/10, 1)
 			}
-			out, err := r.pingpong(p, n, true, mode, 3)
+			out, err := r.pingpong(p, n, true, relaxed, 3)
 			if err != nil {
 				return r.errorf("ping-pong with rank %d (relaxed %v): %w", p, relaxed, err)
 			}
@@ -169,124 +123,6 @@ func (r *Rank) CheckSignals(ctx context.Context, rounds, burst int) error {
 		}
 	}
 	return nil
-}
-
-// CheckStoreSignals checks the store form of signal (goep_sem_signal_store)
-// on channels whose semaphores are built for it (StoreChannels): signals
-// are neither lost nor duplicated, and data written before a store signal
-// is visible after the wait.
-//   - ping-pong between partners for rounds round trips, each carrying its
-//     round number as data written before the store signal, consumed by
-//     acquiring waits;
-//   - over a ring, a burst of burst store signals from one thread (each
-//     overwriting the token with a larger count) is consumed by as many
-//     waits, then another burst by polls.
-//
-// After each, every channel's token equals both the count of store signals
-// its sender has sent (its outbound counter, gathered from every rank) and
-// the receiver's expected counter.
-func (r *Rank) CheckStoreSignals(ctx context.Context, rounds, burst int) error {
-	if r.n < 2 {
-		return nil
-	}
-	handles, err := r.StoreChannels(ctx)
-	if err != nil {
-		return err
-	}
-	if p := r.partner(); p >= 0 {
-		n := uint64(rounds)
-		out, err := r.pingpong(p, n, true, StoreSignal, 13)
-		if err != nil {
-			return r.errorf("store-signal ping-pong with rank %d: %w", p, err)
-		}
-		if out[0] != n || out[1] != 0 {
-			return r.errorf("store-signal ping-pong with rank %d: %d of %d rounds, %d carried the wrong data", p, out[0], n, out[1])
-		}
-	}
-	if err := r.barrier(ctx); err != nil {
-		return err
-	}
-	if err := r.storeBalanced(ctx, "after the store-signal ping-pong"); err != nil {
-		return err
-	}
-	to, from := r.ring(1)
-	for _, phase := range []struct {
-		name     string
-		waitMode uint32
-	}{{"store signal/wait", 0}, {"store signal/poll", 2}} {
-		args := device.NewArgs(5).Ptr(handles.Ptr()).U32(devapi.MemoryChannelSize).U32(uint32(to)).U32(uint32(burst)).U32(uint32(StoreSignal))
-		if err := r.launch("goep_chan_sem_signal", 1, 32, args); err != nil {
-			return err
-		}
-		if err := r.clearOut(4); err != nil {
-			return err
-		}
-		args = device.NewArgs(7).Ptr(handles.Ptr()).U32(devapi.MemoryChannelSize).U32(uint32(from)).U32(uint32(burst)).
-			U32(phase.waitMode).U32(14).Ptr(r.out.Ptr)
-		if err := r.launch("goep_chan_sem_wait", 1, 32, args); err != nil {
-			return err
-		}
-		if err := r.sync(); err != nil {
-			return r.errorf("%s burst from rank %d: %w", phase.name, from, err)
-		}
-		out, err := r.readOut(4)
-		if err != nil {
-			return err
-		}
-		if out[0] != uint64(burst) {
-			return r.errorf("%s burst from rank %d: consumed %d of %d signals", phase.name, from, out[0], burst)
-		}
-		if err := r.barrier(ctx); err != nil {
-			return err
-		}
-		if err := r.storeBalanced(ctx, "after the "+phase.name+" burst"); err != nil {
-			return err
-		}
-	}
-	return r.barrier(ctx)
-}
-
-// storeBalanced checks every store-signal channel of this rank: the token
-// from each peer equals the number of store signals that peer sent this
-// rank (its outbound counter: none lost, none stored twice) and the number
-// this rank consumed (expected). Collective; call when nobody signals (it
-// ends with a barrier, so nobody does until every rank has checked).
-func (r *Rank) storeBalanced(ctx context.Context, when string) error {
-	mine := make([]byte, 8*r.n)
-	for p, ch := range r.StoreByRank {
-		if ch == nil {
-			continue
-		}
-		sent, err := ch.Semaphore().Outbound()
-		if err != nil {
-			return err
-		}
-		binary.LittleEndian.PutUint64(mine[8*p:], sent)
-	}
-	all, err := r.Comm.Bootstrap().AllGather(ctx, mine)
-	if err != nil {
-		return err
-	}
-	for p, ch := range r.StoreByRank {
-		if ch == nil {
-			continue
-		}
-		sent := binary.LittleEndian.Uint64(all[p][8*r.me:])
-		sem := ch.Semaphore()
-		in, err := sem.Inbound()
-		if err != nil {
-			return err
-		}
-		exp, err := sem.Expected()
-		if err != nil {
-			return err
-		}
-		if in != sent || exp != sent {
-			return r.errorf("%s: store-signal channel from rank %d: it sent %d signals, the token is %d, %d were consumed", when, p, sent, in, exp)
-		}
-	}
-	// Every rank checks its tokens before anyone signals again.
-	return r.barrier(ctx)
 }
 
 // balanced checks that every signal that reached this rank on its channel

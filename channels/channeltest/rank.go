@@ -53,9 +53,6 @@ const guardByte = 0xA5
 // Rank is one rank's side of the checks: a communicator, a registered data
 // buffer and packet buffer, and memory channels to every other rank over
 // them (a mesh; handles uploaded in rank order, this rank's slot zero).
-// The mesh's semaphores are built for add signals; the store-signal checks
-// and benchmarks build a second mesh over the same memory whose semaphores
-// are built for store signals (StoreChannels), the first time they need it.
 type Rank struct {
 	Comm    *channels.Communicator
 	Dev     device.Device
@@ -67,38 +64,8 @@ type Rank struct {
 	ByRank  []*channels.MemoryChannel
 	Handles *channels.DeviceArray
 
-	// The store-signal mesh (nil until StoreChannels).
-	StoreMesh    *channels.Mesh
-	StoreByRank  []*channels.MemoryChannel
-	StoreHandles *channels.DeviceArray
-
 	me, n int
 	out   device.Buffer // kernel results
-}
-
-// storeMeshTag pairs the ranks' store-signal meshes.
-const storeMeshTag = 4
-
-// StoreChannels builds, the first time (collective: every rank calls it),
-// memory channels to every other rank over the Rank's memory whose
-// semaphores are built for store signals (channels.SignalStore), and
-// uploads their handles in rank order like Handles.
-func (r *Rank) StoreChannels(ctx context.Context) (*channels.DeviceArray, error) {
-	if r.StoreHandles != nil || r.n < 2 {
-		return r.StoreHandles, nil
-	}
-	mesh, err := r.Comm.NewMemoryChannelMesh(ctx, channels.MeshConfig{Tag: storeMeshTag, Local: r.Mem, Packets: r.Packets,
-		Signal: channels.SignalStore})
-	if err != nil {
-		return nil, r.errorf("store-signal mesh: %w", err)
-	}
-	byRank := mesh.ByRank(r.n)
-	arr, err := r.Comm.UploadMemoryChannels(byRank)
-	if err != nil {
-		return nil, r.errorf("store-signal mesh: %w", err)
-	}
-	r.StoreMesh, r.StoreByRank, r.StoreHandles = mesh, byRank, arr
-	return arr, nil
 }
 
 // NewRank builds a Rank on comm (collective: every rank calls it).

@@ -2,7 +2,6 @@ package devapi
 
 import (
 	"encoding/binary"
-	"fmt"
 	"runtime"
 	"sync/atomic"
 	"time"
@@ -91,46 +90,8 @@ func WaitGE64(p uintptr, target uint64, wd uintptr, id, peer, stage uint32) bool
 }
 
 // SemSignal is goep_sem_signal (and goep_sem_relaxed_signal: Go atomics
-// have one ordering), the add form. Stricter than the GPU: it refuses (by
-// panicking, which a host launch turns into its error) a semaphore built
-// for store signals, where an add would later be taken back by a store.
-func SemSignal(s Semaphore) {
-	if s.Outbound != 0 {
-		panic(errMixedForms("goep_sem_signal (add form)", s, "store"))
-	}
-	U64(s.Remote).Add(1)
-}
-
-// SemSignalStore is goep_sem_signal_store, the store form: the incremented
-// outbound count, stored atomically into the peer's token. One caller at a
-// time per semaphore, as on the GPU. It refuses (panics on) a semaphore
-// built for add signals, which has no outbound counter; the GPU would fault.
-func SemSignalStore(s Semaphore) {
-	if s.Outbound == 0 {
-		panic(errMixedForms("goep_sem_signal_store (store form)", s, "add"))
-	}
-	sent := U64(s.Outbound)
-	v := sent.Load() + 1
-	U64(s.Remote).Store(v)
-	sent.Store(v)
-}
-
-// MixedFormsError is what the signal functions panic with when a semaphore
-// is signalled in a form it was not built for.
-type MixedFormsError struct {
-	Call     string // the signal function used
-	Built    string // the form the semaphore was built for ("add" or "store")
-	ID, Peer uint32
-}
-
-func (e *MixedFormsError) Error() string {
-	return fmt.Sprintf("%s on semaphore %d (peer %d), which was built for %s signals: the two forms must not be mixed on one semaphore",
-		e.Call, e.ID, e.Peer, e.Built)
-}
-
-func errMixedForms(call string, s Semaphore, built string) *MixedFormsError {
-	return &MixedFormsError{Call: call, Built: built, ID: s.ID, Peer: s.Peer}
-}
+// have one ordering).
+func SemSignal(s Semaphore) { U64(s.Remote).Add(1) }
 
 // SemPoll is goep_sem_poll.
 func SemPoll(s Semaphore) bool {

@@ -44,7 +44,6 @@ const (
 	SemWatchdog = 24
 	SemPeer     = 32
 	SemID       = 36
-	SemOutbound = 40
 )
 
 // goep_ll16, goep_ll8 and goep_ll_flag field offsets.
@@ -114,15 +113,13 @@ const (
 
 var le = binary.LittleEndian
 
-// Semaphore is goep_semaphore. Outbound is 0 unless the semaphore was
-// built for store signals (goep_sem_signal_store).
+// Semaphore is goep_semaphore.
 type Semaphore struct {
 	Inbound, Expected, Remote, Watchdog uintptr
 	Peer, ID                            uint32
-	Outbound                            uintptr
 }
 
-// Encode writes s into b[:SemaphoreSize].
+// Encode writes s into b[:SemaphoreSize] (reserved bytes zero).
 func (s Semaphore) Encode(b []byte) {
 	clear(b[:SemaphoreSize])
 	le.PutUint64(b[SemInbound:], uint64(s.Inbound))
@@ -131,7 +128,6 @@ func (s Semaphore) Encode(b []byte) {
 	le.PutUint64(b[SemWatchdog:], uint64(s.Watchdog))
 	le.PutUint32(b[SemPeer:], s.Peer)
 	le.PutUint32(b[SemID:], s.ID)
-	le.PutUint64(b[SemOutbound:], uint64(s.Outbound))
 }
 
 // Bytes is s encoded.
@@ -151,7 +147,6 @@ func DecodeSemaphore(b []byte) Semaphore {
 		Watchdog: uintptr(le.Uint64(b[SemWatchdog:])),
 		Peer:     le.Uint32(b[SemPeer:]),
 		ID:       le.Uint32(b[SemID:]),
-		Outbound: uintptr(le.Uint64(b[SemOutbound:])),
 	}
 }
 
@@ -262,7 +257,7 @@ var Layout = []Struct{
 		{"timeout_ns", WatchdogTimeoutNS}, {"record", WatchdogRecord}, {"abort", WatchdogAbort}}},
 	{"goep_semaphore", SemaphoreSize, []Field{
 		{"inbound", SemInbound}, {"expected", SemExpected}, {"remote", SemRemote}, {"wd", SemWatchdog},
-		{"peer", SemPeer}, {"id", SemID}, {"outbound", SemOutbound}}},
+		{"peer", SemPeer}, {"id", SemID}}},
 	{"goep_ll16", LL16Size, []Field{
 		{"flag1", LL16Flag1}, {"data2", LL16Data2}, {"flag2", LL16Flag2}}},
 	{"goep_ll8", LL8Size, []Field{{"flag", LL8Flag}}},

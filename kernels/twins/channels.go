@@ -46,21 +46,20 @@ func init() {
 		devapi.Copy(ch.Local+uintptr(a.GetU64(3)), ch.Remote+uintptr(a.GetU64(2)), a.GetU64(4))
 		return nil
 	})
-	// goep_chan_sem_signal(handles, u32 stride, u32 first, u32 count, u32 form)
+	// goep_chan_sem_signal(handles, u32 stride, u32 first, u32 count, u32 relaxed)
 	device.RegisterHostKernel("goep_chan_sem_signal", func(l *device.HostLaunch) error {
 		a := l.Args
-		form := a.GetU32(4)
 		for b := range blocks(l.Grid) {
 			s := semAt(a.GetPtr(0), a.GetU32(1), a.GetU32(2)+uint32(b))
 			for range a.GetU32(3) {
-				signalAs(s, form)
+				devapi.SemSignal(s)
 			}
 		}
 		return nil
 	})
 	// goep_chan_sem_wait(handles, u32 stride, u32 first, u32 count, u32 mode, u32 stage, u64* out)
 	device.RegisterHostKernel("goep_chan_sem_wait", semWaitTwin)
-	// goep_chan_pingpong(chans, u32 idx, u64 iters, u32 initiator, u32 with_data, u32 form, u32 stage, u64* out)
+	// goep_chan_pingpong(chans, u32 idx, u64 iters, u32 initiator, u32 with_data, u32 relaxed, u32 stage, u64* out)
 	device.RegisterHostKernel("goep_chan_pingpong", pingpongTwin)
 	// goep_chan_ll_exchange(chans, u32 send_idx, u32 recv_idx, u32 proto, u64 src_off, u64 dst_off, u64 bytes,
 	//                       u64 pkt_half, u32 stage, u64* out)
@@ -89,23 +88,6 @@ func init() {
 		devapi.U64(a.GetPtr(6)).Store(b2u(ok))
 		return nil
 	})
-}
-
-// The form argument of the signalling kernels (GOEP_CHAN_FORM_*); 0 is the
-// release add.
-const (
-	formRelaxed = 1
-	formStore   = 2
-)
-
-// signalAs is goep_chan_signal: the store form, or the add form (release
-// and relaxed are the same in Go).
-func signalAs(s devapi.Semaphore, form uint32) {
-	if form == formStore {
-		devapi.SemSignalStore(s)
-	} else {
-		devapi.SemSignal(s)
-	}
 }
 
 func b2u(b bool) uint64 {
@@ -157,12 +139,8 @@ func semWaitTwin(l *device.HostLaunch) error {
 func pingpongTwin(l *device.HostLaunch) error {
 	a := l.Args
 	ch := channelAt(a.GetPtr(0), a.GetU32(1))
-	iters, initiator, withData, form, stage, out := a.GetU64(2), a.GetU32(3) != 0, a.GetU32(4) != 0, a.GetU32(5), a.GetU32(6), a.GetPtr(7)
+	iters, initiator, withData, stage, out := a.GetU64(2), a.GetU32(3) != 0, a.GetU32(4) != 0, a.GetU32(6), a.GetPtr(7)
 	mine, theirs := devapi.U64(ch.Local), devapi.U64(ch.Remote)
-	op := uint32(devapi.OpSemWait)
-	if form == formRelaxed {
-		op = devapi.OpSemRelaxedWait
-	}
 	var done, bad uint64
 	start := time.Now()
 	for i := uint64(1); i <= iters; i++ {
@@ -170,15 +148,15 @@ func pingpongTwin(l *device.HostLaunch) error {
 			if withData {
 				theirs.Store(i)
 			}
-			signalAs(ch.Sem, form)
-			if !devapi.SemWait(ch.Sem, op, stage) {
+			devapi.SemSignal(ch.Sem)
+			if !devapi.SemWait(ch.Sem, devapi.OpSemWait, stage) {
 				break
 			}
 			if withData && mine.Load() != i {
 				bad++
 			}
 		} else {
-			if !devapi.SemWait(ch.Sem, op, stage) {
+			if !devapi.SemWait(ch.Sem, devapi.OpSemWait, stage) {
 				break
 			}
 			if withData {
@@ -187,7 +165,7 @@ func pingpongTwin(l *device.HostLaunch) error {
 				}
 				theirs.Store(i)
 			}
-			signalAs(ch.Sem, form)
+			devapi.SemSignal(ch.Sem)
 		}
 		done++
 	}

@@ -34,8 +34,7 @@ func newLoop(t *testing.T, timeout time.Duration) *loop {
 		return b
 	}
 	l := &loop{dev: d, buf: alloc(8192), pkts: alloc(8192), ctl: alloc(4096), hnds: alloc(devapi.MemoryChannelSize)}
-	// ctl: [0,32) watchdog, [64,112) record, [128] token, [256] expected, [384] LL flag
-	// ([512]: the outbound counter of TestChannelTwinsStoreSignal).
+	// ctl: [0,32) watchdog, [64,112) record, [128] token, [256] expected, [384] LL flag.
 	l.wd, l.rec = l.ctl.Ptr, l.ctl.Ptr+64
 	w := make([]byte, devapi.WatchdogSize)
 	devapi.Watchdog{TimeoutNS: uint64(timeout), Record: l.rec}.Encode(w)
@@ -118,49 +117,4 @@ func TestChannelTwinsTimeout(t *testing.T) {
 	l.launch(t, "goep_chan_wait_value", 1, device.NewArgs(7).Ptr(out+512).U64(1).Ptr(l.wd).U32(1).U32(0).U32(0).Ptr(out))
 	require.Less(t, time.Since(start), 40*time.Millisecond, "an aborted watchdog ends waits at once")
 	require.Zero(t, device.HostSlice[uint64](out, 1)[0])
-}
-
-// The store form on the loopback channel rebuilt with an outbound counter:
-// the ping-pong initiator stores the incremented count into its own token
-// and waits for it, round after round, then a burst of store signals is
-// polled away; token, expected and outbound agree throughout. Signalling
-// in the form the semaphore was not built for is refused, in both
-// directions, before the token moves.
-func TestChannelTwinsStoreSignal(t *testing.T) {
-	l := newLoop(t, time.Minute)
-	out := l.ctl.Ptr + 2048
-	st := l.ch
-	st.Sem.Outbound = l.ctl.Ptr + 512
-	h, err := l.dev.Alloc(devapi.MemoryChannelSize)
-	require.NoError(t, err)
-	require.NoError(t, l.dev.CopyIn(h.Ptr, st.Bytes()))
-	token, expected, sent := devapi.U64(st.Sem.Inbound), devapi.U64(st.Sem.Expected), devapi.U64(st.Sem.Outbound)
-	o := device.HostSlice[uint64](out, 4)
-
-	// goep_chan_pingpong(chans, idx, iters, initiator, with_data, form, stage, out)
-	l.launch(t, "goep_chan_pingpong", 1, device.NewArgs(8).Ptr(h.Ptr).U32(0).U64(50).U32(1).U32(0).U32(2).U32(3).Ptr(out))
-	require.Equal(t, []uint64{50, 0}, o[:2], "rounds, data mismatches")
-	require.Equal(t, []uint64{50, 50, 50}, []uint64{token.Load(), expected.Load(), sent.Load()})
-
-	l.launch(t, "goep_chan_sem_signal", 1, device.NewArgs(5).Ptr(h.Ptr).U32(devapi.MemoryChannelSize).U32(0).U32(7).U32(2))
-	require.Equal(t, []uint64{57, 57}, []uint64{token.Load(), sent.Load()})
-	l.launch(t, "goep_chan_sem_wait", 1, device.NewArgs(7).Ptr(h.Ptr).U32(devapi.MemoryChannelSize).U32(0).U32(7).U32(2).U32(0).Ptr(out))
-	require.Equal(t, []uint64{7, 57, 57, 0}, o, "consumed, token, expected, empty polls")
-
-	// An add on the store-form semaphore, a store on the add-form one.
-	for _, c := range []struct {
-		handles uintptr
-		form    uint32
-		want    string
-	}{{h.Ptr, 0, "built for store signals"}, {h.Ptr, 1, "built for store signals"}, {l.hnds.Ptr, 2, "built for add signals"}} {
-		err := l.dev.Launch("goep_chan_sem_signal", device.D1(1), device.D1(64), 0, nil,
-			device.NewArgs(5).Ptr(c.handles).U32(devapi.MemoryChannelSize).U32(0).U32(1).U32(c.form))
-		require.ErrorContains(t, err, c.want)
-		require.ErrorContains(t, err, "must not be mixed")
-		require.Equal(t, uint64(57), token.Load(), "a refused signal does not move the token")
-	}
-	err = l.dev.Launch("goep_chan_pingpong", device.D1(1), device.D1(64), 0, nil,
-		device.NewArgs(8).Ptr(l.hnds.Ptr).U32(0).U64(1).U32(1).U32(0).U32(2).U32(3).Ptr(out))
-	require.ErrorContains(t, err, "built for add signals")
-	require.Equal(t, uint64(57), sent.Load())
 }

@@ -71,6 +71,8 @@ for s in $STEPS; do
 		step ep-intranode-16 "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 4096 --fp8 --sms 16 --json "$LOGS/intranode-16.json"
 		;;
 	ep-tune) step ep-tune "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 4096 --fp8 --tune --json "$LOGS/intranode-tune.json" ;;
+	collectives) step collectives gotest collectives collectives.test -test.v -test.count=1 -test.timeout=9m ;;
+	collectives-bench) step collectives-bench "$BIN/ep-bench" launch -n "$NGPU" -- collectives --compare nccl ${COLL_TUNE:+--tune --tune-out "$LOGS/coll-tuning.json"} --json "$LOGS/collectives.json" --plot "$LOGS/collectives" ;;
 	epbench) step epbench gotest bench bench.test -test.v -test.count=1 -test.timeout=8m ;;
 	*) echo "unknown step $s" ;;
 	esac

@@ -1,0 +1,144 @@
+package collectives_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/collectives"
+	"github.com/goep-dev/goep/collectives/colltest"
+	"github.com/goep-dev/goep/collectives/internal/fakenccl"
+	"github.com/goep-dev/goep/collectives/nccl"
+	"github.com/goep-dev/goep/internal/device"
+	_ "github.com/goep-dev/goep/kernels/twins"
+)
+
+// world is a set of goroutine ranks: the host backend always (CI), GPUs
+// when this machine has enough.
+type world struct {
+	kind  device.Kind
+	ranks int
+}
+
+func (w world) String() string { return fmt.Sprintf("%s-%d", w.kind, w.ranks) }
+func (w world) gpu() bool      { return w.kind == device.CUDA }
+
+// gpus is the number of GPUs here (0 without a driver).
+func gpus() int {
+	n, err := device.CUDADeviceCount()
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+// hostWorlds are the CI worlds.
+var hostWorlds = []world{{device.Host, 2}, {device.Host, 3}, {device.Host, 4}}
+
+// gpuWorlds are 2, 4 and 8 GPUs, those this machine has.
+func gpuWorlds(t *testing.T) []world {
+	var out []world
+	n := gpus()
+	for _, want := range []int{2, 4, 8} {
+		if n >= want {
+			out = append(out, world{device.CUDA, want})
+		} else {
+			t.Logf("cuda-%d skipped: %d GPUs here", want, n)
+		}
+	}
+	return out
+}
+
+// testWait bounds device waits, so a broken protocol fails in seconds.
+const testWait = 30 * time.Second
+
+// hostConfig keeps the host backend's twins cheap: small grids and
+// buffers. Scratch 256 KiB with 4 blocks makes multi-round scratch
+// algorithms from a few KiB on.
+func hostConfig() collectives.Config {
+	return collectives.Config{
+		Channels:     channels.Config{Timeouts: channels.Timeouts{Wait: testWait}},
+		ScratchBytes: 256 << 10, PacketBytes: 1 << 20, MaxBlocks: 4, LLMaxBlocks: 2, Threads: 64,
+		NCCL: collectives.NCCLLazy,
+	}
+}
+
+// gpuConfig creates NCCL with the communicator when it can be loaded (not
+// lazily inside a captured call).
+func gpuConfig() collectives.Config {
+	cfg := collectives.Config{Channels: channels.Config{Timeouts: channels.Timeouts{Wait: testWait}}, NCCL: collectives.NCCLOff}
+	if realNCCL {
+		cfg.NCCL = collectives.NCCLEager
+	}
+	return cfg
+}
+
+func configFor(w world) collectives.Config {
+	if w.gpu() {
+		return gpuConfig()
+	}
+	return hostConfig()
+}
+
+// run runs fn on every rank of w and fails the test with each rank's
+// error.
+func run(t *testing.T, w world, cfg collectives.Config, fn func(ctx context.Context, c *collectives.Communicator) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	errs := colltest.RunLocal(ctx, w.kind, w.ranks, bootstrap.Config{Timeout: time.Minute}, cfg, fn)
+	for r, err := range errs {
+		require.NoError(t, err, "%s rank %d", w, r)
+	}
+}
+
+// fakeNCCLPath is the host-memory NCCL stand-in, built by TestMain when no
+// GPU is present (one NCCL per process: with GPUs, the real one).
+var fakeNCCLPath string
+
+// realNCCL: GPUs are present and NCCL loads.
+var realNCCL bool
+
+func TestMain(m *testing.M) {
+	if gpus() == 0 && os.Getenv(nccl.EnvLibrary) == "" {
+		dir, err := os.MkdirTemp("", "fakenccl")
+		if err == nil {
+			if p, err := fakenccl.Build(dir); err == nil {
+				fakeNCCLPath = p
+				os.Setenv(nccl.EnvLibrary, p)
+				collectives.UseHostNCCLForTests()
+			} else {
+				fmt.Fprintln(os.Stderr, "fake NCCL not built:", err)
+			}
+		}
+		code := m.Run()
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}
+	if _, err := nccl.Load(); err == nil {
+		realNCCL = true
+	} else {
+		fmt.Fprintln(os.Stderr, "NCCL not available, its cases are skipped:", err)
+	}
+	os.Exit(m.Run())
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// hostPtr is the address of a Go slice (host memory) for pointer checks.
+func hostPtr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }

@@ -1,0 +1,380 @@
+// Package nccl loads NCCL (libnccl.so.2) at run time, the way internal/cuda
+// loads the driver: cgo with our own declarations of the few types and
+// entry points goep uses (shim.h, written from NCCL's documented C API),
+// dlopen at first use, no NCCL header or library at build time. A machine
+// without NCCL builds and runs everything else; asking for NCCL there is an
+// error that says where it was looked for.
+//
+// Where: $GOEP_NCCL (that file only), else libnccl.so.2 through the dynamic
+// loader's search path, else pip wheels (nvidia-nccl-cu12, -cu13:
+// site-packages/nvidia/nccl/lib/libnccl.so.2) under the usual Python
+// locations ($VIRTUAL_ENV, /usr/lib/python3*, /usr/local/lib/python3*,
+// ~/.local/lib/python3*, /opt/*/.venv/lib/python3*, /opt/*/lib/python3*).
+//
+// No NVLink multicast: Load sets NCCL_NVLS_ENABLE=0 in the process
+// environment when it is unset (NCCL reads it at communicator creation) and
+// refuses to load when it is set to anything else, or when NCCL_ALGO asks
+// for NVLS.
+//
+// Contexts: every call that enqueues work or creates a communicator makes
+// the given CUDA context (a primary context, as internal/cuda uses) current
+// on the calling thread inside the same C call, so goroutines may move
+// between threads; NCCL's runtime then uses that context's device.
+package nccl
+
+/*
+#cgo CFLAGS: -O2
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"unsafe"
+)
+
+// EnvLibrary pins the library to one file.
+const EnvLibrary = "GOEP_NCCL"
+
+// Soname is what the dynamic loader is asked for.
+const Soname = "libnccl.so.2"
+
+// ErrNotFound is wrapped by Load's error when no usable NCCL was found.
+var ErrNotFound = errors.New("NCCL not found")
+
+// Library is the loaded NCCL.
+type Library struct {
+	Path    string // what was dlopened
+	Version int    // ncclGetVersion, e.g. 22809 for 2.28.9
+}
+
+// VersionString formats Version as major.minor.patch.
+func (l *Library) VersionString() string {
+	v := l.Version
+	if v >= 10000 { // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z from 2.9 on
+		return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
+	}
+	return fmt.Sprintf("%d.%d.%d", v/1000, v/100%10, v%100)
+}
+
+var (
+	loadOnce sync.Once
+	loaded   *Library
+	loadErr  error
+)
+
+// Load finds and opens NCCL once per process; later calls return the first
+// result.
+func Load() (*Library, error) {
+	loadOnce.Do(func() { loaded, loadErr = load(os.Getenv, filepath.Glob, os.UserHomeDir) })
+	return loaded, loadErr
+}
+
+// GuardNVLS enforces the no-multicast rule on the process environment (see
+// the package comment). Load calls it; it is exported for launchers that
+// start NCCL users.
+func GuardNVLS() error {
+	v, ok := os.LookupEnv("NCCL_NVLS_ENABLE")
+	v = strings.TrimSpace(v)
+	if !ok || v == "" {
+		if err := os.Setenv("NCCL_NVLS_ENABLE", "0"); err != nil {
+			return fmt.Errorf("nccl: setting NCCL_NVLS_ENABLE=0: %w", err)
+		}
+	} else if v != "0" {
+		return fmt.Errorf("nccl: NCCL_NVLS_ENABLE=%q: goep never uses NVLink multicast (it can take shared GPUs out of service); unset it or set it to 0", v)
+	}
+	if a := strings.TrimSpace(os.Getenv("NCCL_ALGO")); a != "" && !strings.HasPrefix(a, "^") && strings.Contains(strings.ToLower(a), "nvls") {
+		return fmt.Errorf("nccl: NCCL_ALGO=%q asks for NVLS (NVLink multicast), which goep never uses", a)
+	}
+	return nil
+}
+
+func load(getenv func(string) string, glob func(string) ([]string, error), home func() (string, error)) (*Library, error) {
+	if err := GuardNVLS(); err != nil {
+		return nil, err
+	}
+	var tried []string
+	try := func(path string) (*Library, bool) {
+		cpath := C.CString(path)
+		defer C.free(unsafe.Pointer(cpath))
+		var buf [512]C.char
+		switch C.gn_load(cpath, &buf[0], C.int(len(buf))) {
+		case 0:
+			var v C.int
+			if r := C.gn_version(&v); r != 0 {
+				tried = append(tried, path+": ncclGetVersion failed")
+				return nil, false
+			}
+			return &Library{Path: path, Version: int(v)}, true
+		case 2:
+			tried = append(tried, path+": not an NCCL library (no "+C.GoString(&buf[0])+")")
+		default:
+			tried = append(tried, path+": "+C.GoString(&buf[0]))
+		}
+		return nil, false
+	}
+	if p := strings.TrimSpace(getenv(EnvLibrary)); p != "" {
+		if l, ok := try(p); ok {
+			return l, nil
+		}
+		return nil, fmt.Errorf("nccl: %s=%s cannot be used: %s: %w", EnvLibrary, p, strings.Join(tried, "; "), ErrNotFound)
+	}
+	for _, p := range candidates(getenv, glob, home) {
+		if l, ok := try(p); ok {
+			return l, nil
+		}
+	}
+	return nil, fmt.Errorf("nccl: no usable %s (set %s to its path; tried %s): %w", Soname, EnvLibrary, strings.Join(tried, "; "), ErrNotFound)
+}
+
+// pythonBases are globbed for python3.X directories holding pip wheels.
+var pythonBases = []string{
+	"$VIRTUAL_ENV/lib/python3*",
+	"/usr/lib/python3*",
+	"/usr/local/lib/python3*",
+	"~/.local/lib/python3*",
+	"/opt/*/.venv/lib/python3*",
+	"/opt/*/lib/python3*",
+}
+
+// candidates lists what Load tries, in order, after $GOEP_NCCL.
+func candidates(getenv func(string) string, glob func(string) ([]string, error), home func() (string, error)) []string {
+	out := []string{Soname}
+	seen := map[string]bool{}
+	add := func(pattern string) {
+		m, _ := glob(pattern)
+		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newer python3.X first
+		for _, f := range m {
+			if !seen[f] {
+				seen[f] = true
+				out = append(out, f)
+			}
+		}
+	}
+	for _, v := range []string{"CUDA_HOME", "CUDA_PATH"} {
+		if d := getenv(v); d != "" {
+			add(filepath.Join(d, "lib64", Soname))
+		}
+	}
+	add(filepath.Join("/usr/local/cuda/lib64", Soname))
+	h, herr := home()
+	for _, base := range pythonBases {
+		switch {
+		case strings.HasPrefix(base, "$VIRTUAL_ENV"):
+			venv := getenv("VIRTUAL_ENV")
+			if venv == "" {
+				continue
+			}
+			base = venv + strings.TrimPrefix(base, "$VIRTUAL_ENV")
+		case strings.HasPrefix(base, "~"):
+			if herr != nil || h == "" {
+				continue
+			}
+			base = h + strings.TrimPrefix(base, "~")
+		}
+		for _, pkgs := range []string{"site-packages", "dist-packages"} {
+			add(filepath.Join(base, pkgs, "nvidia", "nccl", "lib", Soname))
+		}
+	}
+	return out
+}
+
+// ---------------------------------------------------------------------------
+// Types and calls.
+
+// DataType is ncclDataType_t.
+type DataType int
+
+const (
+	Int8       DataType = 0
+	Uint8      DataType = 1
+	Int32      DataType = 2
+	Uint32     DataType = 3
+	Int64      DataType = 4
+	Uint64     DataType = 5
+	Float16    DataType = 6
+	Float32    DataType = 7
+	Float64    DataType = 8
+	Bfloat16   DataType = 9
+	Float8e4m3 DataType = 10 // NCCL 2.24 and later
+)
+
+// RedOp is ncclRedOp_t.
+type RedOp int
+
+const (
+	Sum  RedOp = 0
+	Prod RedOp = 1
+	Max  RedOp = 2
+	Min  RedOp = 3
+	Avg  RedOp = 4
+)
+
+// UniqueIDSize is sizeof(ncclUniqueId).
+const UniqueIDSize = C.GN_UNIQUE_ID_BYTES
+
+// UniqueID is an ncclUniqueId: rank 0 makes it, every rank passes it to
+// InitRank.
+type UniqueID [UniqueIDSize]byte
+
+// Error is a failed NCCL call.
+type Error struct {
+	Op   string
+	Code int    // ncclResult_t, or negative for the shim's own failures
+	Msg  string // ncclGetErrorString
+	Last string // ncclGetLastError, when NCCL has it and said something
+}
+
+func (e *Error) Error() string {
+	s := fmt.Sprintf("nccl: %s: %s (%d)", e.Op, e.Msg, e.Code)
+	if e.Last != "" {
+		s += ": " + e.Last
+	}
+	return s
+}
+
+func check(op string, r C.int, comm uintptr) error {
+	if r == 0 {
+		return nil
+	}
+	e := &Error{Op: op, Code: int(r)}
+	switch r {
+	case C.GN_ERR_NOT_LOADED:
+		e.Msg = "NCCL is not loaded"
+	case C.GN_ERR_BIND:
+		e.Msg = "cannot make the CUDA context current (libcuda's cuCtxSetCurrent)"
+	default:
+		e.Msg = C.GoString(C.gn_error_string(r))
+		if comm != 0 {
+			if s := C.gn_last_error(C.uintptr_t(comm)); s != nil {
+				e.Last = C.GoString(s)
+			}
+		}
+	}
+	return e
+}
+
+// GetUniqueID makes a new unique id (rank 0 calls it once per communicator).
+func GetUniqueID() (UniqueID, error) {
+	var id UniqueID
+	if _, err := Load(); err != nil {
+		return id, err
+	}
+	err := check("ncclGetUniqueId", C.gn_unique_id((*C.uchar)(unsafe.Pointer(&id[0]))), 0)
+	return id, err
+}
+
+var cudaOnce sync.Once
+var cudaErr error
+
+// loadCUDA opens the driver for the context binding (the same library
+// internal/cuda opened: $GOEP_LIBCUDA or libcuda.so.1).
+func loadCUDA() error {
+	cudaOnce.Do(func() {
+		path := os.Getenv("GOEP_LIBCUDA")
+		if path == "" {
+			path = "libcuda.so.1"
+		}
+		cpath := C.CString(path)
+		defer C.free(unsafe.Pointer(cpath))
+		var buf [512]C.char
+		if C.gn_load_cuda(cpath, &buf[0], C.int(len(buf))) != 0 {
+			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %s", path, C.GoString(&buf[0]))
+		}
+	})
+	return cudaErr
+}
+
+// Comm is an ncclComm_t with the CUDA context its calls bind.
+type Comm struct {
+	h          uintptr
+	ctx        uintptr
+	rank, size int
+}
+
+// InitRank joins rank of an nranks-rank communicator (ncclCommInitRank);
+// it returns once every rank has called it. ctx is the CUcontext of this
+// rank's GPU (0 binds nothing: for test doubles on host memory).
+func InitRank(ctx uintptr, nranks int, id UniqueID, rank int) (*Comm, error) {
+	if _, err := Load(); err != nil {
+		return nil, err
+	}
+	if ctx != 0 {
+		if err := loadCUDA(); err != nil {
+			return nil, err
+		}
+	}
+	r := C.gn_comm_init_rank(C.uintptr_t(ctx), C.int(nranks), (*C.uchar)(unsafe.Pointer(&id[0])), C.int(rank))
+	if err := check(fmt.Sprintf("ncclCommInitRank(rank %d of %d)", rank, nranks), r.r, 0); err != nil {
+		return nil, err
+	}
+	return &Comm{h: uintptr(r.v), ctx: ctx, rank: rank, size: nranks}, nil
+}
+
+// Rank and Size are the communicator's.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// Destroy frees the communicator (ncclCommDestroy) after its work is done.
+func (c *Comm) Destroy() error {
+	if c == nil || c.h == 0 {
+		return nil
+	}
+	h := c.h
+	c.h = 0
+	return check("ncclCommDestroy", C.gn_comm_destroy(C.uintptr_t(c.ctx), C.uintptr_t(h)), 0)
+}
+
+// Abort ends the communicator's pending work and frees it (ncclCommAbort).
+func (c *Comm) Abort() error {
+	if c == nil || c.h == 0 {
+		return nil
+	}
+	h := c.h
+	c.h = 0
+	return check("ncclCommAbort", C.gn_comm_abort(C.uintptr_t(c.ctx), C.uintptr_t(h)), 0)
+}
+
+// AsyncError reports an asynchronous failure of the communicator
+// (ncclCommGetAsyncError); nil while none happened.
+func (c *Comm) AsyncError() error {
+	if c == nil || c.h == 0 {
+		return nil
+	}
+	var e C.int
+	if err := check("ncclCommGetAsyncError", C.gn_comm_async_error(C.uintptr_t(c.h), &e), c.h); err != nil {
+		return err
+	}
+	if e == 0 || e == 7 { // ncclSuccess, ncclInProgress
+		return nil
+	}
+	return check("asynchronous error", e, c.h)
+}
+
+// AllReduce enqueues ncclAllReduce of count elements on stream (a CUstream).
+func (c *Comm) AllReduce(send, recv uintptr, count int, dt DataType, op RedOp, stream uintptr) error {
+	return check("ncclAllReduce", C.gn_all_reduce(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
+		C.int(dt), C.int(op), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// AllGather enqueues ncclAllGather of count elements per rank.
+func (c *Comm) AllGather(send, recv uintptr, count int, dt DataType, stream uintptr) error {
+	return check("ncclAllGather", C.gn_all_gather(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
+		C.int(dt), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// ReduceScatter enqueues ncclReduceScatter of count elements per rank.
+func (c *Comm) ReduceScatter(send, recv uintptr, count int, dt DataType, op RedOp, stream uintptr) error {
+	return check("ncclReduceScatter", C.gn_reduce_scatter(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv),
+		C.size_t(count), C.int(dt), C.int(op), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}

@@ -3,7 +3,7 @@
 
 GO        ?= go
 DEVBIN    ?= .devbin
-BENCH_ARGS ?= doctor
+BENCH_ARGS ?= intranode
 # Never NVLink multicast: it can take shared GPUs out of service.
 export NCCL_NVLS_ENABLE := 0
 

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -380,6 +381,9 @@ func (b *Buffer) ExpertCounts() []int {
 // gives up on ctx, on a device-side timeout of this rank (the watchdog's
 // record), or when nothing arrives within the wait timeout plus a second
 // (the stream never reached the kernel); each makes the Buffer unusable.
+// busyPoll is how long WaitRecvCount polls without sleeping.
+const busyPoll = 5 * time.Millisecond
+
 func (b *Buffer) WaitRecvCount(ctx context.Context, what string) (int, error) {
 	p := b.mappedI32(mappedRecvCount)
 	if n := p.Load(); n >= 0 {
@@ -400,8 +404,13 @@ func (b *Buffer) WaitRecvCount(ctx context.Context, what string) (int, error) {
 		if time.Since(start) > limit {
 			return 0, b.Fail(b.errorf("%s: the received count did not arrive within %s (is the stream blocked?)", what, limit))
 		}
-		if i > 1000 {
-			time.Sleep(5 * time.Microsecond)
+		// Busy-poll (yielding) while the count is expected soon, as DeepEP's
+		// host does: a timer sleep overshoots by tens of microseconds or more,
+		// which is the whole budget of a small dispatch. Past that, sleep.
+		if time.Since(start) < busyPoll {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
 		}
 	}
 }

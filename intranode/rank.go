@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,7 +183,8 @@ func (r *Rank) NotifyDispatch(s device.Stream, topk uintptr, h Handle, alignment
 // it, as DeepEP's host does before it sizes outputs. It gives up on ctx, on
 // a device-side timeout (Check), or after the watchdog's timeout.
 func (r *Rank) WaitRecvCount(ctx context.Context) (int, error) {
-	for i := 0; ; i++ {
+	start := time.Now()
+	for {
 		if n := r.RecvCountNow(); n >= 0 {
 			return n, nil
 		}
@@ -192,10 +194,13 @@ func (r *Rank) WaitRecvCount(ctx context.Context) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return 0, fmt.Errorf("intranode: rank %d: waiting for the received count: %w", r.WS.Rank, err)
 		}
-		if i < 1000 {
+		// Busy-poll (yielding) at first: a timer sleep overshoots by more
+		// than a small dispatch takes.
+		if time.Since(start) < 5*time.Millisecond {
+			runtime.Gosched()
 			continue
 		}
-		time.Sleep(10 * time.Microsecond)
+		time.Sleep(20 * time.Microsecond)
 	}
 }
 

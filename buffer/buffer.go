@@ -33,6 +33,7 @@ import (
 //   - memory semaphores with every peer for the device barrier (Barrier),
 //     and the communicator's watchdog, which bounds every device-side wait;
 //   - pinned host-mapped counters the kernels write and the host polls;
+//   - scratch for int32 top-k ids widened to int64;
 //   - a stream of its own and the events it hands out.
 //
 // Package ep launches kernels on it; this package owns lifecycle and
@@ -55,6 +56,7 @@ type Buffer struct {
 	layout   device.Buffer
 	combine  device.Buffer
 	barrier  device.Buffer
+	ids      device.Buffer
 	mapped   device.HostMapped
 	sems     *channels.DeviceArray
 	stream   device.Stream
@@ -194,6 +196,7 @@ func (b *Buffer) allocate() (err error) {
 	alloc("layout outputs", &b.layout, h.LayoutOutputs)
 	alloc("combine outputs", &b.combine, h.CombineOutputs)
 	alloc("barrier scratch", &b.barrier, h.Barrier)
+	alloc("top-k id scratch", &b.ids, h.IDScratch)
 	if err != nil {
 		return err
 	}
@@ -321,6 +324,11 @@ func (b *Buffer) Slot(i int) Slot {
 		ExpertCounts: p + uintptr(s.expertCounts),
 	}
 }
+
+// IDScratch is int64 [MaxTokens][TopK] of device memory for int32 top-k ids
+// widened to int64 (SizeHint.IDScratch). Every dispatch that uses it
+// overwrites it, in stream order.
+func (b *Buffer) IDScratch() uintptr { return b.ids.Ptr }
 
 // LayoutOutputs are the dispatch-layout kernel's outputs in the Buffer, for
 // up to MaxTokens tokens, with its invalid-id count in host-mapped memory.
@@ -568,7 +576,7 @@ func (b *Buffer) free() error {
 		errs = append(errs, b.stream.Close())
 		b.stream = nil
 	}
-	for _, p := range []*device.Buffer{&b.ws, &b.table, &b.slots, &b.layout, &b.combine, &b.barrier} {
+	for _, p := range []*device.Buffer{&b.ws, &b.table, &b.slots, &b.layout, &b.combine, &b.barrier, &b.ids} {
 		if p.Ptr != 0 {
 			errs = append(errs, b.dev.Free(*p))
 			*p = device.Buffer{}

@@ -25,7 +25,8 @@ func TestSizeHints(t *testing.T) {
 	require.Equal(t, l.Size, h.Workspace)
 	require.Equal(t, 4*h.HandleSlot, h.Handles, "4 slots by default")
 	require.GreaterOrEqual(t, h.HandleSlot, 4*4096*8+8*4096*8, "send positions and a copy of the routing")
-	require.Equal(t, h.Workspace+h.PeerTable+h.Handles+h.LayoutOutputs+h.CombineOutputs+h.Barrier, h.Device)
+	require.Equal(t, 8*4096*8, h.IDScratch, "int64 [MaxTokens][TopK] for widened int32 ids")
+	require.Equal(t, h.Workspace+h.PeerTable+h.Handles+h.LayoutOutputs+h.CombineOutputs+h.Barrier+h.IDScratch, h.Device)
 	// The receive region alone is 8 ranks x 4096 rows x 14 KiB.
 	require.Greater(t, h.Workspace, 8*4096*7168*2)
 

@@ -98,6 +98,9 @@ type SizeHint struct {
 	CombineOutputs int
 	// Barrier is the device barrier's scratch.
 	Barrier int
+	// IDScratch is int64 [MaxTokens][TopK]: int32 top-k ids widened for
+	// the dispatch kernels, which read int64.
+	IDScratch int
 	// HostMapped is pinned host memory mapped into the device: received
 	// count, invalid-id counts and per-local-expert counts.
 	HostMapped int
@@ -183,7 +186,8 @@ func SizeHints(c Config, ranks int) (SizeHint, error) {
 	if ranks > 1 {
 		h.Barrier = 32 * (ranks - 1)
 	}
+	h.IDScratch = 8 * c.MaxTokens * c.TopK
 	h.HostMapped = mappedExpertCounts + 4*ic.LocalExperts
-	h.Device = h.Workspace + h.PeerTable + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.Barrier
+	h.Device = h.Workspace + h.PeerTable + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.Barrier + h.IDScratch
 	return h, nil
 }

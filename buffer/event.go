@@ -39,6 +39,30 @@ func newEvent(ctx *cuda.Context) (*Event, error) {
 	return e, nil
 }
 
+// WrapEvent makes an engine's own CUevent (a cudaEvent_t of dev's context)
+// usable as an Event: Wait makes a stream wait on it with cuStreamWaitEvent
+// (no host block), Record and Synchronize work on it too. The Event does not
+// own the CUevent: Close does not destroy it, and the engine must keep it
+// alive while work that waits on it is being enqueued. It belongs to no
+// Buffer. On the host backend, whose streams run work as it is issued, it is
+// a marker that orders nothing and handle is ignored.
+func WrapEvent(dev device.Device, handle uintptr) (*Event, error) {
+	if dev == nil {
+		return nil, errors.New("buffer: WrapEvent needs a device")
+	}
+	ctx := cudaContext(dev)
+	if ctx == nil {
+		if dev.Info().Kind == device.CUDA {
+			return nil, errors.New("buffer: WrapEvent: a CUDA device must have Context() (a wrapping Device must forward it)")
+		}
+		return &Event{}, nil
+	}
+	if handle == 0 {
+		return nil, errors.New("buffer: WrapEvent: null CUevent")
+	}
+	return &Event{ctx: ctx, ev: cuda.WrapEvent(ctx, handle)}, nil
+}
+
 // Handle is the CUevent (0 on the host backend).
 func (e *Event) Handle() uintptr {
 	if e == nil || e.ev == nil {
@@ -102,7 +126,8 @@ func (e *Event) Synchronize() error {
 	return e.ev.Synchronize()
 }
 
-// Close destroys the event; later calls fail. Closing twice is a no-op.
+// Close destroys the event (a wrapped one's CUevent stays its owner's);
+// later calls fail. Closing twice is a no-op.
 func (e *Event) Close() error {
 	if e == nil {
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -172,7 +173,10 @@ func TestBadArguments(t *testing.T) {
 		{"scales dtype", ep.DispatchArgs{X: x8, Scales: ep.NewTensor(sc.Ptr, ep.BF16, T, 2), TopK: ids}, "scales: dtype bf16"},
 		{"scales with bf16", ep.DispatchArgs{X: x, Scales: sc, TopK: ids}, "scales given for BF16 x"},
 		{"no ids", ep.DispatchArgs{X: x}, "no top-k ids"},
-		{"i32 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.I32, T, K)}, "top-k ids are i32"},
+		{"f32 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.F32, T, K)}, "top-k ids: dtype f32 not supported (want i64 or i32)"},
+		{"misaligned i64 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr+4, ep.I64, T, K)}, "top-k ids: pointer"},
+		{"misaligned i32 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr+2, ep.I32, T, K)}, "not 4-byte aligned"},
+		{"i32 ids columns", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.I32, T, K+1)}, "top-k ids: shape [6 5], want [6, 4]"},
 		{"ids columns", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.I64, T, K+1)}, "top-k ids: shape [6 5], want [6, 4]"},
 		{"ids rows", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.I64, T-1, K)}, "top-k ids: shape [5 4], want [6, 4]"},
 		{"weights shape", ep.DispatchArgs{X: x, TopK: ids, Weights: ep.NewTensor(w.Ptr, ep.F32, T, 2)}, "top-k weights: shape"},
@@ -359,66 +363,76 @@ func TestBadConfigs(t *testing.T) {
 }
 
 // Ids outside [-1, E) are counted by the kernels and reported after the
-// call, with a valid result (they are treated as -1).
+// call, with a valid result (they are treated as -1), for I64 and I32 ids.
 func TestInvalidIDs(t *testing.T) {
 	for _, kind := range kinds(t, 2) {
-		t.Run(string(kind), func(t *testing.T) {
-			s := spec{ranks: 2, tokens: []int{4, 3}, hidden: 128, topk: 3, experts: 8, weights: true}
-			r := newRig(t, kind, 2, s.config())
-			raw := [][]int64{{0, 9, 5, -2, -1, 7, 8, 100, -7, 3, 4, 1}, {6, -1, 2, 1 << 40, 0, 5, -1, -1, -1}}
-			clean := [][]int64{{0, -1, 5, -1, -1, 7, -1, -1, -1, 3, 4, 1}, {6, -1, 2, -1, 0, 5, -1, -1, -1}}
-			bad := []int{5, 1}
-			ins := make([]intranode.RankInput, 2)
-			io := make([]*rankIO, 2)
-			for i := range io {
-				d, n := r.devs[i], s.tokens[i]
-				io[i] = &rankIO{ids: alloc(t, d, 8*n*3), x: alloc(t, d, 2*n*128), weights: alloc(t, d, 4*n*3)}
-				io[i].in = s.newInputs(t, r, i, 5, clean[i])
-				io[i].load(t, d, s)
-				require.NoError(t, d.CopyIn(io[i].ids, bytesOf(raw[i])))
-				ins[i] = io[i].in
-			}
-			want, err := intranode.ReferenceDispatch(s.shape(), ins, 0)
-			require.NoError(t, err)
-			for _, worst := range []bool{false, true} {
-				s.worst = worst
-				res := make([]ep.DispatchResult, 2)
-				errs := make([]error, 2)
-				require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-					a := io[i].args(s, i)
-					a.Stream = r.streams[i]
-					res[i], errs[i] = b.Dispatch(context.Background(), a)
-					if errs[i] != nil && !worst {
-						var ie *ep.InvalidIDsError
-						if !errors.As(errs[i], &ie) {
-							return errs[i]
-						}
-					}
-					return r.streams[i].Synchronize()
-				}))
-				for i := range res {
-					if worst {
-						require.NoError(t, errs[i])
-						errs[i] = r.bufs[i].InvalidIDs()
-					}
-					var ie *ep.InvalidIDsError
-					require.True(t, errors.As(errs[i], &ie), "rank %d: %v", i, errs[i])
-					assert.Equal(t, bad[i], ie.Count)
-					assert.Equal(t, "dispatch", ie.Op)
-					assert.Contains(t, errs[i].Error(), fmt.Sprintf("%d top-k ids outside [-1, 8)", bad[i]))
-					require.NoError(t, r.bufs[i].Check(), "invalid ids do not break the buffer")
-					checkDispatch(t, s, r, i, res[i], want[i], nil, true, fmt.Sprintf("worst=%v", worst))
+		for _, i32 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/i32=%v", kind, i32), func(t *testing.T) {
+				s := spec{ranks: 2, tokens: []int{4, 3}, hidden: 128, topk: 3, experts: 8, weights: true, i32: i32}
+				r := newRig(t, kind, 2, s.config())
+				huge := int64(1 << 40)
+				if i32 {
+					huge = math.MaxInt32
 				}
-			}
-			// The layout kernel counts them too.
-			b, d := r.bufs[0], r.devs[0]
-			lr, err := b.Layout(ep.LayoutArgs{TopK: ep.NewTensor(io[0].ids, ep.I64, 4, 3), Stream: r.streams[0]})
-			require.NoError(t, err)
-			require.NoError(t, lr.Done.Synchronize())
-			require.NoError(t, r.streams[0].Synchronize())
-			require.ErrorContains(t, b.InvalidIDs(), "rank 0: layout: 5 top-k ids outside [-1, 8)")
-			require.Equal(t, []int32{2, 3}, fromDev[int32](t, d, lr.TokensPerRank.Ptr, 2))
-		})
+				raw := [][]int64{{0, 9, 5, -2, -1, 7, 8, 100, -7, 3, 4, 1}, {6, -1, 2, huge, 0, 5, -1, -1, -1}}
+				clean := [][]int64{{0, -1, 5, -1, -1, 7, -1, -1, -1, 3, 4, 1}, {6, -1, 2, -1, 0, 5, -1, -1, -1}}
+				bad := []int{5, 1}
+				ins := make([]intranode.RankInput, 2)
+				io := make([]*rankIO, 2)
+				for i := range io {
+					d, n := r.devs[i], s.tokens[i]
+					io[i] = &rankIO{ids: alloc(t, d, 8*n*3), x: alloc(t, d, 2*n*128), weights: alloc(t, d, 4*n*3)}
+					io[i].in = s.newInputs(t, r, i, 5, clean[i])
+					io[i].load(t, d, s)
+					if i32 {
+						require.NoError(t, d.CopyIn(io[i].ids, bytesOf(narrow(raw[i]))))
+					} else {
+						require.NoError(t, d.CopyIn(io[i].ids, bytesOf(raw[i])))
+					}
+					ins[i] = io[i].in
+				}
+				want, err := intranode.ReferenceDispatch(s.shape(), ins, 0)
+				require.NoError(t, err)
+				for _, worst := range []bool{false, true} {
+					s.worst = worst
+					res := make([]ep.DispatchResult, 2)
+					errs := make([]error, 2)
+					require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+						a := io[i].args(s, i)
+						a.Stream = r.streams[i]
+						res[i], errs[i] = b.Dispatch(context.Background(), a)
+						if errs[i] != nil && !worst {
+							var ie *ep.InvalidIDsError
+							if !errors.As(errs[i], &ie) {
+								return errs[i]
+							}
+						}
+						return r.streams[i].Synchronize()
+					}))
+					for i := range res {
+						if worst {
+							require.NoError(t, errs[i])
+							errs[i] = r.bufs[i].InvalidIDs()
+						}
+						var ie *ep.InvalidIDsError
+						require.True(t, errors.As(errs[i], &ie), "rank %d: %v", i, errs[i])
+						assert.Equal(t, bad[i], ie.Count)
+						assert.Equal(t, "dispatch", ie.Op)
+						assert.Contains(t, errs[i].Error(), fmt.Sprintf("%d top-k ids outside [-1, 8)", bad[i]))
+						require.NoError(t, r.bufs[i].Check(), "invalid ids do not break the buffer")
+						checkDispatch(t, s, r, i, res[i], want[i], nil, true, fmt.Sprintf("worst=%v", worst))
+					}
+				}
+				// The layout kernel counts them too.
+				b, d := r.bufs[0], r.devs[0]
+				lr, err := b.Layout(ep.LayoutArgs{TopK: io[0].args(s, 0).TopK, Stream: r.streams[0]})
+				require.NoError(t, err)
+				require.NoError(t, lr.Done.Synchronize())
+				require.NoError(t, r.streams[0].Synchronize())
+				require.ErrorContains(t, b.InvalidIDs(), "rank 0: layout: 5 top-k ids outside [-1, 8)")
+				require.Equal(t, []int32{2, 3}, fromDev[int32](t, d, lr.TokensPerRank.Ptr, 2))
+			})
+		}
 	}
 }
 
@@ -580,86 +594,89 @@ func TestBarrierAndEvents(t *testing.T) {
 // A worst-case dispatch and a combine captured into a graph per rank
 // (what an engine does for decode steps) and replayed with new rows each
 // time: no host work between replays, results exact every time. A
-// dispatch that would wait on the host is refused during capture.
+// dispatch that would wait on the host is refused during capture. With I32
+// ids the widening kernel is captured too.
 func TestGraphReplay(t *testing.T) {
 	for _, kind := range kinds(t, 2) {
-		t.Run(string(kind), func(t *testing.T) {
-			s := spec{name: "graph", ranks: 2, tokens: []int{30, 20}, hidden: 256, topk: 4, experts: 8, weights: true,
-				worst: true, yIsRecv: true}
-			if kind == ep.CUDA {
-				s.tokens, s.hidden = []int{3000, 2000}, 7168
-			}
-			r := newRig(t, kind, s.ranks, s.config())
-			ctx := context.Background()
-			io := make([]*rankIO, s.ranks)
-			ins := make([]intranode.RankInput, s.ranks)
-			for i := range io {
-				d, n := r.devs[i], s.tokens[i]
-				io[i] = &rankIO{ids: alloc(t, d, 8*n*s.topk), x: alloc(t, d, 2*n*s.hidden), weights: alloc(t, d, 4*n*s.topk)}
-				rt, err := routing.Generate(routing.Shape{Tokens: n, K: s.topk, Experts: s.experts, Ranks: s.ranks}, routing.GenOptions{Seed: uint64(i)})
-				require.NoError(t, err)
-				io[i].in = s.newInputs(t, r, i, 0, rt.Idx)
-				io[i].load(t, d, s)
-				ins[i] = io[i].in
-			}
-			res := make([]ep.DispatchResult, s.ranks)
-			comb := make([]ep.CombineResult, s.ranks)
-			graphs := make([]interface{ Launch(ep.Stream) error }, s.ranks)
-			require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-				st := r.streams[i]
-				g, err := r.devs[i].Capture(st, func() error {
-					if kind == ep.CUDA {
-						a := io[i].args(s, i)
-						a.WorstCase, a.Stream = false, st
-						if _, err := b.Dispatch(ctx, a); !errors.Is(err, ep.ErrInvalidArgument) {
-							return fmt.Errorf("a host-waiting dispatch during capture: want a refusal, got %v", err)
-						}
-					}
-					a := io[i].args(s, i)
-					a.Stream = st
-					var err error
-					if res[i], err = b.Dispatch(ctx, a); err != nil {
-						return err
-					}
-					comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Handle: res[i].Handle, Weights: res[i].RecvWeights, Stream: st})
-					return err
-				})
-				if err != nil {
-					return err
+		for _, i32 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/i32=%v", kind, i32), func(t *testing.T) {
+				s := spec{name: "graph", ranks: 2, tokens: []int{30, 20}, hidden: 256, topk: 4, experts: 8, weights: true,
+					worst: true, yIsRecv: true, i32: i32}
+				if kind == ep.CUDA {
+					s.tokens, s.hidden = []int{3000, 2000}, 7168
 				}
-				t.Cleanup(func() { _ = g.Close() })
-				graphs[i] = g
-				return nil
-			}))
-			for rep := 0; rep < 4; rep++ {
+				r := newRig(t, kind, s.ranks, s.config())
+				ctx := context.Background()
+				io := make([]*rankIO, s.ranks)
+				ins := make([]intranode.RankInput, s.ranks)
 				for i := range io {
-					io[i].in = s.newInputs(t, r, i, uint64(rep+1), io[i].in.TopK)
-					io[i].load(t, r.devs[i], s)
+					d, n := r.devs[i], s.tokens[i]
+					io[i] = &rankIO{ids: alloc(t, d, 8*n*s.topk), x: alloc(t, d, 2*n*s.hidden), weights: alloc(t, d, 4*n*s.topk)}
+					rt, err := routing.Generate(routing.Shape{Tokens: n, K: s.topk, Experts: s.experts, Ranks: s.ranks}, routing.GenOptions{Seed: uint64(i)})
+					require.NoError(t, err)
+					io[i].in = s.newInputs(t, r, i, 0, rt.Idx)
+					io[i].load(t, d, s)
 					ins[i] = io[i].in
 				}
+				res := make([]ep.DispatchResult, s.ranks)
+				comb := make([]ep.CombineResult, s.ranks)
+				graphs := make([]interface{ Launch(ep.Stream) error }, s.ranks)
 				require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-					if err := graphs[i].Launch(r.streams[i]); err != nil {
+					st := r.streams[i]
+					g, err := r.devs[i].Capture(st, func() error {
+						if kind == ep.CUDA {
+							a := io[i].args(s, i)
+							a.WorstCase, a.Stream = false, st
+							if _, err := b.Dispatch(ctx, a); !errors.Is(err, ep.ErrInvalidArgument) {
+								return fmt.Errorf("a host-waiting dispatch during capture: want a refusal, got %v", err)
+							}
+						}
+						a := io[i].args(s, i)
+						a.Stream = st
+						var err error
+						if res[i], err = b.Dispatch(ctx, a); err != nil {
+							return err
+						}
+						comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Handle: res[i].Handle, Weights: res[i].RecvWeights, Stream: st})
+						return err
+					})
+					if err != nil {
 						return err
 					}
-					if err := r.streams[i].Synchronize(); err != nil {
-						return err
-					}
-					return b.Check()
+					t.Cleanup(func() { _ = g.Close() })
+					graphs[i] = g
+					return nil
 				}))
-				want, err := intranode.ReferenceDispatch(s.shape(), ins, 0)
-				require.NoError(t, err)
-				cins := make([]intranode.CombineInput, s.ranks)
-				for i := range res {
-					checkDispatch(t, s, r, i, res[i], want[i], nil, true, fmt.Sprintf("replay %d", rep))
-					cins[i] = intranode.CombineInput{Y: want[i].RecvX, Weights: want[i].RecvWeights}
+				for rep := 0; rep < 4; rep++ {
+					for i := range io {
+						io[i].in = s.newInputs(t, r, i, uint64(rep+1), io[i].in.TopK)
+						io[i].load(t, r.devs[i], s)
+						ins[i] = io[i].in
+					}
+					require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+						if err := graphs[i].Launch(r.streams[i]); err != nil {
+							return err
+						}
+						if err := r.streams[i].Synchronize(); err != nil {
+							return err
+						}
+						return b.Check()
+					}))
+					want, err := intranode.ReferenceDispatch(s.shape(), ins, 0)
+					require.NoError(t, err)
+					cins := make([]intranode.CombineInput, s.ranks)
+					for i := range res {
+						checkDispatch(t, s, r, i, res[i], want[i], nil, true, fmt.Sprintf("replay %d", rep))
+						cins[i] = intranode.CombineInput{Y: want[i].RecvX, Weights: want[i].RecvWeights}
+					}
+					wantC, err := intranode.ReferenceCombine(s.shape(), s.tokens, want, cins)
+					require.NoError(t, err)
+					for i := range comb {
+						sameSlice(t, wantC[i].X, fromDev[uint16](t, r.devs[i], comb[i].X.Ptr, s.tokens[i]*s.hidden), "replay %d: rank %d combine", rep, i)
+						sameFloats(t, wantC[i].Weights, fromDev[float32](t, r.devs[i], comb[i].Weights.Ptr, s.tokens[i]*s.topk), "replay %d: rank %d combined weights", rep, i)
+					}
 				}
-				wantC, err := intranode.ReferenceCombine(s.shape(), s.tokens, want, cins)
-				require.NoError(t, err)
-				for i := range comb {
-					sameSlice(t, wantC[i].X, fromDev[uint16](t, r.devs[i], comb[i].X.Ptr, s.tokens[i]*s.hidden), "replay %d: rank %d combine", rep, i)
-					sameFloats(t, wantC[i].Weights, fromDev[float32](t, r.devs[i], comb[i].Weights.Ptr, s.tokens[i]*s.topk), "replay %d: rank %d combined weights", rep, i)
-				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -12,8 +12,18 @@ import (
 
 // Event marks a point in a stream: a CUevent on the CUDA backend (Handle),
 // nothing on the host backend. Calls take one in After (the stream waits
-// for it first) and return one in Done.
+// for it first) and return one in Done. Buffer.NewEvent makes one; WrapEvent
+// wraps an engine's own CUevent.
 type Event = buffer.Event
+
+// WrapEvent makes an engine's own CUevent (a cudaEvent_t on dev's GPU)
+// usable as After, Done or anywhere an *Event goes: the call's stream waits
+// on it with cuStreamWaitEvent, never blocking the host, and Done records
+// it. The Event does not own the CUevent (Close does not destroy it; the
+// engine keeps it alive while calls that wait on it are being issued) and
+// belongs to no Buffer. On the host backend it is a marker that orders
+// nothing (host streams run work as it is issued) and handle is ignored.
+func WrapEvent(dev Device, handle uintptr) (*Event, error) { return buffer.WrapEvent(dev, handle) }
 
 // Memory is what a Buffer holds on its rank, allocation by allocation.
 type Memory = buffer.Memory

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/goep-dev/goep/ep/routing"
 	"github.com/goep-dev/goep/intranode"
 )
 
@@ -15,10 +16,12 @@ type DispatchArgs struct {
 	X Tensor
 	// Scales is F32 [T, Hidden/128], FP8 only.
 	Scales Tensor
-	// TopK is the routing, I64 [T, TopK]: global expert ids, -1 for none
-	// (what torch.topk returns). Required unless Handle is given (then
-	// optional: the handle keeps a copy). I32 ids are refused: the
-	// dispatch kernels read int64 (Layout takes both).
+	// TopK is the routing, I64 [T, TopK] (what torch.topk returns) or I32
+	// [T, TopK]: global expert ids, -1 for none. Required unless Handle is
+	// given (then optional: the handle keeps a copy). I32 ids are widened
+	// to int64 on the call's stream first (into the handle's copy of the
+	// routing, or for a cached dispatch into the Buffer's id scratch), with
+	// the same results as I64 ids in every mode.
 	//
 	// Ids outside [-1, Experts) cannot be checked on the host without a
 	// copy: the kernels treat them as -1 and count them; Dispatch returns
@@ -178,14 +181,27 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 	if !a.TopK.Present() { // cached: the handle's copy of the routing
 		topk = slot.TopK
 	}
+	// I32 ids are widened first: straight into the handle's copy of the
+	// routing when building one (the int64 ids notify and dispatch read),
+	// else into the Buffer's scratch.
+	wide := a.TopK.Present() && a.TopK.DType == I32
+	if wide {
+		topk = b.b.IDScratch()
+		if a.Handle == nil {
+			topk = slot.TopK
+		}
+		if err := routing.LaunchWidenIDs(dev, s, a.TopK.Ptr, topk, a.TopK.Numel()); err != nil {
+			return DispatchResult{}, b.fail(op, err)
+		}
+	}
 	da := intranode.DispatchArgs{X: a.X.Ptr, FP8: fp8, Scales: a.Scales.Ptr, TopK: topk, Weights: a.Weights.Ptr, Handle: ih}
 	if a.Handle == nil {
-		if t > 0 {
+		if t > 0 && !wide {
 			if err := dev.CopyAsync(slot.TopK, a.TopK.Ptr, a.TopK.Bytes(), s); err != nil {
 				return DispatchResult{}, b.fail(op, err)
 			}
 		}
-		na := intranode.NotifyArgs{TopK: a.TopK.Ptr, Handle: ih, ExpertAlignment: a.ExpertAlignment,
+		na := intranode.NotifyArgs{TopK: topk, Handle: ih, ExpertAlignment: a.ExpertAlignment,
 			ExpertCounts: slot.ExpertCounts, Invalid: b.b.NotifyInvalidPtr()}
 		if !a.WorstCase {
 			b.b.ResetRecvCount()
@@ -292,10 +308,8 @@ func (b *Buffer) checkDispatch(a DispatchArgs) (t int, fp8 bool, err error) {
 	case a.Scales.Present():
 		return 0, false, b.invalid(op, "scales given for BF16 x")
 	}
-	idsCheck := check{"top-k ids", []DType{I64}, []int{t, c.TopK}, false, 8}
+	idsCheck := check{"top-k ids", []DType{I64, I32}, []int{t, c.TopK}, false, uintptr(max(a.TopK.DType.Size(), 1))}
 	switch {
-	case a.TopK.Present() && a.TopK.DType == I32:
-		return 0, false, b.invalid(op, "top-k ids are i32: the dispatch kernels read i64 (torch.topk's dtype); convert them, or pass them to Layout, which takes both")
 	case a.TopK.Present():
 		if err := idsCheck.validate(a.TopK); err != nil {
 			return 0, false, b.invalid(op, "%v", err)

@@ -38,6 +38,7 @@ type spec struct {
 	yIsRecv   bool // combine the received rows themselves (DeepEP's check)
 	inPlace   bool // write the combine input into the Buffer's CombineInput views
 	launch    *ep.LaunchConfig
+	i32       bool // pass the top-k ids as I32 (the reference sees the same ids)
 }
 
 func fill(r, n int) []int {
@@ -58,7 +59,11 @@ func (s spec) config() ep.Config {
 }
 
 func (s spec) String() string {
-	return fmt.Sprintf("%s/R=%d/T=%v/H=%d/K=%d/E=%d", s.name, s.ranks, s.tokens, s.hidden, s.topk, s.experts)
+	ids := ""
+	if s.i32 {
+		ids = "/i32"
+	}
+	return fmt.Sprintf("%s/R=%d/T=%v/H=%d/K=%d/E=%d%s", s.name, s.ranks, s.tokens, s.hidden, s.topk, s.experts, ids)
 }
 
 func (s spec) shape() intranode.Shape {
@@ -95,7 +100,11 @@ func (io *rankIO) load(t testing.TB, d ep.Device, s spec) {
 	} else {
 		require.NoError(t, d.CopyIn(io.x, bytesOf(io.in.X)))
 	}
-	require.NoError(t, d.CopyIn(io.ids, bytesOf(io.in.TopK)))
+	if s.i32 {
+		require.NoError(t, d.CopyIn(io.ids, bytesOf(narrow(io.in.TopK))))
+	} else {
+		require.NoError(t, d.CopyIn(io.ids, bytesOf(io.in.TopK)))
+	}
 	if s.weights {
 		require.NoError(t, d.CopyIn(io.weights, bytesOf(io.in.Weights)))
 	}
@@ -105,6 +114,9 @@ func (io *rankIO) args(s spec, rank int) ep.DispatchArgs {
 	n := s.tokens[rank]
 	a := ep.DispatchArgs{TopK: ep.NewTensor(io.ids, ep.I64, n, s.topk), ExpertAlignment: s.align, WorstCase: s.worst,
 		Launch: s.launch}
+	if s.i32 {
+		a.TopK.DType = ep.I32
+	}
 	if s.fp8 {
 		a.X = ep.NewTensor(io.x, ep.FP8E4M3, n, s.hidden)
 		a.Scales = ep.NewTensor(io.scales, ep.F32, n, s.hidden/128)
@@ -115,6 +127,15 @@ func (io *rankIO) args(s spec, rank int) ep.DispatchArgs {
 		a.Weights = ep.NewTensor(io.weights, ep.F32, n, s.topk)
 	}
 	return a
+}
+
+// narrow is ids as int32 (every test id fits).
+func narrow(ids []int64) []int32 {
+	out := make([]int32, len(ids))
+	for i, v := range ids {
+		out[i] = int32(v)
+	}
+	return out
 }
 
 // outs are caller-owned dispatch outputs of MaxRecv rows.
@@ -418,6 +439,28 @@ func hostSpecs() []spec {
 	}
 }
 
+// withI32 is specs with I32 top-k ids.
+func withI32(specs []spec) []spec {
+	out := make([]spec, len(specs))
+	for i, s := range specs {
+		s.i32 = true
+		out[i] = s
+	}
+	return out
+}
+
+// I32 ids: every mode (non-cached, cached with and without ids, worst
+// case, FP8, caller copies, masked -1 entries, no tokens) gives exactly
+// what the reference computes from the same ids as int64, which the I64
+// runs of the same specs are checked against too.
+func TestDispatchCombineI32Host(t *testing.T) {
+	for _, s := range withI32(hostSpecs()) {
+		t.Run(s.String(), func(t *testing.T) {
+			runSpec(t, newRig(t, ep.Host, s.ranks, s.config()), s)
+		})
+	}
+}
+
 func TestDispatchCombineHost(t *testing.T) {
 	for _, s := range hostSpecs() {
 		t.Run(s.String(), func(t *testing.T) {
@@ -487,6 +530,23 @@ func TestDispatchCombineGPU(t *testing.T) {
 			continue
 		}
 		for _, s := range gpuSpecs(ranks) {
+			t.Run(s.String(), func(t *testing.T) { runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s) })
+		}
+	}
+}
+
+// The GPU specs with I32 ids (the widening kernel before notify and
+// dispatch), against the same reference as I64.
+func TestDispatchCombineI32GPU(t *testing.T) {
+	n := gpuCount(t)
+	if n < 2 {
+		t.Skip("needs at least 2 GPUs")
+	}
+	for _, ranks := range []int{2, 8} {
+		if ranks > n {
+			continue
+		}
+		for _, s := range withI32(gpuSpecs(ranks)) {
 			t.Run(s.String(), func(t *testing.T) { runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s) })
 		}
 	}

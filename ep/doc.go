@@ -23,7 +23,13 @@
 // ordered after an event (After) and records an event when its work is
 // done (Done), so communication overlaps the engine's compute on other
 // streams. Events are Buffer.NewEvent's (CUevents: an engine records them
-// on its streams with cudaEventRecord on Event.Handle, or Event.Record).
+// on its streams with cudaEventRecord on Event.Handle, or Event.Record), or
+// the engine's own CUevents wrapped with WrapEvent: the call's stream waits
+// on them on the device (cuStreamWaitEvent), never on the host.
+//
+// Top-k ids may be I64 (torch.topk's dtype) or I32 in Layout and Dispatch:
+// Dispatch widens I32 ids into int64 on the call's stream (a small kernel,
+// graph-capturable) before the kernels that read them.
 //
 // # Modes
 //

@@ -13,7 +13,9 @@
 //     (ReferenceLayout, CountLayout) that the host backend's kernel twin and
 //     every GPU check use;
 //   - LaunchLayout, which validates a device-side routing's shape and
-//     launches the layout kernel (kernels/layout.cu) on either backend;
+//     launches the layout kernel (kernels/layout.cu) on either backend,
+//     and LaunchWidenIDs, which widens int32 ids to int64 on the device
+//     (kernels/ep_convert.cu) for the kernels that read int64;
 //   - offline analysis of recorded routings: .npy files (ReadNPY, WriteNPY)
 //     and per-rank/per-expert load and rank-to-rank traffic (Analyze).
 package routing

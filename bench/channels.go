@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -245,26 +244,9 @@ func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, std
 	}
 	defer func() { err = errors.Join(err, r.Close()) }()
 	mine = channelRank(ctx, r, o)
-	blob, _ := json.Marshal(mine)
-	all, gerr := bs.AllGather(ctx, blob)
-	if gerr != nil {
-		if mine.Err != "" {
-			return errors.New(mine.Err)
-		}
-		return fmt.Errorf("gathering results: %w", gerr)
-	}
-	if env.Rank != 0 {
-		if mine.Err != "" {
-			return errors.New(mine.Err)
-		}
-		fmt.Fprintf(stdout, "rank %d: done\n", env.Rank)
-		return nil
-	}
-	outcomes := make([]chanOutcome, len(all))
-	for i, b := range all {
-		if err := json.Unmarshal(b, &outcomes[i]); err != nil {
-			outcomes[i].Err = fmt.Sprintf("rank %d sent an unreadable result: %v", i, err)
-		}
+	outcomes, root, err := gatherOutcomes(ctx, bs, stdout, mine)
+	if !root || err != nil {
+		return err
 	}
 	return reportChannels(stdout, o, env.Size, dev.Info(), outcomes)
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -289,23 +288,9 @@ func collProcess(ctx context.Context, env bootstrap.EnvInfo, o collOpts, stdout 
 	// Everyone is done with everyone's memory before anyone frees it.
 	berr := bs.Barrier(ctx)
 	err = errors.Join(err, c.Close())
-	blob, _ := json.Marshal(mine)
-	all, gerr := bs.AllGather(ctx, blob)
-	if gerr != nil {
-		return errors.Join(err, berr, fmt.Errorf("gathering results: %w", gerr))
-	}
-	if env.Rank != 0 {
-		if mine.Err != "" {
-			return errors.New(mine.Err)
-		}
-		fmt.Fprintf(stdout, "rank %d: done\n", env.Rank)
-		return err
-	}
-	outs := make([]collOutcome, len(all))
-	for i, b := range all {
-		if jerr := json.Unmarshal(b, &outs[i]); jerr != nil {
-			outs[i].Err = fmt.Sprintf("rank %d sent an unreadable result: %v", i, jerr)
-		}
+	outs, root, gerr := gatherOutcomes(ctx, bs, stdout, mine)
+	if !root || gerr != nil {
+		return errors.Join(err, berr, gerr)
 	}
 	return errors.Join(err, reportColl(stdout, o, env.Size, outs))
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -245,26 +244,9 @@ func intranodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdo
 	}
 	defer func() { err = errors.Join(err, dev.Close()) }()
 	mine := intranodeRank(ctx, bs, dev, o, &inputCache{o: o, ranks: env.Size}, env.Rank == 0)
-	blob, _ := json.Marshal(mine)
-	all, gerr := bs.AllGather(ctx, blob)
-	if gerr != nil {
-		if mine.Err != "" {
-			return errors.New(mine.Err)
-		}
-		return fmt.Errorf("gathering results: %w", gerr)
-	}
-	if env.Rank != 0 {
-		if mine.Err != "" {
-			return errors.New(mine.Err)
-		}
-		fmt.Fprintf(stdout, "rank %d: done\n", env.Rank)
-		return nil
-	}
-	outs := make([]inOutcome, len(all))
-	for i, b := range all {
-		if err := json.Unmarshal(b, &outs[i]); err != nil {
-			outs[i].Err = fmt.Sprintf("rank %d sent an unreadable result: %v", i, err)
-		}
+	outs, root, err := gatherOutcomes(ctx, bs, stdout, mine)
+	if !root || err != nil {
+		return err
 	}
 	return reportIntranode(stdout, o, env.Size, "processes", outs)
 }

@@ -61,6 +61,7 @@ for s in $STEPS; do
 		step layout "$BIN/ep-bench" layout --tokens 128,512,4096,8192 --json "$LOGS/layout.json"
 		;;
 	channels) step channels gotest channels channels.test -test.v -test.count=1 -test.timeout=5m ;;
+	semlab) [ "$NGPU" -gt 1 ] && GOEP_SEM_LAB=1 step semlab gotest channels channels.test -test.v -test.count=1 -test.run TestSemaphoreLatencyLab ;;
 	channels-launch) [ "$NGPU" -gt 1 ] && step channels-launch "$BIN/ep-bench" launch -n "$NGPU" -- channels --check --sms 8,16,24,32,48,64,132 --json "$LOGS/channels.json" ;;
 	intranode) step intranode gotest intranode intranode.test -test.v -test.count=1 -test.timeout=9m ;;
 	intranode-bench) step intranode-bench gotest intranode intranode.test -test.run '^$' -test.bench GPU -test.benchtime 50x ;;
@@ -70,7 +71,10 @@ for s in $STEPS; do
 		step ep-intranode "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 128,512,4096 --fp8 --json "$LOGS/intranode.json"
 		step ep-intranode-16 "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 4096 --fp8 --sms 16 --json "$LOGS/intranode-16.json"
 		;;
-	ep-tune) step ep-tune "$BIN/ep-bench" launch -n "$NGPU" -- intranode --tokens 4096 --fp8 --tune --json "$LOGS/intranode-tune.json" ;;
+	# TUNE_RANKS: the group sizes to tune for (default: every GPU).
+	ep-tune) for n in ${TUNE_RANKS:-$NGPU}; do
+		step "ep-tune-$n" "$BIN/ep-bench" launch -n "$n" -- intranode --tokens 4096 --fp8 --tune --json "$LOGS/intranode-tune-$n.json"
+	done ;;
 	collectives) step collectives gotest collectives collectives.test -test.v -test.count=1 -test.timeout=9m ;;
 	collectives-bench) step collectives-bench "$BIN/ep-bench" launch -n "$NGPU" -- collectives --compare nccl ${COLL_TUNE:+--tune --tune-out "$LOGS/coll-tuning.json"} --json "$LOGS/collectives.json" --plot "$LOGS/collectives" ;;
 	epbench) step epbench gotest bench bench.test -test.v -test.count=1 -test.timeout=8m ;;

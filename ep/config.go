@@ -89,13 +89,15 @@ const (
 	OpCombine  Op = "combine"
 )
 
-// defaultLaunch holds the launch defaults per rank count: DeepEP's choice
-// for 8 H200/H800 ranks (24 SMs) and the kernels' default copy path and
-// block sizes. `ep-bench intranode --tune` measures the best per (ranks,
-// op) on the machine at hand; its results belong here.
+// defaultLaunch holds the launch defaults per rank count, from
+// `ep-bench launch -n N -- intranode --tokens 4096 --fp8 --tune` on H200s
+// (docs/PERFORMANCE.md, 2026-11-21): the fastest BF16 configuration with at
+// most 24 SMs (DeepEP's budget; 32 SMs gain under 3% at 4 ranks), except
+// combine on 2 ranks, which is 24% faster with 32 SMs (347 -> 263 us) and
+// worth them. 8 ranks keeps DeepEP's 24 SMs until an 8-GPU sweep runs.
 var defaultLaunch = map[int]map[Op]LaunchConfig{
-	2: {OpDispatch: {SMs: 24}, OpCombine: {SMs: 24}},
-	4: {OpDispatch: {SMs: 24}, OpCombine: {SMs: 24}},
+	2: {OpDispatch: {SMs: 20, Threads: 256, Copy: CopyPlain}, OpCombine: {SMs: 32, Threads: 512}},
+	4: {OpDispatch: {SMs: 24, Threads: 512, Copy: CopyPlain}, OpCombine: {SMs: 24, Threads: 512}},
 	8: {OpDispatch: {SMs: 24}, OpCombine: {SMs: 24}},
 }
 

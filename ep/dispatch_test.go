@@ -178,6 +178,7 @@ func runSpec(t *testing.T, r *rig, s spec) {
 	}
 	results := make([]ep.DispatchResult, s.ranks)
 	ins := make([]intranode.RankInput, s.ranks)
+	var allocs []string
 	for it := 0; it < max(s.iters, 1); it++ {
 		for i := range io {
 			gen := s.gen
@@ -239,6 +240,15 @@ func runSpec(t *testing.T, r *rig, s spec) {
 			checkDispatch(t, s, r, i, results[i], want[i], outs[i], false, fmt.Sprintf("round %d cached", it))
 		}
 		runCombine(t, r, s, results, want, uint64(it))
+		if it == 0 {
+			allocs = r.allocations()
+		}
+	}
+	// Repeated calls must not grow memory: after the first round, no round
+	// allocates (or frees) device, host-mapped or imported memory, neither
+	// held nor transient (the hot path never calls cudaMalloc).
+	if s.iters > 1 {
+		require.Equal(t, allocs, r.allocations(), "allocations (live and ever made, per rank) after round 1 and after round %d", s.iters)
 	}
 }
 
@@ -558,7 +568,7 @@ func TestRepeatedCallsGPU(t *testing.T) {
 		t.Skip("needs at least 2 GPUs")
 	}
 	ranks := min(n, 8)
-	s := spec{name: "repeat", ranks: ranks, tokens: fill(ranks, 512), hidden: 2048, topk: 8, experts: 32 * ranks,
+	s := spec{name: "repeat", ranks: ranks, tokens: fill(ranks, 256), hidden: 2048, topk: 8, experts: 32 * ranks,
 		weights: true, bias: 1, iters: *gpuIters, gen: routing.GenOptions{Masked: 50}}
 	runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s)
 }

@@ -48,6 +48,19 @@ func newCounting(d device.Device) *counting {
 	return &counting{Device: d, allocs: map[uintptr]int{}, mapped: map[uintptr]int{}, imports: map[uintptr]int{}}
 }
 
+// allocations describes, per rank, the memory held now and the number of
+// allocations ever made.
+func (r *rig) allocations() []string {
+	out := make([]string, len(r.counts))
+	for i, c := range r.counts {
+		a, m, imp := c.live()
+		c.mu.Lock()
+		out[i] = fmt.Sprintf("rank %d: %d device allocations, %d host-mapped, %d imports live; %d made", i, a, m, imp, c.total)
+		c.mu.Unlock()
+	}
+	return out
+}
+
 func (c *counting) Alloc(n int) (device.Buffer, error) {
 	b, err := c.Device.Alloc(n)
 	if err == nil {

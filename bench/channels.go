@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("channels", "check, then measure, the channel primitives (signal/wait, put/get, LL packets, put to all peers) on N ranks", runChannels)
+	register("channels", "check, then measure, the channel primitives (signal/wait, put/get, LL packets, put to all peers, port channels) on N ranks", runChannels)
 }
 
 // chanOpts are the parsed flags of `ep-bench channels`.
@@ -33,6 +33,8 @@ type chanOpts struct {
 	threads   int
 	iters     int
 	rounds    int
+	portRnds  int
+	portAdds  int
 	ranks     int
 	timeout   time.Duration
 	jsonPath  string
@@ -60,7 +62,7 @@ type chanReport struct {
 func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("channels", stderr)
 	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present)")
-	check := fs.Bool("check", false, "run the full correctness suite first: put/get/LL 4 B..1 GiB (16 MiB on host), 1,000,000 signal round trips (1,000 on host), 1,000 graph replays, host semaphores, timeouts (200 ms) and abort")
+	check := fs.Bool("check", false, "run the full correctness suite first: put/get/LL 4 B..1 GiB (16 MiB on host), 1,000,000 signal round trips (1,000 on host), 1,000 graph replays, host semaphores, port channels (100,000 ordered puts of random sizes and 100,000 atomic adds per rank on GPU), timeouts (200 ms) and abort")
 	bench := fs.Bool("bench", true, "measure after checking")
 	sizes := fs.String("sizes", "", "transfer sizes for put/get and LL, e.g. 8,4K,1M,256M (default GPU 8,1K,64K,1M,16M,256M; host 8,1K,64K,1M)")
 	sms := fs.String("sms", "", "SM counts (blocks) swept by put-to-all (default 8,16,24,32,48,64,80,96,112,132, capped at the GPU's)")
@@ -69,6 +71,8 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	threads := fs.Int("threads", 1024, "threads per block for put/get and put-to-all (at most 1024)")
 	iters := fs.Int("iters", 20, "timed launches per put/get/put-to-all measurement")
 	rounds := fs.Int("rounds", 0, "in-kernel round trips for signal/wait and LL (default 100000 on GPU, 1000 on host)")
+	portRounds := fs.Int("port-rounds", 0, "rounds of the port channel put/signal/flush check (default 100000 with --check on GPU, 1000 on GPU, 200 on host)")
+	portAdds := fs.Int("port-adds", 0, "atomic adds per rank in the port channel check (default 100000 with --check on GPU, 10000 on GPU, 3000 on host)")
 	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks)")
 	timeout := fs.Duration("timeout", 0, "device-side wait timeout (default $"+channels.TimeoutEnv+" or 60s)")
 	jsonPath := fs.String("json", "", "also write checks and results as JSON to this file (rank 0)")
@@ -80,7 +84,7 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	o := chanOpts{kind: kind, check: *check, bench: *bench, pairSMs: *pairSMs, threads: *threads, iters: *iters,
-		rounds: *rounds, ranks: *ranks, timeout: *timeout, jsonPath: *jsonPath}
+		rounds: *rounds, portRnds: *portRounds, portAdds: *portAdds, ranks: *ranks, timeout: *timeout, jsonPath: *jsonPath}
 	gpu := kind == device.CUDA
 	if o.sizes, err = parseSizes(*sizes, pick(gpu, "8,1K,64K,1M,16M,256M", "8,1K,64K,1M")); err != nil {
 		return fmt.Errorf("--sizes: %w", err)
@@ -96,8 +100,15 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if o.rounds == 0 {
 		o.rounds = pick(gpu, 100000, 1000)
 	}
-	if o.threads < 32 || o.threads > 1024 || o.threads%32 != 0 || o.iters < 1 || o.pairSMs < 1 || o.rounds < 1 {
-		return fmt.Errorf("--threads must be a multiple of 32 in [32, 1024]; --iters, --pair-sms and --rounds positive")
+	if o.portRnds == 0 {
+		o.portRnds = pick(gpu, pick(o.check, 100000, 1000), 200)
+	}
+	if o.portAdds == 0 {
+		o.portAdds = pick(gpu, pick(o.check, 100000, 10000), 3000)
+	}
+	if o.threads < 32 || o.threads > 1024 || o.threads%32 != 0 || o.iters < 1 || o.pairSMs < 1 || o.rounds < 1 ||
+		o.portRnds < 1 || o.portAdds < 1 {
+		return fmt.Errorf("--threads must be a multiple of 32 in [32, 1024]; --iters, --pair-sms, --rounds, --port-rounds and --port-adds positive")
 	}
 	if o.timeout < 0 {
 		return fmt.Errorf("--timeout must be positive")
@@ -278,6 +289,7 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 		}
 	}
 	cs := o.checkSizes()
+	portMax := pick(gpu, 1<<20, 64<<10)
 	sizeRange := fmt.Sprintf("%d sizes, %s..%s", len(cs), human(minOf(cs)), human(maxOf(cs)))
 	steps := []chanStep{
 		{"put/get", sizeRange + ", all ring distances, unaligned offsets, guards intact",
@@ -296,13 +308,19 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			func() error { return r.CheckGraphPackets(ctx, uint32(seed), 16, 4096, replays) }},
 		{"LL8 graph replays", fmt.Sprintf("%d replays of one captured graph, fresh flag each", replays),
 			func() error { return r.CheckGraphPackets(ctx, uint32(seed), 8, 4096, replays) }},
+		{"port put/signal/flush", fmt.Sprintf("%d rounds over a ring, random sizes 1 B..%s, 4 flavours: byte-exact, data before signal", o.portRnds, human(portMax)),
+			func() error { return r.CheckPortStream(ctx, seed, o.portRnds, portMax) }},
+		{"port atomicAdd", fmt.Sprintf("%d concurrent atomic adds per rank to every other rank: exact sums", o.portAdds),
+			func() error { return r.CheckPortAtomics(ctx, seed, o.portAdds, pick(gpu, 8, 1)) }},
 	}
 	if o.check {
 		steps = append(steps,
 			chanStep{"timeouts", "silent peer, missing packets, unraised counter: a 200 ms timeout names the wait",
 				func() error { return channeltest.CheckTimeout(ctx, bs, dev, 200*time.Millisecond) }},
 			chanStep{"abort", "host abort ends every waiting block",
-				func() error { return channeltest.CheckAbort(ctx, bs, dev) }})
+				func() error { return channeltest.CheckAbort(ctx, bs, dev) }},
+			chanStep{"port timeouts", "stuck proxy: a 200 ms timeout names the flush or the full FIFO",
+				func() error { return channeltest.CheckPortTimeouts(ctx, bs, dev, 200*time.Millisecond) }})
 	}
 	for _, s := range steps {
 		start := time.Now()
@@ -339,7 +357,10 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 		benchLL(ctx, r, o, 16, uint32(seed), measure) &&
 		benchLL(ctx, r, o, 8, uint32(seed), measure) &&
 		measure(r.BenchPutAll(ctx, o.peerBytes, sms, o.threads, o.iters, false)) &&
-		measure(r.BenchPutAll(ctx, o.peerBytes, sms, o.threads, o.iters, true))
+		measure(r.BenchPutAll(ctx, o.peerBytes, sms, o.threads, o.iters, true)) &&
+		measure(r.BenchPortPingPong(ctx, max(o.rounds/10, 10))) &&
+		measure(r.BenchPortPut(ctx, o.sizes, o.iters)) &&
+		measure(r.BenchPortAtomic(ctx, pick(gpu, 100000, 2000)))
 	return out
 }
 

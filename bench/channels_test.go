@@ -18,7 +18,8 @@ func TestChannelsOnHostBackend(t *testing.T) {
 		"--peer-bytes", "64K", "--rounds", "100", "--iters", "2", "--json", out)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	for _, want := range []string{"put/get", "LL16 packets", "LL8 graph replays",
-		"signal/wait round trip", "LL8 exchange round", "put to all peers (all-to-all)", "channels: all checks passed"} {
+		"signal/wait round trip", "LL8 exchange round", "put to all peers (all-to-all)", "port put/signal/flush",
+		"port atomicAdd", "port signal/wait round trip", "plain CE copy", "channels: all checks passed"} {
 		require.Contains(t, stdout, want)
 	}
 	b, err := os.ReadFile(out)
@@ -27,7 +28,7 @@ func TestChannelsOnHostBackend(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &rep))
 	require.Equal(t, 4, rep.Ranks)
 	require.Empty(t, rep.Errors)
-	require.Len(t, rep.Checks, 8)
+	require.Len(t, rep.Checks, 10)
 	kinds := map[string]int{}
 	for _, r := range rep.Results {
 		kinds[r.Primitive]++
@@ -36,6 +37,10 @@ func TestChannelsOnHostBackend(t *testing.T) {
 	require.Equal(t, 3, kinds["signal/wait round trip"], "rank 0 with each of 3 peers")
 	require.Equal(t, 3, kinds["put"])
 	require.Equal(t, 1, kinds["put to all peers (one sender)"])
+	require.Equal(t, 3, kinds["port signal/wait round trip"], "rank 0 with each of 3 peers")
+	require.Equal(t, 3, kinds["port put"], "one per size")
+	require.Equal(t, 3, kinds["plain CE copy"], "beside each port put")
+	require.Equal(t, 2, kinds["port atomicAdd"], "one counter and 64")
 }
 
 func TestChannelsFlags(t *testing.T) {

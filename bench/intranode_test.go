@@ -27,7 +27,7 @@ func TestIntranodeOnHost(t *testing.T) {
 		"combine bit-exact", "T=40 fp8", "TIMINGS", "notify+dispatch", "graph", "intranode: all checks passed"} {
 		assert.Contains(t, stdout, want)
 	}
-	assert.Contains(t, stderr, "progress: T=40 (3/3): dispatch bf16 cached (24 SMs x 1024 threads, plain copy)")
+	assert.Contains(t, stderr, "progress: T=40 (3/3): dispatch bf16 cached (24 SMs x 512 threads, plain copy)")
 	var rep inReport
 	b, err := os.ReadFile(js)
 	require.NoError(t, err)

@@ -43,6 +43,7 @@ type Communicator struct {
 	conns    []*connBase
 	packets  []*PacketBuffer
 	arrays   []*DeviceArray
+	proxies  []*Proxy
 }
 
 // tokenSlotSize is the room of one inbound token: 128 bytes, because peers
@@ -194,6 +195,21 @@ func (c *Communicator) Barrier(ctx context.Context) error {
 	return nil
 }
 
+// breakWith makes err the communicator's sticky error (unless it already
+// has one) and raises the abort flag, so that device waits that depend on
+// whatever failed (a port channel proxy) end now instead of timing out.
+func (c *Communicator) breakWith(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	_ = c.wd.abort()
+	if c.broken == nil {
+		c.broken = err
+	}
+}
+
 func (c *Communicator) usable() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -214,24 +230,33 @@ func (c *Communicator) errorf(format string, a ...any) error {
 }
 
 // Close releases everything the communicator allocated, imported or
-// opened: connections' streams, packet buffers, handle arrays, semaphore
-// memory, peers' memory views and the watchdog. Kernels that use its
+// opened: port channel proxies (stopped first), connections' streams,
+// packet buffers, handle arrays, semaphore memory, peers' memory views and
+// the watchdog. Kernels that use its
 // channels must have finished, and peers must no longer write into this
 // rank's memory (Barrier first). Close does not talk to peers. Objects
 // built from the communicator refuse calls afterwards.
 func (c *Communicator) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil
-	}
-	c.closed = true
 	var errs []error
 	keep := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
+	// Proxies first, without the lock: a proxy's goroutine may be waiting
+	// for it inside a connection call, and stopping waits for the goroutine.
+	c.mu.Lock()
+	proxies := append([]*Proxy(nil), c.proxies...)
+	c.mu.Unlock()
+	for _, p := range proxies {
+		keep(p.Close())
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
 	for _, conn := range c.conns {
 		keep(conn.closeLocked())
 	}
@@ -247,7 +272,7 @@ func (c *Communicator) Close() error {
 		keep(c.dev.CloseImport(imp.buf))
 	}
 	keep(c.wd.free())
-	c.conns, c.packets, c.arrays, c.imports = nil, nil, nil, nil
+	c.conns, c.packets, c.arrays, c.imports, c.proxies = nil, nil, nil, nil, nil
 	if len(errs) > 0 {
 		return c.errorf("close: %w", errors.Join(errs...))
 	}

@@ -26,4 +26,15 @@ func (h *hostConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, value u
 	return nil
 }
 
+func (h *hostConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value uint64) error {
+	if err := h.checkWord("atomic add", dst, dstOff); err != nil {
+		return err
+	}
+	devapi.U64(dst.Ptr() + uintptr(dstOff)).Add(value)
+	return nil
+}
+
 func (h *hostConnection) Flush() error { return h.usable() }
+
+// drain: host writes are done when they return.
+func (h *hostConnection) drain() error { return nil }

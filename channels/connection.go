@@ -83,8 +83,16 @@ type Connection interface {
 	// every earlier Write has landed, as one aligned 8-byte store (device
 	// waiters never see a torn value). It is how a host signals a semaphore.
 	UpdateAndSync(dst RegisteredMemory, dstOff int, value uint64) error
-	// Flush waits until every Write and UpdateAndSync issued so far has
-	// landed.
+	// AtomicAdd adds value (two's complement: subtraction works) to the
+	// aligned 64-bit word dst[dstOff:] atomically, after every earlier Write
+	// of the connection has landed, asynchronously. A CPU has no atomics on
+	// a peer GPU's memory, so on CUDA IPC it is a one-thread kernel on the
+	// connection's stream (it needs a free SM slot to run); on the host
+	// backend a sync/atomic add. Kernels polling the word with acquire loads
+	// see the sum and the data written before it.
+	AtomicAdd(dst RegisteredMemory, dstOff int, value uint64) error
+	// Flush waits until every Write, UpdateAndSync and AtomicAdd issued so
+	// far has landed.
 	Flush() error
 	// Close releases the connection's resources (the communicator's Close
 	// does too).
@@ -145,14 +153,20 @@ func (b *connBase) checkWrite(dst RegisteredMemory, dstOff int, src RegisteredMe
 }
 
 func (b *connBase) checkUpdate(dst RegisteredMemory, off int) error {
+	return b.checkWord("update", dst, off)
+}
+
+// checkWord checks that dst[off:] is an aligned 64-bit word of the peer's
+// (or this rank's) memory.
+func (b *connBase) checkWord(op string, dst RegisteredMemory, off int) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
 	if dst.Rank() != b.peer && !dst.IsLocal() {
-		return b.errorf("update destination is %v, not memory of rank %d", dst, b.peer)
+		return b.errorf("%s destination is %v, not memory of rank %d", op, dst, b.peer)
 	}
 	if !dst.contains(off, 8) || (dst.Ptr()+uintptr(off))%8 != 0 {
-		return b.errorf("update at offset %d of %v: needs an aligned 8-byte word inside it", off, dst)
+		return b.errorf("%s at offset %d of %v: needs an aligned 8-byte word inside it", op, off, dst)
 	}
 	return nil
 }
@@ -274,7 +288,7 @@ func (c *Communicator) newConnectionLocked(t Transport, peer, tag int) (Connecti
 			return nil, c.errorf("connect to rank %d (tag %d): stream: %w", peer, tag, err)
 		}
 		base.release = s.Close
-		conn = &cudaIPCConnection{connBase: base, stream: s}
+		conn = newCudaIPCConnection(base, c.dev, s)
 	case TransportHostMemory:
 		conn = &hostConnection{connBase: base}
 	default:

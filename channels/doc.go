@@ -9,9 +9,10 @@
 //     the host backend) that SendMemory / RecvMemory / ExchangeMemory carry
 //     and OpenMemory maps, once per allocation, until Close.
 //   - Connections (Connect, ConnectAll): one interface (Write,
-//     UpdateAndSync, Flush) over transports: CUDA IPC (GPUs of one host,
-//     copy engines) and host memory (goroutine ranks of the host backend);
-//     IB verbs and TCP come with port channels.
+//     UpdateAndSync, AtomicAdd, Flush) over transports: CUDA IPC (GPUs of
+//     one host, copy engines; updates are stream writes, atomic adds a
+//     one-thread kernel) and host memory (goroutine ranks of the host
+//     backend); IB verbs and TCP are not built yet.
 //   - Semaphores: MemorySemaphore (device to device: signal is a release
 //     add on the peer's inbound token over mapped memory, wait spins with
 //     acquire loads on a monotonic expected counter kept in device memory)
@@ -24,6 +25,14 @@
 //     LL16/LL8 packets whose flags the kernels advance themselves, so CUDA
 //     graphs replay without any host action. NewMemoryChannelMesh builds one
 //     per peer; UploadMemoryChannels puts their handles in device memory.
+//   - Port channels: a Proxy (NewProxy) owns a FIFO of 16-byte triggers in
+//     pinned host memory and a goroutine on a locked OS thread that drains
+//     it in order; kernels push put, signal, flush and atomic-add triggers
+//     through kernels/port_device.cuh and the proxy carries them out on the
+//     channel's connection with the copy engines, leaving the SMs free.
+//     Memory is registered with the proxy (AddMemory) so triggers carry
+//     small ids; NewPortChannel / NewPortChannelMesh build channels over
+//     host-to-device semaphores, UploadPortChannels uploads their handles.
 //
 // Pairing. Every setup exchange is tagged: the k-th A->B exchange with a
 // tag pairs with the k-th B->A one. The communicator's bootstrap traffic
@@ -32,7 +41,8 @@
 // NewMemoryChannelMesh) send to all before receiving from any, so ranks may
 // list their peers in any order.
 //
-// Bounded waits. Every device-side spin (kernels/channel_wait.cuh) reads the
+// Bounded waits. Every device-side spin (kernels/channel_wait.cuh, FIFO
+// back-pressure and flush waits included) reads the
 // GPU global timer and gives up after Timeouts.Wait (default 60 s,
 // $GOEP_CHANNEL_TIMEOUT). The first thread to give up records which
 // channel, peer and stage in host-mapped memory and raises an abort flag

@@ -46,6 +46,8 @@ enum {
   GOEP_OP_SEM_POLL = 3,          // a loop of goep_sem_poll bounded by goep_spin
   GOEP_OP_PACKET = 4,            // an LL packet whose flags never matched
   GOEP_OP_VALUE = 5,             // goep_wait_ge_*: a counter never reached its target
+  GOEP_OP_FIFO_PUSH = 6,         // a FIFO push found the ring full and the proxy never made room
+  GOEP_OP_FLUSH = 7,             // a port channel flush the proxy never completed
 };
 
 struct goep_timeout_record {
@@ -197,5 +199,86 @@ static_assert(GOEP_OFFSETOF(goep_memory_channel, remote_packets_size) == 104,
               "goep: goep_memory_channel.remote_packets_size");
 static_assert(GOEP_OFFSETOF(goep_memory_channel, local_packets_size) == 112,
               "goep: goep_memory_channel.local_packets_size");
+
+// ---------------------------------------------------------------------------
+// Port channels: GPU threads push 16-byte triggers into a FIFO that a CPU
+// proxy drains (fifo_device.cuh, port_device.cuh; the proxy is
+// channels/proxy.go).
+//
+// FIFO. triggers is a ring of size slots (a power of two) of two u64 words
+// in pinned host memory mapped into the device, so the proxy polls it
+// without crossing PCIe. A pusher claims position pos with an atomic add on
+// head (device memory), waits until the slot's previous occupant has been
+// consumed (pos < tail + size; tail is the proxy's count of consumed
+// triggers, pinned host memory, cached in tail_cache in device memory so
+// that a pusher reads across PCIe only when the ring looks full), then
+// stores both words. Bit 63 of each word is the commit bit: 1 on even laps
+// of the ring (pos / size even), 0 on odd ones; the ring starts zeroed, so a
+// slot is ready for position pos exactly when both of its words carry pos's
+// parity, and the proxy never clears a slot. Checking both words means a
+// 16-byte store that reaches host memory as two 8-byte halves is never read
+// half old, half new. done is the position + 1 of the last flush the proxy
+// completed (pinned host memory): a flush at pos waits for done > pos.
+struct goep_fifo {
+  u64* triggers;    // 2 * size words, pinned host memory
+  u64* head;        // next position to claim, device memory
+  u64* tail;        // triggers consumed by the proxy, pinned host memory
+  u64* tail_cache;  // a recent value of tail, device memory
+  u64* done;        // 1 + position of the last completed flush, pinned host memory
+  goep_watchdog* wd;
+  u32 size;  // slots, a power of two
+  u32 reserved0;
+  u64 reserved1;
+};
+static_assert(sizeof(goep_fifo) == 64, "goep: goep_fifo layout");
+static_assert(GOEP_OFFSETOF(goep_fifo, triggers) == 0, "goep: goep_fifo.triggers");
+static_assert(GOEP_OFFSETOF(goep_fifo, head) == 8, "goep: goep_fifo.head");
+static_assert(GOEP_OFFSETOF(goep_fifo, tail) == 16, "goep: goep_fifo.tail");
+static_assert(GOEP_OFFSETOF(goep_fifo, tail_cache) == 24, "goep: goep_fifo.tail_cache");
+static_assert(GOEP_OFFSETOF(goep_fifo, done) == 32, "goep: goep_fifo.done");
+static_assert(GOEP_OFFSETOF(goep_fifo, wd) == 40, "goep: goep_fifo.wd");
+static_assert(GOEP_OFFSETOF(goep_fifo, size) == 48, "goep: goep_fifo.size");
+
+// Trigger, two words (bit 63 of each is the commit bit, see above):
+//   word 0: bits 0..31  src offset        (atomicAdd: value bits 0..31)
+//           bits 32..62 size in bytes     (atomicAdd: value bits 32..62)
+//   word 1: bits 0..31  dst offset
+//           bits 32..35 type: GOEP_TRIGGER_* ORed (put, signal, flush), or
+//                       GOEP_TRIGGER_ATOMIC_ADD alone
+//           bits 36..45 channel: the proxy's index of the port channel
+//           bits 46..53 dst memory id     bits 54..61 src memory id
+//                                         (atomicAdd: bit 54 is value bit 63)
+//           bit 62      zero
+// Offsets are below 4 GiB and one put moves less than 2 GiB (the device API
+// splits larger puts).
+enum {
+  GOEP_TRIGGER_PUT = 1,
+  GOEP_TRIGGER_SIGNAL = 2,
+  GOEP_TRIGGER_FLUSH = 4,
+  GOEP_TRIGGER_ATOMIC_ADD = 8,
+};
+#define GOEP_TRIGGER_COMMIT (1ull << 63)
+#define GOEP_TRIGGER_MAX_SIZE ((1ull << 31) - 1)
+#define GOEP_TRIGGER_MAX_CHANNELS 1024
+#define GOEP_TRIGGER_MAX_MEMORIES 256
+
+// Port channel: the proxy's FIFO, the host-to-device semaphore the peer's
+// proxy signals (sem.remote is 0: only the proxy signals, on a trigger),
+// the channel's index in the proxy and its default memory ids (dst: the
+// peer's memory puts write; src: this rank's memory they read).
+struct goep_port_channel {
+  goep_fifo fifo;
+  goep_semaphore sem;
+  u32 channel;
+  u32 dst;
+  u32 src;
+  u32 reserved0;
+};
+static_assert(sizeof(goep_port_channel) == 128, "goep: goep_port_channel layout");
+static_assert(GOEP_OFFSETOF(goep_port_channel, fifo) == 0, "goep: goep_port_channel.fifo");
+static_assert(GOEP_OFFSETOF(goep_port_channel, sem) == 64, "goep: goep_port_channel.sem");
+static_assert(GOEP_OFFSETOF(goep_port_channel, channel) == 112, "goep: goep_port_channel.channel");
+static_assert(GOEP_OFFSETOF(goep_port_channel, dst) == 116, "goep: goep_port_channel.dst");
+static_assert(GOEP_OFFSETOF(goep_port_channel, src) == 120, "goep: goep_port_channel.src");
 
 #endif  // GOEP_CHANNEL_ABI_CUH

@@ -20,6 +20,10 @@
 //
 // Every wait is bounded (channel_wait.cuh) and returns false when it gave
 // up; see goep_block_any_failed for leaving a kernel together.
+//
+// Port channels (goep_pc_*: put, signal, flush and atomic add carried out
+// by a CPU proxy with the copy engines) are in port_device.cuh, included
+// here.
 #ifndef GOEP_CHANNEL_DEVICE_CUH
 #define GOEP_CHANNEL_DEVICE_CUH
 
@@ -27,6 +31,7 @@
 #include "channel_copy.cuh"
 #include "channel_wait.cuh"
 #include "packet_device.cuh"
+#include "port_device.cuh"
 #include "sem_device.cuh"
 
 // ---------------------------------------------------------------------------

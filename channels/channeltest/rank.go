@@ -64,6 +64,12 @@ type Rank struct {
 	ByRank  []*channels.MemoryChannel
 	Handles *channels.DeviceArray
 
+	// Port channels, built on first use by EnsurePort.
+	Proxy       *channels.Proxy
+	PortMesh    *channels.PortMesh
+	PortByRank  []*channels.PortChannel
+	PortHandles *channels.DeviceArray
+
 	me, n int
 	out   device.Buffer // kernel results
 }
@@ -100,9 +106,14 @@ func NewRank(ctx context.Context, comm *channels.Communicator, l Layout) (_ *Ran
 	return r, nil
 }
 
-// Close frees the Rank's buffers (the communicator's are its own).
+// Close stops the Rank's proxy (nothing it queued may still touch the
+// buffers) and frees the Rank's buffers (the communicator's are its own).
 func (r *Rank) Close() error {
 	var errs []error
+	if r.Proxy != nil {
+		errs = append(errs, r.Proxy.Close())
+		r.Proxy = nil
+	}
 	if r.Buf.Ptr != 0 {
 		errs = append(errs, r.Dev.Free(r.Buf))
 		r.Buf = device.Buffer{}

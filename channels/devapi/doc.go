@@ -1,7 +1,7 @@
 // Package devapi is the device ABI of goep's channels, seen from Go: the
-// byte layout of the structs that kernels receive (kernels/channel_abi.cuh)
-// and a Go implementation of the device API (channel_device.cuh) on host
-// memory, which the host-backend twins of the channel kernels
+// byte layout of the structs that kernels receive (kernels/channel_abi.cuh),
+// the encoding of port channel triggers (port.go), and a Go implementation
+// of the device API (channel_device.cuh, port_device.cuh) on host memory, which the host-backend twins of the channel kernels
 // (kernels/twins/channels.go) are written in.
 //
 // Layouts are defined once, as the offset constants in layout.go; Encode

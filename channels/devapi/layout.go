@@ -14,6 +14,9 @@ const (
 	LL8Size           = 8
 	LLFlagSize        = 8
 	MemoryChannelSize = 128
+	FifoSize          = 64
+	PortChannelSize   = 128
+	TriggerSize       = 16
 )
 
 // goep_timeout_record field offsets.
@@ -72,6 +75,26 @@ const (
 	MCLocalPacketsSize  = 112
 )
 
+// goep_fifo field offsets.
+const (
+	FifoTriggers  = 0
+	FifoHead      = 8
+	FifoTail      = 16
+	FifoTailCache = 24
+	FifoDone      = 32
+	FifoWatchdog  = 40
+	FifoSlots     = 48
+)
+
+// goep_port_channel field offsets.
+const (
+	PCFifo    = 0
+	PCSem     = 64
+	PCChannel = 112
+	PCDst     = 116
+	PCSrc     = 120
+)
+
 // Timeout record states (goep_timeout_record.state).
 const (
 	TimeoutNone    = 0
@@ -85,6 +108,8 @@ const (
 	OpSemPoll        = 3
 	OpPacket         = 4
 	OpValue          = 5
+	OpFifoPush       = 6
+	OpFlush          = 7
 )
 
 // OpName says what op waited for, for error messages.
@@ -100,6 +125,10 @@ func OpName(op uint32) string {
 		return "LL packet read"
 	case OpValue:
 		return "counter wait"
+	case OpFifoPush:
+		return "FIFO push (ring full, the proxy made no room)"
+	case OpFlush:
+		return "port channel flush"
 	}
 	return fmt.Sprintf("wait of unknown kind %d", op)
 }
@@ -267,4 +296,9 @@ var Layout = []Struct{
 		{"local_packets", MCLocalPackets}, {"flag", MCFlag}, {"remote_size", MCRemoteSize},
 		{"local_size", MCLocalSize}, {"remote_packets_size", MCRemotePacketsSize},
 		{"local_packets_size", MCLocalPacketsSize}}},
+	{"goep_fifo", FifoSize, []Field{
+		{"triggers", FifoTriggers}, {"head", FifoHead}, {"tail", FifoTail}, {"tail_cache", FifoTailCache},
+		{"done", FifoDone}, {"wd", FifoWatchdog}, {"size", FifoSlots}}},
+	{"goep_port_channel", PortChannelSize, []Field{
+		{"fifo", PCFifo}, {"sem", PCSem}, {"channel", PCChannel}, {"dst", PCDst}, {"src", PCSrc}}},
 }

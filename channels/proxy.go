@@ -1,0 +1,386 @@
+package channels
+
+import (
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/internal/cuda"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// ProxyConfig configures NewProxy. The zero value is ready to use.
+type ProxyConfig struct {
+	// FIFOSize is the number of trigger slots (a power of two; default
+	// 512). A full ring makes pushers wait, bounded by the watchdog.
+	FIFOSize int
+	// MaxPending bounds the work the proxy queues on one connection without
+	// waiting for it (copies, stream writes, atomic-add kernels; default
+	// 64): at the bound it flushes the connection, so neither the driver's
+	// queues nor the proxy's view of what is in flight grow without limit.
+	MaxPending int
+}
+
+const (
+	defaultFIFOSize   = 512
+	defaultMaxPending = 64
+	// maxMerge bounds how many consecutive atomic adds to one word the
+	// proxy folds into one operation.
+	maxMerge = 256
+)
+
+// Proxy serves port channels: GPU threads push triggers into its FIFO
+// (kernels/port_device.cuh) and its goroutine, on a locked OS thread,
+// drains the FIFO in order and carries each trigger out on the connection
+// of the trigger's channel. Memory the triggers name is registered with
+// AddMemory (triggers carry the small ids); channels with NewPortChannel or
+// NewPortChannelMesh.
+//
+// Start begins serving, Stop ends it (Start again resumes at the next
+// trigger), Close stops and frees everything; the communicator's Close
+// closes its proxies. A trigger the proxy cannot carry out (an unknown id,
+// a range outside the memory, a driver error) stops the proxy and breaks
+// the communicator with that error, raising the abort flag so that device
+// waits end at once instead of timing out; Err and Communicator.Check
+// report it.
+type Proxy struct {
+	c    *Communicator
+	cfg  ProxyConfig
+	fifo *fifo
+	host bool
+
+	table atomic.Pointer[proxyTable] // read by the goroutine per trigger
+
+	mu      sync.Mutex // guards what follows and table edits
+	running bool
+	stop    *atomic.Bool
+	exited  chan struct{}
+	closed  bool
+	err     error
+
+	// pending counts the work queued per connection since its last flush;
+	// owned by the goroutine (and by Stop once it has exited).
+	pending map[Connection]int
+}
+
+// proxyTable is what triggers' ids refer to; replaced, never edited, so
+// the goroutine reads it without a lock.
+type proxyTable struct {
+	mems  []RegisteredMemory
+	chans []*PortChannel
+}
+
+// MemoryID names memory registered with a proxy (Proxy.AddMemory).
+type MemoryID uint32
+
+// maxTriggerOffset: trigger offsets are 32 bits, so registered memory is at
+// most 4 GiB (any offset inside it fits).
+const maxTriggerOffset = 1 << 32
+
+// NewProxy builds a proxy with its FIFO; it does not start it.
+func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
+	if cfg.FIFOSize == 0 {
+		cfg.FIFOSize = defaultFIFOSize
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = defaultMaxPending
+	}
+	if cfg.MaxPending < 1 {
+		return nil, c.errorf("proxy: MaxPending %d must be positive", cfg.MaxPending)
+	}
+	// Load the atomic-add kernel now rather than at the first atomic add,
+	// which would otherwise wait for NVRTC (or the kernel cache) inside the
+	// proxy loop. A failure here shows again, with context, at that launch.
+	if fn, ok := c.dev.(interface {
+		Function(string) (*cuda.Function, error)
+	}); ok {
+		_, _ = fn.Function("goep_proxy_atomic_add")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(); err != nil {
+		return nil, err
+	}
+	f, err := newFifo(c.dev, cfg.FIFOSize)
+	if err != nil {
+		return nil, c.errorf("proxy: %w", err)
+	}
+	p := &Proxy{c: c, cfg: cfg, fifo: f, host: c.kind == device.Host, pending: map[Connection]int{}}
+	p.table.Store(&proxyTable{})
+	c.proxies = append(c.proxies, p)
+	return p, nil
+}
+
+func (p *Proxy) errorf(format string, a ...any) error {
+	return p.c.errorf("proxy: "+format, a...)
+}
+
+// AddMemory registers m (this rank's memory, or a peer's opened on this
+// rank, at most 4 GiB) for triggers to name. A proxy holds up to 256.
+func (p *Proxy) AddMemory(m RegisteredMemory) (MemoryID, error) {
+	if err := p.c.usable(); err != nil {
+		return 0, err
+	}
+	switch {
+	case !m.Valid():
+		return 0, p.errorf("add memory: no memory")
+	case m.r.comm != p.c:
+		return 0, p.errorf("add memory: %v belongs to another communicator", m)
+	case m.Size() > maxTriggerOffset:
+		return 0, p.errorf("add memory: %v is larger than the 4 GiB that trigger offsets reach; register slices", m)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, p.errorf("%w", ErrClosed)
+	}
+	old := p.table.Load()
+	if len(old.mems) >= devapi.TriggerMaxMemories {
+		return 0, p.errorf("add memory: the proxy already holds %d memories", len(old.mems))
+	}
+	t := &proxyTable{mems: append(old.mems[:len(old.mems):len(old.mems)], m), chans: old.chans}
+	p.table.Store(t)
+	return MemoryID(len(t.mems) - 1), nil
+}
+
+// Memory is the memory registered under id.
+func (p *Proxy) Memory(id MemoryID) (RegisteredMemory, bool) {
+	t := p.table.Load()
+	if int(id) >= len(t.mems) {
+		return RegisteredMemory{}, false
+	}
+	return t.mems[id], true
+}
+
+// Start starts serving the FIFO (idempotent).
+func (p *Proxy) Start() error {
+	if err := p.c.usable(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return p.errorf("%w", ErrClosed)
+	case p.err != nil:
+		return p.err
+	case p.running:
+		return nil
+	}
+	p.running = true
+	p.stop, p.exited = new(atomic.Bool), make(chan struct{})
+	go p.run(p.stop, p.exited)
+	return nil
+}
+
+// Stop stops serving and waits for the work the proxy queued to land.
+// Triggers pushed meanwhile stay in the FIFO for the next Start.
+func (p *Proxy) Stop() error {
+	p.mu.Lock()
+	if !p.running {
+		p.mu.Unlock()
+		return nil
+	}
+	p.running = false
+	stop, exited := p.stop, p.exited
+	p.mu.Unlock()
+	stop.Store(true)
+	<-exited
+	return p.drain()
+}
+
+// drain waits for every connection the proxy queued work on, whether or
+// not the communicator still accepts calls: nothing the proxy issued may
+// still run once Stop returns.
+func (p *Proxy) drain() error {
+	var errs []error
+	for conn := range p.pending {
+		if d, ok := conn.(interface{ drain() error }); ok {
+			errs = append(errs, d.drain())
+		}
+		delete(p.pending, conn)
+	}
+	return errors.Join(errs...)
+}
+
+// Err is the error that stopped the proxy, nil while none has.
+func (p *Proxy) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// Close stops the proxy and frees its FIFO. Kernels that push into it must
+// have finished. The communicator's Close calls it.
+func (p *Proxy) Close() error {
+	err := p.Stop()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return err
+	}
+	p.closed = true
+	p.c.mu.Lock()
+	for i, q := range p.c.proxies {
+		if q == p {
+			p.c.proxies = append(p.c.proxies[:i], p.c.proxies[i+1:]...)
+			break
+		}
+	}
+	p.c.mu.Unlock()
+	if ferr := p.fifo.free(); ferr != nil {
+		err = errors.Join(err, p.errorf("free FIFO: %w", ferr))
+	}
+	return err
+}
+
+// fail records the proxy's error and breaks the communicator with it.
+func (p *Proxy) fail(err error) {
+	p.mu.Lock()
+	if p.err == nil {
+		p.err = err
+	}
+	p.mu.Unlock()
+	p.c.breakWith(err)
+}
+
+// Idle polling: spin on the ring for spinPolls empty polls (GPU backend:
+// a pushed trigger is seen within a poll), then yield for yieldPolls, then
+// sleep idleSleep between polls so an idle proxy costs little CPU. The host
+// backend's kernels are goroutines that need the CPU, so there the proxy
+// yields from the first empty poll.
+const (
+	spinPolls  = 1 << 16
+	yieldPolls = 1 << 18
+	idleSleep  = 50 * time.Microsecond
+)
+
+func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
+	defer close(exited)
+	// One OS thread for the proxy: the poll loop never waits on the Go
+	// scheduler to be put back on a CPU, and driver calls come from a
+	// stable thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	idle := 0
+	for !stop.Load() {
+		pos := p.fifo.next
+		t, ok := p.fifo.peek(pos)
+		if !ok {
+			idle++
+			switch {
+			case idle < spinPolls && !p.host:
+			case idle < yieldPolls:
+				runtime.Gosched()
+			default:
+				time.Sleep(idleSleep)
+			}
+			continue
+		}
+		idle = 0
+		if err := p.handle(pos, t); err != nil {
+			p.fail(err)
+			return
+		}
+	}
+}
+
+// handle carries out the trigger at pos (and, for atomic adds, the ready
+// atomic adds to the same word right after it) and consumes it.
+func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
+	tab := p.table.Load()
+	if int(t.Channel) >= len(tab.chans) {
+		return p.errorf("%v at FIFO position %d: no channel %d (the proxy has %d)", t, pos, t.Channel, len(tab.chans))
+	}
+	ch := tab.chans[t.Channel]
+	conn := ch.sem.conn
+	mem := func(id uint32) (RegisteredMemory, error) {
+		if int(id) >= len(tab.mems) {
+			return RegisteredMemory{}, p.errorf("%v on %v: no memory id %d (the proxy has %d)", t, ch, id, len(tab.mems))
+		}
+		return tab.mems[id], nil
+	}
+	if t.Type == devapi.TriggerAtomicAdd {
+		dst, err := mem(t.Dst)
+		if err != nil {
+			return err
+		}
+		value, n := p.mergeAdds(pos, t)
+		if err := conn.AtomicAdd(dst, int(t.DstOff), value); err != nil {
+			return p.errorf("%v on %v: %w", t, ch, err)
+		}
+		p.fifo.consume(pos + n)
+		return p.queued(conn, 1)
+	}
+	if t.Type == 0 || t.Type&^(devapi.TriggerPut|devapi.TriggerSignal|devapi.TriggerFlush) != 0 {
+		return p.errorf("%v at FIFO position %d: unknown trigger type %#x", t, pos, t.Type)
+	}
+	work := 0
+	if t.Type&devapi.TriggerPut != 0 {
+		dst, err := mem(t.Dst)
+		if err != nil {
+			return err
+		}
+		src, err := mem(t.Src)
+		if err != nil {
+			return err
+		}
+		if err := conn.Write(dst, int(t.DstOff), src, int(t.SrcOff), int(t.Size)); err != nil {
+			return p.errorf("%v on %v: %w", t, ch, err)
+		}
+		work++
+	}
+	if t.Type&devapi.TriggerSignal != 0 {
+		if err := ch.sem.Signal(); err != nil {
+			return p.errorf("signal on %v: %w", ch, err)
+		}
+		work++
+	}
+	if t.Type&devapi.TriggerFlush != 0 {
+		if err := conn.Flush(); err != nil {
+			return p.errorf("flush on %v: %w", ch, err)
+		}
+		delete(p.pending, conn)
+		p.fifo.consume(pos + 1)
+		p.fifo.complete(pos)
+		return nil
+	}
+	p.fifo.consume(pos + 1)
+	return p.queued(conn, work)
+}
+
+// mergeAdds folds the atomic adds that directly follow t in the FIFO, are
+// already committed and target the same word of the same channel into one
+// value: the sum lands all the same, with one operation instead of many.
+func (p *Proxy) mergeAdds(pos uint64, t devapi.Trigger) (value, n uint64) {
+	value, n = t.Value, 1
+	// Never look a whole ring ahead: the slot would be this trigger's own.
+	for n < min(maxMerge, uint64(p.fifo.size)) {
+		u, ok := p.fifo.peek(pos + n)
+		if !ok || u.Type != devapi.TriggerAtomicAdd || u.Channel != t.Channel || u.Dst != t.Dst || u.DstOff != t.DstOff {
+			break
+		}
+		value += u.Value
+		n++
+	}
+	return value, n
+}
+
+// queued counts work queued on conn and flushes it at the bound.
+func (p *Proxy) queued(conn Connection, work int) error {
+	if work == 0 {
+		return nil
+	}
+	p.pending[conn] += work
+	if p.pending[conn] < p.cfg.MaxPending {
+		return nil
+	}
+	delete(p.pending, conn)
+	if err := conn.Flush(); err != nil {
+		return p.errorf("flow control: %w", err)
+	}
+	return nil
+}

@@ -85,6 +85,13 @@ func (c *Communicator) run(ctx context.Context, x *call, opts []CallOption) (*Wo
 		}
 		return c.finish(w, x)
 	}
+	// Registered plans come first (UsePlans).
+	if algo, ok, err := c.tryPlan(ctx, x); err != nil {
+		return nil, err
+	} else if ok {
+		w.algo = algo
+		return c.finish(w, x)
+	}
 	if err := c.choose(x); err != nil {
 		return nil, err
 	}

@@ -54,6 +54,7 @@ type Communicator struct {
 	nextReg int
 	events  *eventPool
 	tuning  *Tuning
+	plans   planState // UsePlans
 	nccl    ncclState
 	closed  bool
 	owned   []func() error // closed after the communicator (NewFromEnv)
@@ -367,6 +368,10 @@ func (c *Communicator) free() error {
 		keep(c.gpu.ctx.Synchronize()) // every stream's collectives, not only the default one's
 	}
 	keep(c.nccl.close())
+	if c.plans.exec != nil {
+		keep(c.plans.exec.Close())
+		c.plans.exec = nil
+	}
 	if c.events != nil {
 		keep(c.events.close())
 	}

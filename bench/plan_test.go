@@ -1,0 +1,31 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestPlanCommand runs `ep-bench plan` on a 2-GPU and an 8-GPU plan on the
+// host backend: checks pass and timings print; a mode the plan is not
+// written for is an error.
+func TestPlanCommand(t *testing.T) {
+	for _, args := range [][]string{
+		{"plan", "--backend", "host", "--plan", "../collectives/plan/testdata/plans/reduce_pack.json", "--size", "4K,1000", "--iters", "1"},
+		{"plan", "--backend", "host", "--plan", "../collectives/plan/testdata/plans/allreduce.json", "--size", "8K", "--iters", "1", "--dtype", "fp32"},
+		{"plan", "--backend", "host", "--plan", "../collectives/plan/testdata/plans/sn_send_recv.json", "--size", "4K", "--iters", "1", "--packet", "LL8"},
+	} {
+		var out, errb bytes.Buffer
+		if code := Main(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errb.String())
+		}
+		if !strings.Contains(out.String(), " ok ") {
+			t.Fatalf("%v: no passing check:\n%s", args, out.String())
+		}
+	}
+	var out, errb bytes.Buffer
+	code := Main([]string{"plan", "--backend", "host", "--plan", "../collectives/plan/testdata/plans/reduce.json", "--inplace=false", "--size", "4K"}, &out, &errb)
+	if code == 0 || !strings.Contains(errb.String(), "the plan is in-place, the call out-of-place") {
+		t.Fatalf("out of place run of an in-place plan: exit %d\n%s", code, errb.String())
+	}
+}

@@ -63,6 +63,10 @@ for s in $STEPS; do
 	channels) step channels gotest channels channels.test -test.v -test.count=1 -test.timeout=5m ;;
 	semlab) [ "$NGPU" -gt 1 ] && GOEP_SEM_LAB=1 step semlab gotest channels channels.test -test.v -test.count=1 -test.run TestSemaphoreLatencyLab ;;
 	channels-launch) [ "$NGPU" -gt 1 ] && step channels-launch "$BIN/ep-bench" launch -n "$NGPU" -- channels --check --sms 8,16,24,32,48,64,132 --json "$LOGS/channels.json" ;;
+	port) step port gotest channels channels.test -test.v -test.count=1 -test.timeout=5m -test.run 'TestPort' ;;
+	port-bench) [ "$NGPU" -gt 1 ] && step port-bench "$BIN/ep-bench" launch -n "$NGPU" -- channels --sizes 1M,16M,64M,256M --iters 20 --json "$LOGS/channels-bench.json" ;;
+	plan-gpu) step plan-gpu gotest collectives/plan/gpu gpu.test -test.v -test.count=1 -test.timeout=8m ;;
+	ep-repeat) step ep-repeat gotest ep ep.test -test.v -test.count=1 -test.timeout=9m -test.run TestRepeatedCallsGPU -ep.iters="${EP_ITERS:-1000}" ;;
 	intranode) step intranode gotest intranode intranode.test -test.v -test.count=1 -test.timeout=9m ;;
 	intranode-bench) step intranode-bench gotest intranode intranode.test -test.run '^$' -test.bench GPU -test.benchtime 50x ;;
 	ep) step ep gotest ep ep.test -test.v -test.count=1 -test.timeout=9m -ep.iters="${EP_ITERS:-1000}" ;;

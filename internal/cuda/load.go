@@ -79,6 +79,15 @@ func Load() error {
 			loadErr = err
 			return
 		}
+		// Eager module loading unless the user chose otherwise: under lazy
+		// loading (the driver's default since CUDA 12) a kernel's first
+		// launch loads its code, which waits for the kernels running on
+		// the device, and goep launches kernels while others spin waiting
+		// for them (a port channel proxy's atomic add under a kernel that
+		// pushes the triggers): that first launch would never return.
+		if _, set := os.LookupEnv("CUDA_MODULE_LOADING"); !set {
+			_ = os.Setenv("CUDA_MODULE_LOADING", "EAGER")
+		}
 		loadErr = check("cuInit", C.gc_init(0))
 	})
 	return loadErr

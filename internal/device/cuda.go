@@ -243,6 +243,12 @@ func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
 	if err != nil {
 		return nil, d.errorf("kernel %s: %w", name, err)
 	}
+	// Querying an attribute loads the kernel's code now even where the
+	// user set CUDA_MODULE_LOADING=LAZY (see cuda.Load): a first launch
+	// must never have to wait for kernels already running.
+	if _, err := f.Attribute(cuda.FuncAttrMaxThreadsPerBlock); err != nil {
+		return nil, d.errorf("kernel %s: %w", name, err)
+	}
 	d.funcs.Store(name, f)
 	return f, nil
 }

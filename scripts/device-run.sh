@@ -65,6 +65,16 @@ for s in $STEPS; do
 	channels-launch) [ "$NGPU" -gt 1 ] && step channels-launch "$BIN/ep-bench" launch -n "$NGPU" -- channels --check --sms 8,16,24,32,48,64,132 --json "$LOGS/channels.json" ;;
 	port) step port gotest channels channels.test -test.v -test.count=1 -test.timeout=5m -test.run 'TestPort' ;;
 	port-bench) [ "$NGPU" -gt 1 ] && step port-bench "$BIN/ep-bench" launch -n "$NGPU" -- channels --sizes 1M,16M,64M,256M --iters 20 --json "$LOGS/channels-bench.json" ;;
+	# Plans whose world fits this machine, then our native allreduce of the
+	# same shape (2 ranks) for the comparison.
+	plan-bench)
+		plans="allgather reduce reduce_pack sn_send_recv transfer_pack" # 2 GPUs
+		[ "$NGPU" -ge 8 ] && plans="$plans allgather_pkt allreduce allreduce_pkt alltoall"
+		for f in $plans; do
+			step "plan-$f" "$BIN/ep-bench" plan --plan "collectives/plan/testdata/plans/$f.json" --backend cuda --size 64K,1M,32M
+		done
+		step native-allreduce-2 "$BIN/ep-bench" collectives --ranks 2 --colls allreduce,allgather --sizes 64K,1M,32M --json "$LOGS/native-2.json"
+		;;
 	plan-gpu) step plan-gpu gotest collectives/plan/gpu gpu.test -test.v -test.count=1 -test.timeout=8m ;;
 	ep-repeat) step ep-repeat gotest ep ep.test -test.v -test.count=1 -test.timeout=9m -test.run TestRepeatedCallsGPU -ep.iters="${EP_ITERS:-1000}" ;;
 	intranode) step intranode gotest intranode intranode.test -test.v -test.count=1 -test.timeout=9m ;;

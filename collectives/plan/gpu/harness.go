@@ -3,6 +3,7 @@ package gpu
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,7 +11,6 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
-	"github.com/goep-dev/goep/channels/channeltest"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -29,7 +29,18 @@ type Result struct {
 // then iters timed ones. It is what the GPU tests and `ep-bench plan`
 // run.
 func Check(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, pk plan.PacketType, iters int) (Result, error) {
+	return CheckOn(ctx, p, size, dt, pk, iters, p.World())
+}
+
+// CheckOn is Check with the plan's ranks spread over gpus GPUs (rank r on
+// GPU r % gpus). With fewer GPUs than ranks, ranks that share a GPU run
+// their kernels side by side on it: a correctness check of plans written
+// for more GPUs than the machine has (the times then say little).
+func CheckOn(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, pk plan.PacketType, iters, gpus int) (Result, error) {
 	W := p.World()
+	if gpus < 1 || gpus > W {
+		gpus = W
+	}
 	res := make([]*plan.Resolved, W)
 	for r := range res {
 		var err error
@@ -42,7 +53,7 @@ func Check(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, pk 
 	got := make([][]byte, W)
 	orig := make([][]byte, W)
 	times := make([]time.Duration, W)
-	errs := channeltest.RunLocal(ctx, device.CUDA, W, bootstrap.Config{Timeout: time.Minute},
+	errs := runLocal(ctx, W, gpus, bootstrap.Config{Timeout: time.Minute},
 		func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) (err error) {
 			me := bs.Rank()
 			comm, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: 20 * time.Second}})
@@ -173,8 +184,12 @@ func Check(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, pk 
 				return err
 			}
 			d, err := dev.Elapsed(start, end)
+			if err != nil {
+				return err
+			}
 			times[me] = d / time.Duration(iters)
-			return err
+			// No rank frees its buffers while a peer may still read them.
+			return comm.Barrier(ctx)
 		})
 	for r, err := range errs {
 		if err != nil {
@@ -186,6 +201,37 @@ func Check(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, pk 
 		out.PerCall = max(out.PerCall, d)
 	}
 	return out, nil
+}
+
+// runLocal runs fn on n goroutine ranks, rank r on GPU r % gpus, each with
+// an in-process bootstrap; a rank that fails closes its bootstrap so the
+// others fail fast.
+func runLocal(ctx context.Context, n, gpus int, cfg bootstrap.Config, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) []error {
+	errs := make([]error, n)
+	bss, err := bootstrap.NewInProcess(n, cfg)
+	if err != nil {
+		for r := range errs {
+			errs[r] = err
+		}
+		return errs
+	}
+	var wg sync.WaitGroup
+	for r, bs := range bss {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { errs[r] = errors.Join(errs[r], bs.Close()) }()
+			dev, err := device.Open(device.CUDA, r%gpus)
+			if err != nil {
+				errs[r] = fmt.Errorf("rank %d: %w", r, err)
+				return
+			}
+			defer func() { errs[r] = errors.Join(errs[r], dev.Close()) }()
+			errs[r] = fn(ctx, bs, dev)
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // outOffset is where the output starts in the recv allocation.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/collectives/plan"
+	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -56,7 +57,19 @@ type Args struct {
 
 // NewExecutor returns an executor over comm. Close it before comm.
 func NewExecutor(comm *channels.Communicator) *Executor {
-	return &Executor{comm: comm, dev: comm.Device(), contexts: map[contextKey]*launchContext{}, nextTag: 1 << 20}
+	x := &Executor{comm: comm, dev: comm.Device(), contexts: map[contextKey]*launchContext{}, nextTag: 1 << 20}
+	// Load the interpreter now: loading a module waits for the kernels
+	// running in the context, and at the first execution other ranks'
+	// kernels (on this GPU, or this rank's earlier ones) may be spinning
+	// on this rank. A failure shows again, with context, at the launch.
+	if f, ok := x.dev.(interface {
+		Function(string) (*cuda.Function, error)
+	}); ok {
+		for _, k := range kernelByType {
+			_, _ = f.Function(k)
+		}
+	}
+	return x
 }
 
 func (x *Executor) errorf(format string, a ...any) error {

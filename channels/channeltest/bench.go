@@ -83,30 +83,17 @@ func (r *Rank) BenchPingPong(ctx context.Context, iters int, relaxed bool) ([]Re
 	if relaxed {
 		name = "relaxed signal/wait round trip"
 	}
-	var rows []Result
-	for p := 1; p < r.n; p++ {
-		if r.me == 0 || r.me == p {
-			other := p
-			if r.me == p {
-				other = 0
-			}
-			out, err := r.pingpong(other, uint64(iters), false, relaxed, 20)
-			if err != nil {
-				return nil, err
-			}
-			if out[0] != uint64(iters) {
-				return nil, r.errorf("%s with rank %d: %d of %d rounds", name, other, out[0], iters)
-			}
-			if r.me == 0 {
-				rows = append(rows, Result{Primitive: name, Ranks: r.n, Peers: 1, Iters: iters,
-					LatencyUS: float64(out[2]) / float64(iters) / 1e3, Note: fmt.Sprintf("rank 0 <-> rank %d, in-kernel", p)})
-			}
+	return r.rank0Pairs(ctx, func(p, other int) (Result, error) {
+		out, err := r.pingpong(other, uint64(iters), false, relaxed, 20)
+		if err != nil {
+			return Result{}, err
 		}
-		if err := r.barrier(ctx); err != nil {
-			return nil, err
+		if out[0] != uint64(iters) {
+			return Result{}, r.errorf("%s with rank %d: %d of %d rounds", name, other, out[0], iters)
 		}
-	}
-	return rows, nil
+		return Result{Primitive: name, Ranks: r.n, Peers: 1, Iters: iters,
+			LatencyUS: float64(out[2]) / float64(iters) / 1e3, Note: fmt.Sprintf("rank 0 <-> rank %d, in-kernel", p)}, nil
+	})
 }
 
 // BenchPutGet measures rank 0 putting to and getting from rank 1, each

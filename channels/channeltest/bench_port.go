@@ -21,40 +21,18 @@ func (r *Rank) BenchPortPingPong(ctx context.Context, iters int) ([]Result, erro
 		return nil, err
 	}
 	const name = "port signal/wait round trip"
-	var rows []Result
-	for p := 1; p < r.n; p++ {
-		if r.me == 0 || r.me == p {
-			other := p
-			if r.me == p {
-				other = 0
-			}
-			if err := r.clearOut(2); err != nil {
-				return nil, err
-			}
-			args := device.NewArgs(6).Ptr(r.PortHandles.Ptr()).U32(uint32(other)).U64(uint64(iters)).U32(b2u(r.me == 0)).U32(22).Ptr(r.out.Ptr)
-			if err := r.launch("goep_port_pingpong", 1, 32, args); err != nil {
-				return nil, err
-			}
-			if err := r.sync(); err != nil {
-				return nil, err
-			}
-			out, err := r.readOut(2)
-			if err != nil {
-				return nil, err
-			}
-			if out[0] != uint64(iters) {
-				return nil, r.errorf("%s with rank %d: %d of %d rounds", name, other, out[0], iters)
-			}
-			if r.me == 0 {
-				rows = append(rows, Result{Primitive: name, Ranks: r.n, Peers: 1, Iters: iters,
-					LatencyUS: float64(out[1]) / float64(iters) / 1e3, Note: fmt.Sprintf("rank 0 <-> rank %d, in-kernel, through both proxies", p)})
-			}
+	return r.rank0Pairs(ctx, func(p, other int) (Result, error) {
+		args := device.NewArgs(6).Ptr(r.PortHandles.Ptr()).U32(uint32(other)).U64(uint64(iters)).U32(b2u(r.me == 0)).U32(22).Ptr(r.out.Ptr)
+		out, err := r.launchOut("goep_port_pingpong", 1, 32, 2, args)
+		if err != nil {
+			return Result{}, err
 		}
-		if err := r.barrier(ctx); err != nil {
-			return nil, err
+		if out[0] != uint64(iters) {
+			return Result{}, r.errorf("%s with rank %d: %d of %d rounds", name, other, out[0], iters)
 		}
-	}
-	return rows, nil
+		return Result{Primitive: name, Ranks: r.n, Peers: 1, Iters: iters,
+			LatencyUS: float64(out[1]) / float64(iters) / 1e3, Note: fmt.Sprintf("rank 0 <-> rank %d, in-kernel, through both proxies", p)}, nil
+	})
 }
 
 // BenchPortPut measures rank 0 putting each size to rank 1 through its
@@ -194,17 +172,8 @@ func (r *Rank) BenchPortAtomic(ctx context.Context, adds int) ([]Result, error) 
 			return nil, err
 		}
 		if r.me == 0 {
-			if err := r.clearOut(2); err != nil {
-				return nil, err
-			}
 			args := device.NewArgs(7).Ptr(r.PortHandles.Ptr()).U32(1).U64(uint64(adds)).U64(uint64(ctrOff)).U32(uint32(nc)).U32(24).Ptr(r.out.Ptr)
-			if err := r.launch("goep_port_atomic_rate", 1, 256, args); err != nil {
-				return nil, err
-			}
-			if err := r.sync(); err != nil {
-				return nil, err
-			}
-			out, err := r.readOut(2)
+			out, err := r.launchOut("goep_port_atomic_rate", 1, 256, 2, args)
 			if err != nil {
 				return nil, err
 			}

@@ -24,18 +24,9 @@ func (r *Rank) partner() int {
 // pingpong runs the ping-pong kernel with peer and returns its output
 // (rounds done, data mismatches, elapsed ns).
 func (r *Rank) pingpong(peer int, rounds uint64, withData, relaxed bool, stage uint32) ([]uint64, error) {
-	if err := r.clearOut(3); err != nil {
-		return nil, err
-	}
 	args := device.NewArgs(8).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U64(rounds).U32(b2u(r.me < peer)).
 		U32(b2u(withData)).U32(b2u(relaxed)).U32(stage).Ptr(r.out.Ptr)
-	if err := r.launch("goep_chan_pingpong", 1, 32, args); err != nil {
-		return nil, err
-	}
-	if err := r.sync(); err != nil {
-		return nil, err
-	}
-	return r.readOut(3)
+	return r.launchOut("goep_chan_pingpong", 1, 32, 3, args)
 }
 
 func b2u(b bool) uint32 {

@@ -17,6 +17,12 @@ import (
 // others fail fast at their next exchange instead of waiting out the
 // bootstrap timeout.
 func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
+	return RunLocalOn(ctx, kind, n, func(r int) int { return r }, cfg, fn)
+}
+
+// RunLocalOn is RunLocal with rank r on device (kind, ordinal(r)): several
+// ranks may share a GPU (their kernels then run side by side on it).
+func RunLocalOn(ctx context.Context, kind device.Kind, n int, ordinal func(rank int) int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
 	errs := make([]error, n)
 	bss, err := bootstrap.NewInProcess(n, cfg)
 	if err != nil {
@@ -30,16 +36,16 @@ func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = runRank(ctx, kind, r, bs, fn)
+			errs[r] = runRank(ctx, kind, r, ordinal(r), bs, fn)
 		}()
 	}
 	wg.Wait()
 	return errs
 }
 
-func runRank(ctx context.Context, kind device.Kind, r int, bs bootstrap.Bootstrap, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) (err error) {
+func runRank(ctx context.Context, kind device.Kind, r, ordinal int, bs bootstrap.Bootstrap, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) (err error) {
 	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(kind, r)
+	dev, err := device.Open(kind, ordinal)
 	if err != nil {
 		return fmt.Errorf("rank %d: %w", r, err)
 	}

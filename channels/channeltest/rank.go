@@ -152,6 +152,47 @@ func (r *Rank) clearOut(words int) error {
 	return r.Dev.CopyIn(r.out.Ptr, make([]byte, 8*words))
 }
 
+// launchOut clears words result words, runs kernel to completion and
+// returns them.
+func (r *Rank) launchOut(kernel string, grid, block, words int, args *device.Args) ([]uint64, error) {
+	if err := r.clearOut(words); err != nil {
+		return nil, err
+	}
+	if err := r.launch(kernel, grid, block, args); err != nil {
+		return nil, err
+	}
+	if err := r.sync(); err != nil {
+		return nil, err
+	}
+	return r.readOut(words)
+}
+
+// rank0Pairs runs fn on rank 0 and rank p for p = 1..n-1 in turn (other is
+// the partner's rank), the remaining ranks meeting them at a barrier after
+// each pair; rows are what rank 0's calls return.
+func (r *Rank) rank0Pairs(ctx context.Context, fn func(p, other int) (Result, error)) ([]Result, error) {
+	var rows []Result
+	for p := 1; p < r.n; p++ {
+		if r.me == 0 || r.me == p {
+			other := p
+			if r.me == p {
+				other = 0
+			}
+			row, err := fn(p, other)
+			if err != nil {
+				return nil, err
+			}
+			if r.me == 0 {
+				rows = append(rows, row)
+			}
+		}
+		if err := r.barrier(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
+}
+
 func (r *Rank) readOut(words int) ([]uint64, error) {
 	b := make([]byte, 8*words)
 	if err := r.Dev.CopyOut(b, r.out.Ptr); err != nil {

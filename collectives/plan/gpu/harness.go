@@ -3,7 +3,6 @@ package gpu
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/channels/channeltest"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -53,7 +53,7 @@ func CheckOn(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, p
 	got := make([][]byte, W)
 	orig := make([][]byte, W)
 	times := make([]time.Duration, W)
-	errs := runLocal(ctx, W, gpus, bootstrap.Config{Timeout: time.Minute},
+	errs := channeltest.RunLocalOn(ctx, device.CUDA, W, func(r int) int { return r % gpus }, bootstrap.Config{Timeout: time.Minute},
 		func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) (err error) {
 			me := bs.Rank()
 			comm, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: 20 * time.Second}})
@@ -201,37 +201,6 @@ func CheckOn(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, p
 		out.PerCall = max(out.PerCall, d)
 	}
 	return out, nil
-}
-
-// runLocal runs fn on n goroutine ranks, rank r on GPU r % gpus, each with
-// an in-process bootstrap; a rank that fails closes its bootstrap so the
-// others fail fast.
-func runLocal(ctx context.Context, n, gpus int, cfg bootstrap.Config, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) []error {
-	errs := make([]error, n)
-	bss, err := bootstrap.NewInProcess(n, cfg)
-	if err != nil {
-		for r := range errs {
-			errs[r] = err
-		}
-		return errs
-	}
-	var wg sync.WaitGroup
-	for r, bs := range bss {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { errs[r] = errors.Join(errs[r], bs.Close()) }()
-			dev, err := device.Open(device.CUDA, r%gpus)
-			if err != nil {
-				errs[r] = fmt.Errorf("rank %d: %w", r, err)
-				return
-			}
-			defer func() { errs[r] = errors.Join(errs[r], dev.Close()) }()
-			errs[r] = fn(ctx, bs, dev)
-		}()
-	}
-	wg.Wait()
-	return errs
 }
 
 // outOffset is where the output starts in the recv allocation.

@@ -107,6 +107,8 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 			if c.tuning, err = LoadTuning(path); err != nil {
 				return nil, c.errorf("%s: %w", EnvTuning, err)
 			}
+		} else if c.tuning, err = builtinTuning(dev.Info().Name, c.size); err != nil {
+			return nil, c.errorf("%w", err)
 		}
 	}
 	if cfg.NCCL == NCCLEager {

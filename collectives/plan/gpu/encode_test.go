@@ -107,3 +107,46 @@ func TestEncodeShippedPlans(t *testing.T) {
 		}
 	}
 }
+
+// Channels must pair up (the k-th A->B with a k-th B->A) or setup would
+// wait forever: checkPairs refuses the plan instead.
+func TestCheckPairs(t *testing.T) {
+	res := func(rank int, mem ...int) *plan.Resolved {
+		r := &plan.Resolved{Rank: rank}
+		for i, p := range mem {
+			r.MemoryChannels = append(r.MemoryChannels, plan.Channel{Peer: p, Tag: i})
+		}
+		return r
+	}
+	assert.NoError(t, checkPairs([]*plan.Resolved{res(0, 1, 1), res(1, 0, 0)}))
+	err := checkPairs([]*plan.Resolved{res(0, 1, 1), res(1, 0)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "gpu 0 has 2 memory channels to gpu 1, which has 1 back")
+	err = checkPairs([]*plan.Resolved{res(0, 0), res(1)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "memory channel to rank 0")
+	r := res(0)
+	r.PortChannels = []plan.Channel{{Peer: 3}}
+	assert.ErrorContains(t, checkPairs([]*plan.Resolved{r, res(1)}), "port channel to rank 3")
+}
+
+// Every shipped plan's channels pair up on its world.
+func TestShippedPlansPair(t *testing.T) {
+	ents, err := os.ReadDir("../testdata/plans")
+	require.NoError(t, err)
+	for _, e := range ents {
+		p, err := plan.Load(filepath.Join("../testdata/plans", e.Name()))
+		require.NoError(t, err)
+		all := make([]*plan.Resolved, p.World())
+		for r := range all {
+			all[r], err = plan.Resolve(p, r, 1<<20, p.InPlace)
+			require.NoError(t, err)
+		}
+		assert.NoError(t, checkPairs(all), p.Name)
+	}
+}
+
+func TestPacketBytes(t *testing.T) {
+	assert.Equal(t, uint64(16), packetBytes(plan.LL16))
+	assert.Equal(t, uint64(8), packetBytes(plan.LL8))
+}

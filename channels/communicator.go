@@ -44,6 +44,9 @@ type Communicator struct {
 	packets  []*PacketBuffer
 	arrays   []*DeviceArray
 	proxies  []*Proxy
+	// Shared-memory segments of host semaphore tokens (host_tokens.go).
+	ownSegments  []*shmSegment
+	peerSegments map[string]*shmSegment
 }
 
 // tokenSlotSize is the room of one inbound token: 128 bytes, because peers
@@ -268,6 +271,7 @@ func (c *Communicator) Close() error {
 	}
 	keep(c.tokens.free())
 	keep(c.locals.free())
+	keep(c.freeHostTokens())
 	for _, imp := range c.imports {
 		keep(c.dev.CloseImport(imp.buf))
 	}

@@ -23,6 +23,10 @@ type cudaIPCConnection struct {
 	// supported by this driver or on this mapping): updates then take the
 	// synchronous path for good.
 	noMemops atomic.Bool
+	// enqueued counts work put on the stream; idleAt is the count at the
+	// last time the stream was seen idle. Equal, nothing is in flight and a
+	// signal skips asking the driver (setHostToken).
+	enqueued, idleAt atomic.Uint64
 }
 
 func newCudaIPCConnection(base *connBase, dev device.Device, s device.Stream) *cudaIPCConnection {
@@ -37,6 +41,7 @@ func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src Register
 	if err := k.checkWrite(dst, dstOff, src, srcOff, size); err != nil {
 		return err
 	}
+	k.enqueued.Add(1)
 	if err := k.c.dev.CopyAsync(dst.Ptr()+uintptr(dstOff), src.Ptr()+uintptr(srcOff), size, k.stream); err != nil {
 		return k.errorf("write %d bytes: %w", size, err)
 	}
@@ -58,6 +63,7 @@ func (k *cudaIPCConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, valu
 	}
 	p := dst.Ptr() + uintptr(dstOff)
 	if k.memops != nil && !k.noMemops.Load() {
+		k.enqueued.Add(1)
 		if err := k.memops.WriteValue64(cuda.DevicePtr(p), value, cuda.WriteValueDefault); err == nil {
 			return nil
 		}
@@ -72,6 +78,44 @@ func (k *cudaIPCConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, valu
 	return nil
 }
 
+// setHostToken raises a token in shared host memory (host_tokens.go) to v,
+// after every earlier Write of the connection. With nothing in flight on
+// the connection's stream it is one CPU store, visible to the polling GPU
+// at once; otherwise a stream write of the same word queued behind the
+// copies (never a store racing a queued write: a store happens only once
+// the stream, and so every earlier write to the token, has finished).
+func (k *cudaIPCConnection) setHostToken(t hostToken, v uint64) error {
+	if err := k.usable(); err != nil {
+		return err
+	}
+	n := k.enqueued.Load()
+	if n == k.idleAt.Load() {
+		t.store(v)
+		return nil
+	}
+	if k.memops != nil {
+		// Work enqueued after n was read is not covered by this query.
+		if idle, err := k.memops.Query(); err == nil && idle {
+			k.idleAt.Store(n)
+			t.store(v)
+			return nil
+		}
+		if !k.noMemops.Load() {
+			k.enqueued.Add(1)
+			if err := k.memops.WriteValue64(cuda.DevicePtr(t.dev), v, cuda.WriteValueDefault); err == nil {
+				return nil
+			}
+			k.noMemops.Store(true)
+		}
+	}
+	if err := k.stream.Synchronize(); err != nil {
+		return k.errorf("update: waiting for earlier writes: %w", err)
+	}
+	k.idleAt.Store(n)
+	t.store(v)
+	return nil
+}
+
 // AtomicAdd launches goep_proxy_atomic_add (kernels/proxy_kernels.cu) on
 // the connection's stream: stream order puts it after the earlier copies.
 func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value uint64) error {
@@ -79,6 +123,7 @@ func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value ui
 		return err
 	}
 	args := device.NewArgs(2).Ptr(dst.Ptr() + uintptr(dstOff)).U64(value)
+	k.enqueued.Add(1)
 	if err := k.c.dev.Launch("goep_proxy_atomic_add", device.D1(1), device.D1(1), 0, k.stream, args); err != nil {
 		return k.errorf("atomic add: %w", err)
 	}

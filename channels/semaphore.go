@@ -41,6 +41,10 @@ type semaphore struct {
 	inbound  slot             // this rank's token (registered: the peer writes it)
 	expected slot             // this rank's consumed count
 	remote   RegisteredMemory // the peer's token for this pair
+	// hostRemote is the peer's token when it lives in shared host memory
+	// (host semaphores over CUDA IPC; host_tokens.go); remote is then
+	// unset.
+	hostRemote *hostToken
 }
 
 type semKind byte
@@ -104,9 +108,52 @@ func (c *Communicator) NewHostSemaphores(ctx context.Context, conns []Connection
 	return out, nil
 }
 
-// Setup message, little endian: magic, kind, 3 zero bytes, rank, then the
-// serialised registered memory of the sender's inbound token.
+// Setup message, little endian: magic, kind, a flag byte, 2 zero bytes,
+// rank, then the serialised registered memory of the sender's inbound
+// token; with the flag shmToken, the token's offset (u32) and the name of
+// its shared-memory segment instead.
 const semMagic = "goepSM01"
+
+const shmToken = 1
+
+func hostSemMessage(c *Communicator, segment string, off int) []byte {
+	b := make([]byte, 0, 20+len(segment))
+	b = append(b, semMagic...)
+	b = append(b, byte(semHost), shmToken, 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, uint32(c.rank))
+	b = binary.LittleEndian.AppendUint32(b, uint32(off))
+	return append(b, segment...)
+}
+
+func isHostSemMessage(msg []byte) bool {
+	return len(msg) >= 20 && bytes.Equal(msg[:8], []byte(semMagic)) && msg[9] == shmToken
+}
+
+// openHostSemMessage maps the peer's token in shared memory.
+func (c *Communicator) openHostSemMessage(kind semKind, conn Connection, peer, tag int, msg []byte) (*hostToken, error) {
+	if theirs := semKind(msg[8]); theirs != kind {
+		return nil, c.errorf("%s with rank %d (tag %d): rank %d built a %s at the same position", kind, peer, tag, peer, theirs)
+	}
+	b, err := c.ownConnection(conn)
+	if err != nil {
+		return nil, err
+	}
+	reg, ok := c.hostTokens(b)
+	if !ok {
+		return nil, c.errorf("%s with rank %d (tag %d): the peer keeps its token in shared memory, which this rank cannot map", kind, peer, tag)
+	}
+	off := int(binary.LittleEndian.Uint32(msg[16:]))
+	if off%hostTokenSlot != 0 || off+8 > shmSegmentSize {
+		return nil, c.errorf("%s with rank %d (tag %d): token offset %d", kind, peer, tag, off)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seg, err := c.openPeerSegment(reg, string(msg[20:]))
+	if err != nil {
+		return nil, c.errorf("%s with rank %d (tag %d): %w", kind, peer, tag, err)
+	}
+	return &hostToken{word: seg.word(off), dev: seg.dev + uintptr(off)}, nil
+}
 
 func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, kind semKind) ([]semaphore, error) {
 	if err := c.usable(); err != nil {
@@ -133,11 +180,19 @@ func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, ki
 	c.mu.Lock()
 	for i := range out {
 		var err error
-		if out[i].inbound, err = c.tokens.alloc(); err == nil {
-			out[i].expected, err = c.locals.alloc()
+		b, _ := c.ownConnection(conns[i])
+		if reg, ok := c.hostTokens(b); ok && kind == semHost {
+			var seg *shmSegment
+			var off int
+			if seg, off, err = c.allocHostToken(reg); err == nil {
+				out[i].inbound = slot{ptr: seg.dev + uintptr(off)}
+				msgs[i] = hostSemMessage(c, seg.name, off)
+			}
+		} else if out[i].inbound, err = c.tokens.alloc(); err == nil {
+			msgs[i], err = semMessage(c, kind, out[i].inbound.mem)
 		}
 		if err == nil {
-			msgs[i], err = semMessage(c, kind, out[i].inbound.mem)
+			out[i].expected, err = c.locals.alloc()
 		}
 		if err != nil {
 			c.mu.Unlock()
@@ -157,6 +212,12 @@ func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, ki
 			return nil, err
 		}
 		for j, i := range idx {
+			if isHostSemMessage(theirs[j]) {
+				if out[i].hostRemote, err = c.openHostSemMessage(kind, conns[i], peers[j], tag, theirs[j]); err != nil {
+					return nil, err
+				}
+				continue
+			}
 			if out[i].remote, err = c.openSemMessage(kind, peers[j], tag, theirs[j]); err != nil {
 				return nil, err
 			}
@@ -263,6 +324,17 @@ func (s *HostSemaphore) DeviceHandle() devapi.Semaphore { return s.handle(0) }
 func (s *HostSemaphore) Signal() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.hostRemote != nil {
+		k, ok := s.conn.(*cudaIPCConnection)
+		if !ok {
+			return s.c.errorf("host semaphore %d: a shared-memory token over %v", s.id, s.conn)
+		}
+		if err := k.setHostToken(*s.hostRemote, s.outbound+1); err != nil {
+			return err
+		}
+		s.outbound++
+		return nil
+	}
 	if err := s.conn.UpdateAndSync(s.remote, 0, s.outbound+1); err != nil {
 		return err
 	}

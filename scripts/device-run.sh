@@ -63,7 +63,7 @@ for s in $STEPS; do
 	channels) step channels gotest channels channels.test -test.v -test.count=1 -test.timeout=5m ;;
 	semlab) [ "$NGPU" -gt 1 ] && GOEP_SEM_LAB=1 step semlab gotest channels channels.test -test.v -test.count=1 -test.run TestSemaphoreLatencyLab ;;
 	channels-launch) [ "$NGPU" -gt 1 ] && step channels-launch "$BIN/ep-bench" launch -n "$NGPU" -- channels --check --sms 8,16,24,32,48,64,132 --json "$LOGS/channels.json" ;;
-	port) step port gotest channels channels.test -test.v -test.count=1 -test.timeout=5m -test.run 'TestPort' ;;
+	port) step port gotest channels channels.test -test.v -test.count=1 -test.timeout=5m -test.run 'TestPort|TestHostSemaphore' ;;
 	port-bench) [ "$NGPU" -gt 1 ] && step port-bench "$BIN/ep-bench" launch -n "$NGPU" -- channels --sizes 1M,16M,64M,256M --iters 20 --json "$LOGS/channels-bench.json" ;;
 	# Plans whose world fits this machine, then our native allreduce of the
 	# same shape (2 ranks) for the comparison.

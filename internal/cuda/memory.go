@@ -266,6 +266,39 @@ func (b *HostBuffer) Free() error {
 	return check("cuMemFreeHost", C.gc_mem_free_host(b.ctx.h, p))
 }
 
+// HostRegisterFlags are cuMemHostRegister flags.
+type HostRegisterFlags uint32
+
+const (
+	HostRegisterPortable  HostRegisterFlags = 0x1 // CU_MEMHOSTREGISTER_PORTABLE: pinned for all contexts
+	HostRegisterDeviceMap HostRegisterFlags = 0x2 // CU_MEMHOSTREGISTER_DEVICEMAP: mapped into the device address space
+)
+
+// HostRegister page-locks size bytes of existing host memory at p (page
+// aligned, e.g. an mmap'd shared segment) so that the GPU can reach it.
+// The memory must stay mapped until HostUnregister.
+func HostRegister(ctx *Context, p unsafe.Pointer, size int, flags HostRegisterFlags) error {
+	if p == nil || size <= 0 {
+		return errors.New("cuda: HostRegister of an empty range")
+	}
+	return check("cuMemHostRegister", C.gc_mem_host_register(ctx.h, p, C.size_t(size), C.uint(flags)))
+}
+
+// HostUnregister undoes HostRegister.
+func HostUnregister(ctx *Context, p unsafe.Pointer) error {
+	return check("cuMemHostUnregister", C.gc_mem_host_unregister(ctx.h, p))
+}
+
+// HostDevicePointer is where kernels reach registered (DeviceMap) host
+// memory at p.
+func HostDevicePointer(ctx *Context, p unsafe.Pointer) (DevicePtr, error) {
+	r := C.gc_mem_host_get_device_pointer(ctx.h, p)
+	if r.r != 0 {
+		return 0, newError("cuMemHostGetDevicePointer", r.r)
+	}
+	return DevicePtr(r.v), nil
+}
+
 // MemoryType is a CUmemorytype.
 type MemoryType int
 

@@ -502,6 +502,12 @@ gcRetPtr gc_mem_host_alloc(uintptr_t ctx, size_t size, unsigned int flags) {
 
 int gc_mem_free_host(uintptr_t ctx, void *p) { BOUND(ctx, gc.cuMemFreeHost(p)); }
 
+int gc_mem_host_register(uintptr_t ctx, void *p, size_t size, unsigned int flags) {
+	BOUND(ctx, gc.cuMemHostRegister(p, size, flags));
+}
+
+int gc_mem_host_unregister(uintptr_t ctx, void *p) { BOUND(ctx, gc.cuMemHostUnregister(p)); }
+
 gcRet gc_mem_host_get_device_pointer(uintptr_t ctx, void *p) {
 	gcRet o = {0, 0};
 	gcDptr d = 0;

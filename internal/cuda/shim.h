@@ -231,6 +231,8 @@ typedef gcResult (*gcGetProcAddressFn)(const char *symbol, void **pfn,
 	X(cuMemFreeHost, cuMemFreeHost, (void *p))                                              \
 	X(cuMemHostGetDevicePointer, cuMemHostGetDevicePointer_v2,                              \
 	  (gcDptr *pdptr, void *p, unsigned int Flags))                                         \
+	X(cuMemHostRegister, cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags)) \
+	X(cuMemHostUnregister, cuMemHostUnregister, (void *p))                                  \
 	X(cuPointerGetAttribute, cuPointerGetAttribute,                                         \
 	  (void *data, gcPtrAttr attribute, gcDptr ptr))                                        \
 	X(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity,                         \
@@ -389,6 +391,8 @@ int gc_memcpy_peer_async(uintptr_t ctx, uint64_t dst, uintptr_t dstCtx, uint64_t
 gcRetPtr gc_mem_host_alloc(uintptr_t ctx, size_t size, unsigned int flags);
 int gc_mem_free_host(uintptr_t ctx, void *p);
 gcRet gc_mem_host_get_device_pointer(uintptr_t ctx, void *p);
+int gc_mem_host_register(uintptr_t ctx, void *p, size_t size, unsigned int flags);
+int gc_mem_host_unregister(uintptr_t ctx, void *p);
 
 int gc_ipc_get_mem_handle(uintptr_t ctx, uint64_t p, unsigned char *out64);
 gcRet gc_ipc_open_mem_handle(uintptr_t ctx, const unsigned char *in64, unsigned int flags);

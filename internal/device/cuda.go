@@ -6,6 +6,7 @@ import (
 	"os"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/kernels"
@@ -513,6 +514,32 @@ func (d *cudaDevice) AllocHostMapped(size int) (HostMapped, error) {
 	}
 	d.mapped[uintptr(p)] = hb
 	return HostMapped{Host: hb.Bytes(), Dev: uintptr(p)}, nil
+}
+
+func (d *cudaDevice) RegisterHost(p []byte) (uintptr, error) {
+	if len(p) == 0 {
+		return 0, d.errorf("register host memory: empty range")
+	}
+	ptr := unsafe.Pointer(&p[0])
+	if err := cuda.HostRegister(d.ctx, ptr, len(p), cuda.HostRegisterPortable|cuda.HostRegisterDeviceMap); err != nil {
+		return 0, d.errorf("register %d bytes of host memory: %w", len(p), err)
+	}
+	dev, err := cuda.HostDevicePointer(d.ctx, ptr)
+	if err != nil {
+		_ = cuda.HostUnregister(d.ctx, ptr)
+		return 0, d.errorf("register host memory: %w", err)
+	}
+	return uintptr(dev), nil
+}
+
+func (d *cudaDevice) UnregisterHost(p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
+	if err := cuda.HostUnregister(d.ctx, unsafe.Pointer(&p[0])); err != nil {
+		return d.errorf("unregister host memory: %w", err)
+	}
+	return nil
 }
 
 func (d *cudaDevice) FreeHostMapped(m HostMapped) error {

@@ -141,6 +141,15 @@ type Device interface {
 	Close() error
 }
 
+// HostRegistrar is implemented by backends that can pin host memory they
+// did not allocate (a shared-memory segment mapped by several processes)
+// and map it for their kernels. RegisterHost returns the address kernels
+// use; the memory must stay mapped until UnregisterHost.
+type HostRegistrar interface {
+	RegisterHost(p []byte) (dev uintptr, err error)
+	UnregisterHost(p []byte) error
+}
+
 // ErrClosed is returned by a Device used after Close.
 var ErrClosed = errors.New("device is closed")
 

@@ -2,8 +2,6 @@ package collectives
 
 import (
 	"embed"
-	"encoding/json"
-	"fmt"
 	"io/fs"
 	"strings"
 )
@@ -28,15 +26,12 @@ func builtinTuning(device string, world int) (*Tuning, error) {
 		if err != nil {
 			return nil, err
 		}
-		var t Tuning
-		if err := json.Unmarshal(b, &t); err != nil {
-			return nil, fmt.Errorf("built-in tuning table %s: %w", f, err)
-		}
-		if err := t.Validate(); err != nil {
-			return nil, fmt.Errorf("built-in tuning table %s: %w", f, err)
+		t, err := parseTuning(b, "built-in tuning table "+f)
+		if err != nil {
+			return nil, err
 		}
 		if t.World == world && strings.EqualFold(t.Device, device) {
-			return &t, nil
+			return t, nil
 		}
 	}
 	return nil, nil

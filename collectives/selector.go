@@ -62,12 +62,17 @@ func LoadTuning(path string) (*Tuning, error) {
 	if err != nil {
 		return nil, err
 	}
+	return parseTuning(b, "tuning table "+path)
+}
+
+// parseTuning decodes and validates a table; what names it in errors.
+func parseTuning(b []byte, what string) (*Tuning, error) {
 	var t Tuning
 	if err := json.Unmarshal(b, &t); err != nil {
-		return nil, fmt.Errorf("tuning table %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	if err := t.Validate(); err != nil {
-		return nil, fmt.Errorf("tuning table %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return &t, nil
 }

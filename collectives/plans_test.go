@@ -103,3 +103,73 @@ func TestPlansFirst(t *testing.T) {
 		require.NoError(t, err, "rank %d", r)
 	}
 }
+
+// On GPUs a matching plan runs on the GPU interpreter when the call's
+// buffer is registered (at the start of its registration); an unregistered
+// buffer goes to the native algorithms. Results match the definition.
+func TestPlansFirstGPU(t *testing.T) {
+	if n, err := device.CUDADeviceCount(); err != nil || n < 2 {
+		t.Skipf("needs 2 GPUs (%d, %v)", n, err)
+	}
+	reg := &plan.Registry{}
+	_, err := reg.AddFile("plan/testdata/plans/reduce.json")
+	require.NoError(t, err)
+	const n, count = 2, 1 << 19 // 1 MiB of bf16 per rank
+	ctx := context.Background()
+	errs := colltest.RunLocal(ctx, device.CUDA, n, bootstrap.Config{}, gpuConfig(), func(ctx context.Context, c *collectives.Communicator) error {
+		if err := c.UsePlans(ctx, reg); err != nil {
+			return err
+		}
+		dev := c.Device()
+		inputs := make([][]byte, n)
+		for r := range inputs {
+			inputs[r] = make([]byte, count*2)
+			plan.FillSmallInt(plan.BF16, r, 11, inputs[r])
+		}
+		want, _ := plan.Expected("allreduce", plan.BF16, plan.ReduceSum, inputs, count*2)
+		for _, registered := range []bool{true, false} {
+			buf, err := dev.Alloc(count * 2)
+			if err != nil {
+				return err
+			}
+			defer dev.Free(buf)
+			if registered {
+				if _, err := c.Register(ctx, buf); err != nil {
+					return err
+				}
+			}
+			for round := 0; round < 3; round++ {
+				if err := dev.CopyIn(buf.Ptr, inputs[c.Rank()]); err != nil {
+					return err
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				w, err := c.AllReduce(ctx, nil, buf.Ptr, buf.Ptr, count, ref.BF16, ref.Sum)
+				if err != nil {
+					return err
+				}
+				if got := w.Algorithm() == "plan:reduce"; got != registered {
+					return fmt.Errorf("registered=%v: allreduce ran %s", registered, w.Algorithm())
+				}
+				if err := dev.DefaultStream().Synchronize(); err != nil {
+					return err
+				}
+				got := make([]byte, count*2)
+				if err := dev.CopyOut(got, buf.Ptr); err != nil {
+					return err
+				}
+				if !bytes.Equal(got, want[0]) {
+					return fmt.Errorf("rank %d registered=%v round %d: allreduce result differs", c.Rank(), registered, round)
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}

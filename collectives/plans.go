@@ -95,7 +95,7 @@ func (c *Communicator) tryPlan(ctx context.Context, x *call) (algo string, ok bo
 	return algo, true, nil
 }
 
-// tryPlanGPU runs a plan on the GPU interpreter. Plans read and write the
+// tryPlanGPU runs a plan on the GPU interpreter (the caller holds c.mu). Plans read and write the
 // peers' buffers directly, so the call's buffers must be registered
 // (Register), each at the start of its registration; other calls decline
 // the plan and go on to the native algorithms.
@@ -117,13 +117,11 @@ func (c *Communicator) tryPlanGPU(ctx context.Context, x *call, e *plan.Entry, q
 		}
 		args.Send, args.Recv = s.buf, d.buf
 	}
-	c.mu.Lock()
+	// c.mu is held (run).
 	if c.plans.exec == nil {
 		c.plans.exec = gpu.NewExecutor(c.chans)
 	}
-	ex := c.plans.exec
-	c.mu.Unlock()
-	if err := ex.Run(ctx, args); err != nil {
+	if err := c.plans.exec.Run(ctx, args); err != nil {
 		return "", false, c.errorf("%s: %s: %w", x, algo, err)
 	}
 	return algo, true, nil

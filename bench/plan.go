@@ -127,15 +127,12 @@ type planRow struct{ mean, min, gbps float64 }
 // scratch half and flag parity), then times iters launches.
 func planSize(ctx context.Context, kind device.Kind, p *plan.Plan, size uint64, inPlace bool, dt plan.DataType, cfg plan.HostConfig, iters int) (planRow, error) {
 	if kind == device.CUDA {
-		if inPlace != p.InPlace {
-			_, err := plan.Resolve(p, 0, size, inPlace) // names the mismatch
-			return planRow{}, err
-		}
-		res, err := gpu.Check(ctx, p, size, dt, cfg.Packet, iters)
+		// Resolving first refuses a size or mode the plan does not take.
+		r0, err := plan.Resolve(p, 0, size, inPlace)
 		if err != nil {
 			return planRow{}, err
 		}
-		r0, err := plan.Resolve(p, 0, size, inPlace)
+		res, err := gpu.Check(ctx, p, size, dt, cfg.Packet, iters)
 		if err != nil {
 			return planRow{}, err
 		}

@@ -100,22 +100,20 @@ func (c *Communicator) tryPlan(ctx context.Context, x *call) (algo string, ok bo
 // (Register), each at the start of its registration; other calls decline
 // the plan and go on to the native algorithms.
 func (c *Communicator) tryPlanGPU(ctx context.Context, x *call, e *plan.Entry, q plan.Query, dt plan.DataType, algo string) (string, bool, error) {
-	big, bigBytes := x.recv, x.recvBytes
+	// inspect found the registrations holding the buffers.
+	big, off := x.recvReg, x.recvOff
 	if x.sendBytes > x.recvBytes {
-		big, bigBytes = x.send, x.sendBytes
+		big, off = x.sendReg, x.sendOff
 	}
-	r, off := c.lookup(big, bigBytes)
-	if r == nil || off != 0 {
+	if big == nil || off != 0 {
 		return "", false, nil
 	}
-	args := gpu.Args{Plan: e.Plan, Bytes: q.Bytes, InPlace: q.InPlace, Send: r.buf, Recv: r.buf, DType: dt, Stream: x.stream}
+	args := gpu.Args{Plan: e.Plan, Bytes: q.Bytes, InPlace: q.InPlace, Send: big.buf, Recv: big.buf, DType: dt, Stream: x.stream}
 	if !q.InPlace {
-		s, soff := c.lookup(x.send, x.sendBytes)
-		d, doff := c.lookup(x.recv, x.recvBytes)
-		if s == nil || d == nil || soff != 0 || doff != 0 {
+		if x.sendReg == nil || x.recvReg == nil || x.sendOff != 0 || x.recvOff != 0 {
 			return "", false, nil
 		}
-		args.Send, args.Recv = s.buf, d.buf
+		args.Send, args.Recv = x.sendReg.buf, x.recvReg.buf
 	}
 	// c.mu is held (run).
 	if c.plans.exec == nil {

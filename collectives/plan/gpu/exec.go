@@ -177,14 +177,15 @@ func (lc *launchContext) launch(dt plan.DataType, s device.Stream) error {
 	return nil
 }
 
-// alloc allocates n zeroed bytes the context owns.
+// alloc allocates n bytes the context owns, zeroed on the default stream
+// (build synchronises it before the first launch).
 func (lc *launchContext) alloc(n int) (device.Buffer, error) {
 	b, err := lc.x.dev.Alloc(max(n, 16))
 	if err != nil {
 		return b, err
 	}
 	lc.owned = append(lc.owned, b)
-	if err := lc.x.dev.CopyIn(b.Ptr, make([]byte, b.Size)); err != nil {
+	if err := lc.x.dev.MemsetAsync(b.Ptr, 0, b.Size, nil); err != nil {
 		return b, err
 	}
 	return b, nil
@@ -192,14 +193,13 @@ func (lc *launchContext) alloc(n int) (device.Buffer, error) {
 
 // upload copies data into a new owned buffer.
 func (lc *launchContext) upload(data []byte) (uintptr, error) {
-	b, err := lc.alloc(len(data))
+	b, err := lc.x.dev.Alloc(max(len(data), 16))
 	if err != nil {
 		return 0, err
 	}
-	if len(data) > 0 {
-		if err := lc.x.dev.CopyIn(b.Ptr, data); err != nil {
-			return 0, err
-		}
+	lc.owned = append(lc.owned, b)
+	if err := lc.x.dev.CopyIn(b.Ptr, data); err != nil {
+		return 0, err
 	}
 	return b.Ptr, nil
 }
@@ -427,6 +427,11 @@ func (x *Executor) build(ctx context.Context, a Args) (_ *launchContext, err err
 		return nil, err
 	}
 	lc.args = device.NewArgs(2).Ptr(ctxPtr).U64(res.ScratchWrap)
+	// The zeroed scratch, barriers and flag before any launch (the caller's
+	// stream need not be the default one).
+	if err := x.dev.DefaultStream().Synchronize(); err != nil {
+		return nil, err
+	}
 	// Every rank has its context before any launches: a launch writes
 	// peers' buffers.
 	if err := x.comm.Barrier(ctx); err != nil {

@@ -8,7 +8,7 @@ BENCH_ARGS ?= intranode
 export NCCL_NVLS_ENABLE := 0
 
 # Packages whose test binaries hold GPU tests (they skip without a GPU).
-GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./ep/routing ./bench ./channels ./intranode ./ep ./buffer ./collectives
+GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./routing ./bench ./channels ./intranode ./ep ./buffer ./collectives
 
 .PHONY: all build test vet run device-bin clean
 

@@ -16,9 +16,9 @@ import (
 
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/ep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 func init() {

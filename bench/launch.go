@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/goep-dev/goep/internal/launch"
+	"github.com/goep-dev/goep/internal/spawn"
 )
 
 func init() {
@@ -39,5 +39,5 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if rest[0] == "launch" {
 		return fmt.Errorf("launch cannot launch itself")
 	}
-	return launch.Run(ctx, launch.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace})
+	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace})
 }

@@ -11,8 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/goep-dev/goep/ep/routing"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/routing"
 )
 
 func init() {

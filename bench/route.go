@@ -9,7 +9,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/goep-dev/goep/ep/routing"
 )
 
 func init() {
@@ -23,7 +22,7 @@ type routeReport struct {
 	Hidden int    `json:"hidden"`
 	// BytesPerToken is hidden * 2: one BF16 token row.
 	BytesPerToken int64 `json:"bytes_per_token_bf16"`
-	*routing.Traffic
+	*Traffic
 	MatrixBytes [][]int64 `json:"matrix_bytes_bf16"`
 	// RecvBytes and SendBytes per rank count every copy, the rank's own
 	// tokens to itself included (DeepEP's accounting); RemoteSendBytes
@@ -53,11 +52,11 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *hidden < 0 {
 		return errors.New("--hidden must not be negative")
 	}
-	place, err := routing.ParsePlacement(*source)
+	place, err := ParsePlacement(*source)
 	if err != nil {
 		return fmt.Errorf("--source-rank-of: %w", err)
 	}
-	n, err := routing.LoadNPY(*file)
+	n, err := LoadNPY(*file)
 	if err != nil {
 		return err
 	}
@@ -65,7 +64,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("%s: %w", *file, err)
 	}
-	tr, err := routing.Analyze(r, place)
+	tr, err := Analyze(r, place)
 	if err != nil {
 		return err
 	}
@@ -77,7 +76,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return writeJSON(*jsonPath, rep)
 }
 
-func newRouteReport(file string, as32 bool, hidden int, tr *routing.Traffic) *routeReport {
+func newRouteReport(file string, as32 bool, hidden int, tr *Traffic) *routeReport {
 	rep := &routeReport{File: file, Dtype: "<i8", Hidden: hidden, BytesPerToken: int64(hidden) * 2, Traffic: tr}
 	if as32 {
 		rep.Dtype = "<i4"

@@ -11,13 +11,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/ep/routing"
 )
 
 func writeNPY(t *testing.T, idx []int64, tokens, k int, as32 bool) string {
 	t.Helper()
 	var b bytes.Buffer
-	require.NoError(t, routing.WriteNPY(&b, idx, tokens, k, as32))
+	require.NoError(t, WriteNPY(&b, idx, tokens, k, as32))
 	path := filepath.Join(t.TempDir(), "topk.npy")
 	require.NoError(t, os.WriteFile(path, b.Bytes(), 0o644))
 	return path

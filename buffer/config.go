@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
 )
 

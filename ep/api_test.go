@@ -17,7 +17,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
 )
 

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
 )
 

@@ -3,7 +3,7 @@ package ep
 import (
 	"fmt"
 
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 )
 
 // LayoutArgs are the inputs of Layout.

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/intranode"
 )

@@ -14,7 +14,7 @@ import (
 // BenchInput is one rank's share of a benchmark shape.
 type BenchInput struct {
 	// TopK is this rank's routing, int64 [Tokens][TopK] (-1 = none);
-	// Tokens = len(TopK)/TopK. ep/routing.Generate draws DeepEP's.
+	// Tokens = len(TopK)/TopK. routing.Generate draws DeepEP's.
 	TopK []int64
 	// FP8 dispatches FP8 rows with scales (the layout needs Config.FP8).
 	FP8 bool

@@ -6,7 +6,7 @@
 //   tokens_per_expert[E]    int32: entries equal to e
 //   is_token_in_rank[T, R]  uint8: 1 when token t has an expert on rank r
 //   *invalid                int32: entries outside [-1, E), which are ignored
-// The Go reference is routing.CountLayout (ep/routing/layout.go).
+// The Go reference is routing.CountLayout (routing/layout.go).
 //
 // Design (one launch, no memset, graph-safe):
 //   - Each thread takes one token per tile; blocks stride over tiles. A thread

@@ -1,7 +1,7 @@
 package kernels
 
 // The ep API's conversion kernels (ep_convert.cu); launched through
-// ep/routing.LaunchWidenIDs, with Go twins in kernels/twins/ep.go.
+// routing.LaunchWidenIDs, with Go twins in kernels/twins/ep.go.
 func init() {
 	registry = append(registry, Module{
 		Name:    "ep",

@@ -1,7 +1,7 @@
 package kernels
 
 // The dispatch-layout kernels (layout.cu); launched through
-// ep/routing.LaunchLayout, with Go twins in kernels/twins/layout.go.
+// routing.LaunchLayout, with Go twins in kernels/twins/layout.go.
 func init() {
 	registry = append(registry, Module{
 		Name:    "layout",

@@ -55,9 +55,9 @@ for s in $STEPS; do
 	device) step device gotest internal/device device.test -test.v -test.count=1 -test.timeout=8m ;;
 	kernels) step kernels gotest kernels kernels.test -test.v -test.count=1 -test.timeout=8m ;;
 	bench) step bench gotest internal/cuda cuda.test -test.run '^$' -test.bench . -test.benchtime=20000x ;;
-	routing) step routing gotest ep/routing routing.test -test.v -test.count=1 -test.timeout=8m ;;
+	routing) step routing gotest routing routing.test -test.v -test.count=1 -test.timeout=8m ;;
 	layout)
-		step layout-bench gotest ep/routing routing.test -test.run '^$' -test.bench BenchmarkLayoutKernel -test.benchtime 20000x
+		step layout-bench gotest routing routing.test -test.run '^$' -test.bench BenchmarkLayoutKernel -test.benchtime 20000x
 		step layout "$BIN/ep-bench" layout --tokens 128,512,4096,8192 --json "$LOGS/layout.json"
 		;;
 	channels) step channels gotest channels channels.test -test.v -test.count=1 -test.timeout=5m ;;

@@ -1,7 +1,7 @@
 package twins
 
 import (
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 )
 

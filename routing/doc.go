@@ -6,7 +6,7 @@
 // or int32; -1 marks an unused slot. E experts are spread evenly over R
 // ranks: rank r owns experts [r*E/R, (r+1)*E/R).
 //
-// The package has three parts:
+// The package has two parts:
 //
 //   - host types and validation (Shape, Routing), a routing generator that
 //     matches DeepEP's tests (Generate), and a plain-Go reference layout
@@ -15,7 +15,8 @@
 //   - LaunchLayout, which validates a device-side routing's shape and
 //     launches the layout kernel (kernels/layout.cu) on either backend,
 //     and LaunchWidenIDs, which widens int32 ids to int64 on the device
-//     (kernels/ep_convert.cu) for the kernels that read int64;
-//   - offline analysis of recorded routings: .npy files (ReadNPY, WriteNPY)
-//     and per-rank/per-expert load and rank-to-rank traffic (Analyze).
+//     (kernels/ep_convert.cu) for the kernels that read int64.
+//
+// Offline analysis of recorded routings (.npy files, traffic tables) lives
+// in bench, its only user.
 package routing

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 )
 
 // TestLayoutKernelSourceEmulated compiles the real kernels/layout.cu with

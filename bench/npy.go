@@ -1,10 +1,11 @@
-package routing
+package bench
 
 import (
 	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/goep-dev/goep/routing"
 	"io"
 	"os"
 	"strconv"
@@ -35,8 +36,8 @@ type NPYIndex struct {
 }
 
 // Routing checks the array against experts and ranks and wraps it.
-func (n *NPYIndex) Routing(experts, ranks int) (*Routing, error) {
-	return NewRouting(n.Idx, Shape{Tokens: n.Tokens, K: n.K, Experts: experts, Ranks: ranks})
+func (n *NPYIndex) Routing(experts, ranks int) (*routing.Routing, error) {
+	return routing.NewRouting(n.Idx, routing.Shape{Tokens: n.Tokens, K: n.K, Experts: experts, Ranks: ranks})
 }
 
 // LoadNPY reads a topk_idx .npy file.

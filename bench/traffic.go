@@ -1,7 +1,8 @@
-package routing
+package bench
 
 import (
 	"fmt"
+	"github.com/goep-dev/goep/routing"
 	"strconv"
 	"strings"
 )
@@ -47,7 +48,7 @@ func (p Placement) String() string {
 }
 
 // sourceOf returns the function from token to source rank for shape s.
-func (p Placement) sourceOf(s Shape) (func(t int) int, error) {
+func (p Placement) sourceOf(s routing.Shape) (func(t int) int, error) {
 	switch p.Kind {
 	case "", "block":
 		per := max((s.Tokens+s.Ranks-1)/s.Ranks, 1)
@@ -68,7 +69,7 @@ func (p Placement) sourceOf(s Shape) (func(t int) int, error) {
 // dispatch), so traffic counts tokens per (source, destination) pair,
 // including a rank's tokens to itself.
 type Traffic struct {
-	Shape
+	routing.Shape
 	Placement Placement `json:"placement"`
 	// SourceTokens[r]: tokens rank r holds.
 	SourceTokens []int64 `json:"source_tokens"`
@@ -91,8 +92,8 @@ type Traffic struct {
 }
 
 // Analyze computes r's load and traffic with tokens placed by p. r must be
-// valid (Routing.Validate).
-func Analyze(r *Routing, p Placement) (*Traffic, error) {
+// valid (routing.Routing.Validate).
+func Analyze(r *routing.Routing, p Placement) (*Traffic, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}

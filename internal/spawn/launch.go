@@ -1,8 +1,8 @@
-// Package launch runs N ranks of a program on this host, like
+// Package spawn runs N ranks of a program on this host, like
 // `torchrun --standalone`: it gives each child the torchrun-style variables
 // that bootstrap.FromEnv reads, prefixes their output with the rank, and
 // stops the whole job when one rank fails or the launcher is interrupted.
-package launch
+package spawn
 
 import (
 	"context"

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goep-dev/goep/ep/routing"
+	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -13,7 +13,7 @@ import (
 // launches after 50 warm-ups. Reported as gpu-us/launch; ns/op is the host's
 // issue rate. Skipped without a GPU. Run:
 //
-//	go test -run '^$' -bench Layout -benchtime 20000x ./ep/routing
+//	go test -run '^$' -bench Layout -benchtime 20000x ./routing
 func BenchmarkLayoutKernel(b *testing.B) {
 	b.Run("int64", func(b *testing.B) { benchLayout(b, false, 0) })
 	b.Run("int32", func(b *testing.B) { benchLayout(b, true, 0) })

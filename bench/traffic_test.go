@@ -1,6 +1,7 @@
-package routing
+package bench
 
 import (
+	"github.com/goep-dev/goep/routing"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -25,8 +26,8 @@ func TestParsePlacement(t *testing.T) {
 func TestAnalyzeHandCase(t *testing.T) {
 	// 4 tokens, 2 ranks, experts 0,1 on rank 0 and 2,3 on rank 1.
 	// Block placement: tokens 0,1 on rank 0; 2,3 on rank 1.
-	s := Shape{Tokens: 4, K: 2, Experts: 4, Ranks: 2}
-	r, err := NewRouting([]int64{
+	s := routing.Shape{Tokens: 4, K: 2, Experts: 4, Ranks: 2}
+	r, err := routing.NewRouting([]int64{
 		0, 1, // rank 0 -> rank 0 (once, two experts)
 		2, -1, // rank 0 -> rank 1
 		0, 3, // rank 1 -> ranks 0 and 1
@@ -61,8 +62,8 @@ func TestAnalyzeHandCase(t *testing.T) {
 // The traffic matrix's column sums are the layout's tokens per rank, for
 // every placement, and nothing is routed on an all-masked routing.
 func TestAnalyzeAgreesWithLayout(t *testing.T) {
-	for _, s := range []Shape{{4096, 8, 256, 8}, {1001, 6, 64, 4}, {7, 2, 16, 8}} {
-		r, err := Generate(s, GenOptions{Seed: uint64(s.Tokens), Masked: 50})
+	for _, s := range []routing.Shape{{Tokens: 4096, K: 8, Experts: 256, Ranks: 8}, {Tokens: 1001, K: 6, Experts: 64, Ranks: 4}, {Tokens: 7, K: 2, Experts: 16, Ranks: 8}} {
+		r, err := routing.Generate(s, routing.GenOptions{Seed: uint64(s.Tokens), Masked: 50})
 		require.NoError(t, err)
 		l, err := r.Layout()
 		require.NoError(t, err)
@@ -87,8 +88,8 @@ func TestAnalyzeAgreesWithLayout(t *testing.T) {
 			assert.GreaterOrEqual(t, tr.ExpertImbalance, 1.0)
 		}
 	}
-	s := Shape{Tokens: 3, K: 1, Experts: 2, Ranks: 2}
-	r, err := NewRouting([]int64{-1, -1, -1}, s)
+	s := routing.Shape{Tokens: 3, K: 1, Experts: 2, Ranks: 2}
+	r, err := routing.NewRouting([]int64{-1, -1, -1}, s)
 	require.NoError(t, err)
 	tr, err := Analyze(r, Placement{})
 	require.NoError(t, err)

@@ -1,8 +1,9 @@
-package routing
+package bench
 
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/goep-dev/goep/routing"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,7 +39,7 @@ func TestNPYByteExact(t *testing.T) {
 }
 
 func TestNPYRoundTrip(t *testing.T) {
-	r, err := Generate(Shape{Tokens: 333, K: 9, Experts: 512, Ranks: 8}, GenOptions{Seed: 5, Masked: 30})
+	r, err := routing.Generate(routing.Shape{Tokens: 333, K: 9, Experts: 512, Ranks: 8}, routing.GenOptions{Seed: 5, Masked: 30})
 	require.NoError(t, err)
 	for _, as32 := range []bool{false, true} {
 		path := filepath.Join(t.TempDir(), "topk.npy")

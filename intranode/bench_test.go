@@ -4,31 +4,32 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goep-dev/goep/intranode/intranodetest"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // benchGroup builds a group and one Bench per rank at DeepEP's routing.
-func benchGroup(t testing.TB, kind device.Kind, ranks, tokens, hidden int, fp8 bool) (*intranode.Group, []*intranode.Bench, []device.Stream) {
+func benchGroup(t testing.TB, kind device.Kind, ranks, tokens, hidden int, fp8 bool) (*intranodetest.Group, []*intranodetest.Bench, []device.Stream) {
 	c := intranode.Config{Ranks: ranks, MaxTokens: tokens, Hidden: hidden, TopK: 8, LocalExperts: 256 / ranks, FP8: fp8}
 	g := newGroup(t, kind, c, 30*time.Second)
 	streams := newStreams(t, g)
-	benches := make([]*intranode.Bench, ranks)
+	benches := make([]*intranodetest.Bench, ranks)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	require.NoError(t, g.Run(func(i int, r *intranode.Rank) error {
+	require.NoError(t, g.Run(func(i int, r *intranodetest.Rank) error {
 		rt, err := routing.Generate(routing.Shape{Tokens: tokens, K: 8, Experts: 256, Ranks: ranks}, routing.GenOptions{Seed: uint64(i)})
 		if err != nil {
 			return err
 		}
-		benches[i], err = intranode.NewBench(ctx, r, streams[i], intranode.BenchInput{TopK: rt.Idx, FP8: fp8, Weights: true, Seed: 1})
+		benches[i], err = intranodetest.NewBench(ctx, r, streams[i], intranodetest.BenchInput{TopK: rt.Idx, FP8: fp8, Weights: true, Seed: 1})
 		return err
 	}))
 	t.Cleanup(func() {
@@ -49,7 +50,7 @@ func TestBenchHost(t *testing.T) {
 		total += b.Received
 	}
 	for rep := 0; rep < 3; rep++ {
-		run(t, g, streams, func(i int, r *intranode.Rank, s device.Stream) error {
+		run(t, g, streams, func(i int, r *intranodetest.Rank, s device.Stream) error {
 			b := benches[i]
 			fs := []func(device.Stream) error{b.NotifyDispatch, b.Dispatch, b.Combine, b.Combine, b.Dispatch}
 			for _, v := range benchVariants(true) {
@@ -103,7 +104,7 @@ func BenchmarkGPU(b *testing.B) {
 // benchVariant is one timed closure of a shape.
 type benchVariant struct {
 	name     string
-	pick     func(x *intranode.Bench) func(device.Stream) error
+	pick     func(x *intranodetest.Bench) func(device.Stream) error
 	combine  bool
 	optional bool // skip (not fail) when the first launch errors: a path the toolchain may not build
 }
@@ -114,19 +115,19 @@ func benchVariants(fp8 bool) []benchVariant {
 		for _, sms := range []int{24, 16} {
 			cfg := intranode.LaunchConfig{NumSMs: sms, Copy: c}
 			vs = append(vs, benchVariant{name: fmt.Sprintf("dispatch/%v/sms=%d", c, sms),
-				pick:     func(x *intranode.Bench) func(device.Stream) error { return x.DispatchWith(cfg) },
+				pick:     func(x *intranodetest.Bench) func(device.Stream) error { return x.DispatchWith(cfg) },
 				optional: c == intranode.CopyTMA})
 		}
 	}
 	dispatch(intranode.CopyPlain)
 	dispatch(intranode.CopyWide)
 	vs = append(vs, benchVariant{name: "notify+dispatch",
-		pick: func(x *intranode.Bench) func(device.Stream) error { return x.NotifyDispatch }})
+		pick: func(x *intranodetest.Bench) func(device.Stream) error { return x.NotifyDispatch }})
 	if !fp8 {
 		for _, sms := range []int{24, 16} {
 			cfg := intranode.LaunchConfig{NumSMs: sms}
 			vs = append(vs, benchVariant{name: fmt.Sprintf("combine/sms=%d", sms), combine: true,
-				pick: func(x *intranode.Bench) func(device.Stream) error { return x.CombineWith(cfg) }})
+				pick: func(x *intranodetest.Bench) func(device.Stream) error { return x.CombineWith(cfg) }})
 		}
 	}
 	// Last in each shape: the path least proven on hardware.
@@ -146,7 +147,7 @@ func benchShape(b *testing.B, ranks, tokens int, fp8 bool) {
 	for _, v := range benchVariants(fp8) {
 		b.Run(v.name, func(b *testing.B) {
 			elapsed := make([]time.Duration, ranks)
-			err := g.Run(func(i int, r *intranode.Rank) error {
+			err := g.Run(func(i int, r *intranodetest.Rank) error {
 				f, s := v.pick(benches[i]), streams[i]
 				if err := f(s); err != nil {
 					if v.optional {

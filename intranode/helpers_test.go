@@ -3,6 +3,7 @@ package intranode_test
 import (
 	"context"
 	"fmt"
+	"github.com/goep-dev/goep/intranode/intranodetest"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -11,10 +12,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
 	_ "github.com/goep-dev/goep/kernels/twins"
+	"github.com/goep-dev/goep/routing"
 )
 
 // gpuCount is how many CUDA GPUs this machine has (0 without a driver).
@@ -238,7 +239,7 @@ func (rd *rankData) dispatchArgs(s spec) intranode.DispatchArgs {
 
 // poison fills every region a dispatch or combine writes, and the handle,
 // with 0xEE so that an element a kernel skips cannot pass for a zero.
-func poison(t testing.TB, r *intranode.Rank, handleToo bool, extra ...device.Buffer) {
+func poison(t testing.TB, r *intranodetest.Rank, handleToo bool, extra ...device.Buffer) {
 	l := r.WS.Layout
 	regions := []intranode.Region{l.RecvX, l.RecvScales, l.RecvSrcToken, l.RecvTopK, l.RecvWeights,
 		l.CombineX, l.CombineWeights}
@@ -263,9 +264,9 @@ func poison(t testing.TB, r *intranode.Rank, handleToo bool, extra ...device.Buf
 
 // run calls f on every rank at once with its own stream, then synchronises
 // every stream and checks every rank's timeout record.
-func run(t testing.TB, g *intranode.Group, streams []device.Stream, f func(i int, r *intranode.Rank, s device.Stream) error) {
+func run(t testing.TB, g *intranodetest.Group, streams []device.Stream, f func(i int, r *intranodetest.Rank, s device.Stream) error) {
 	t.Helper()
-	err := g.Run(func(i int, r *intranode.Rank) error {
+	err := g.Run(func(i int, r *intranodetest.Rank) error {
 		if err := f(i, r, streams[i]); err != nil {
 			return err
 		}
@@ -277,7 +278,7 @@ func run(t testing.TB, g *intranode.Group, streams []device.Stream, f func(i int
 	require.NoError(t, err)
 }
 
-func newStreams(t testing.TB, g *intranode.Group) []device.Stream {
+func newStreams(t testing.TB, g *intranodetest.Group) []device.Stream {
 	ss := make([]device.Stream, len(g.Ranks))
 	for i, r := range g.Ranks {
 		s, err := r.Dev.NewStream()
@@ -288,12 +289,12 @@ func newStreams(t testing.TB, g *intranode.Group) []device.Stream {
 	return ss
 }
 
-func newGroup(t testing.TB, kind device.Kind, c intranode.Config, timeout time.Duration) *intranode.Group {
+func newGroup(t testing.TB, kind device.Kind, c intranode.Config, timeout time.Duration) *intranodetest.Group {
 	l, err := intranode.NewLayout(c)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	g, err := intranode.NewGroup(ctx, kind, l, intranode.RankOptions{Timeout: timeout, WaitID: 77})
+	g, err := intranodetest.NewGroup(ctx, kind, l, intranodetest.RankOptions{Timeout: timeout, WaitID: 77})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -305,7 +306,7 @@ func newGroup(t testing.TB, kind device.Kind, c intranode.Config, timeout time.D
 
 // checkDispatch compares one rank's receive region and handle with the
 // reference, byte for byte.
-func checkDispatch(t testing.TB, s spec, r *intranode.Rank, rd *rankData, want intranode.RankOutput, what string) {
+func checkDispatch(t testing.TB, s spec, r *intranodetest.Rank, rd *rankData, want intranode.RankOutput, what string) {
 	t.Helper()
 	d, l := r.Dev, r.WS.Layout
 	n := want.Received()

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goep-dev/goep/intranode/intranodetest"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -20,9 +21,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 func fill(r, n int) []int {
@@ -157,7 +158,7 @@ func TestDispatchCombineMatchReferenceGPU(t *testing.T) {
 
 // runSpec runs s.iters rounds of: notify + dispatch (new handle), cached
 // dispatch of new x, combine; each checked against the reference.
-func runSpec(t *testing.T, g *intranode.Group, streams []device.Stream, s spec) {
+func runSpec(t *testing.T, g *intranodetest.Group, streams []device.Stream, s spec) {
 	shape := intranode.Shape{Hidden: s.hidden, TopK: s.topk, Experts: s.experts, Ranks: s.ranks}
 	data := make([]*rankData, s.ranks)
 	ins := make([]intranode.RankInput, s.ranks)
@@ -176,7 +177,7 @@ func runSpec(t *testing.T, g *intranode.Group, streams []device.Stream, s spec) 
 		for _, r := range g.Ranks {
 			poison(t, r, true)
 		}
-		run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+		run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 			if s.notifyDispatch && (i%2 == 0 || it%2 == 1) { // odd ranks mix both forms
 				return r.NotifyDispatch(st, data[i].topk.Ptr, data[i].handle, s.align, data[i].dispatchArgs(s), s.cfg)
 			}
@@ -201,7 +202,7 @@ func runSpec(t *testing.T, g *intranode.Group, streams []device.Stream, s spec) 
 			ins[i] = data[i].in
 			poison(t, r, false)
 		}
-		run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+		run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 			return r.WS.Dispatch(r.Dev, st, data[i].dispatchArgs(s), s.cfg)
 		})
 		want, err = intranode.ReferenceDispatch(shape, ins, s.align)
@@ -214,7 +215,7 @@ func runSpec(t *testing.T, g *intranode.Group, streams []device.Stream, s spec) 
 	}
 }
 
-func runCombine(t *testing.T, g *intranode.Group, streams []device.Stream, s spec, shape intranode.Shape,
+func runCombine(t *testing.T, g *intranodetest.Group, streams []device.Stream, s spec, shape intranode.Shape,
 	data []*rankData, dispatched []intranode.RankOutput, seed uint64) {
 	cins := make([]intranode.CombineInput, s.ranks)
 	args := make([]intranode.CombineArgs, s.ranks)
@@ -305,7 +306,7 @@ func runCombine(t *testing.T, g *intranode.Group, streams []device.Stream, s spe
 			}
 		}
 	}()
-	run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+	run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 		return r.WS.Combine(r.Dev, st, args[i], s.cfg)
 	})
 	want, err := intranode.ReferenceCombine(shape, s.tokens, dispatched, cins)
@@ -346,7 +347,7 @@ func TestInvalidIDsAreIgnored(t *testing.T) {
 				inv[i] = alloc(t, r.Dev, 4)
 				poison(t, r, true, inv[i])
 			}
-			run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+			run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 				if err := r.WS.Notify(r.Dev, st, intranode.NotifyArgs{TopK: data[i].topk.Ptr, Handle: data[i].handle,
 					Invalid: inv[i].Ptr}, intranode.LaunchConfig{}); err != nil {
 					return err
@@ -452,7 +453,7 @@ func TestGraphReplays(t *testing.T) {
 				data[i].uploadX(t, r.Dev, s)
 				ins[i] = data[i].in
 			}
-			run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+			run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 				return r.Notify(st, data[i].topk.Ptr, data[i].handle, 0)
 			})
 			want, err := intranode.ReferenceDispatch(shape, ins, 0)
@@ -478,7 +479,7 @@ func TestGraphReplays(t *testing.T) {
 				for i, r := range g.Ranks {
 					poison(t, r, false, outs[i])
 				}
-				run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error { return graphs[i].Launch(st) })
+				run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error { return graphs[i].Launch(st) })
 				for i, r := range g.Ranks {
 					checkDispatch(t, s, r, data[i], want[i], fmt.Sprintf("replay %d", rep))
 					sameSlice(t, wantC[i].X, download[uint16](t, r.Dev, outs[i].Ptr, s.tokens[i]*s.hidden),
@@ -522,7 +523,7 @@ func TestCombineInputReuse(t *testing.T) {
 				data[i].uploadX(t, r.Dev, s)
 				ins[i] = data[i].in
 			}
-			run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+			run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 				return r.NotifyDispatch(st, data[i].topk.Ptr, data[i].handle, 0, data[i].dispatchArgs(s), intranode.LaunchConfig{})
 			})
 			want, err := intranode.ReferenceDispatch(shape, ins, 0)
@@ -549,7 +550,7 @@ func TestCombineInputReuse(t *testing.T) {
 				}
 				rs[k] = rd
 			}
-			run(t, g, streams, func(i int, r *intranode.Rank, st device.Stream) error {
+			run(t, g, streams, func(i int, r *intranodetest.Rank, st device.Stream) error {
 				n := want[i].Received()
 				for k, rd := range rs {
 					dst, wdst := r.WS.CombineInput().X, r.WS.CombineInput().Weights

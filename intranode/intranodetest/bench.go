@@ -1,9 +1,10 @@
-package intranode
+package intranodetest
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goep-dev/goep/intranode"
 	"math/rand/v2"
 	"unsafe"
 
@@ -23,7 +24,7 @@ type BenchInput struct {
 	// Seed draws x, scales, weights and the combine input.
 	Seed uint64
 	// Launch sizes dispatch and combine (zero: defaults).
-	Launch LaunchConfig
+	Launch intranode.LaunchConfig
 }
 
 // Bench is one rank's prepared dispatch/combine at a fixed shape: inputs
@@ -33,12 +34,12 @@ type BenchInput struct {
 // collective.
 type Bench struct {
 	Tokens, Received int
-	Handle           Handle
+	Handle           intranode.Handle
 	// Notify is the first kernel of a non-cached dispatch (the host then
 	// waits for Rank.RecvCountNow() >= 0, as DeepEP does, before it sizes
 	// outputs); NotifyDispatch is a whole non-cached dispatch without that
 	// wait (outputs are views, sized for the worst case), through
-	// Workspace.NotifyDispatch.
+	// intranode.Workspace.NotifyDispatch.
 	Notify, NotifyDispatch func(s device.Stream) error
 	// Dispatch is a cached dispatch (DeepEP's timed mode): the handle is
 	// reused, no notify, no host synchronisation.
@@ -49,7 +50,7 @@ type Bench struct {
 	Combine func(s device.Stream) error
 	// DispatchWith and CombineWith are Dispatch and Combine with another
 	// launch configuration (copy path, SMs, threads).
-	DispatchWith, CombineWith func(cfg LaunchConfig) func(s device.Stream) error
+	DispatchWith, CombineWith func(cfg intranode.LaunchConfig) func(s device.Stream) error
 	// DispatchBytes and CombineBytes count as DeepEP's intranode test does:
 	// received rows x hidden x 2 bytes, self-traffic included; FP8
 	// dispatch counts hidden + hidden/32 bytes a row (1 byte an element
@@ -99,7 +100,7 @@ func NewBench(ctx context.Context, r *Rank, s device.Stream, in BenchInput) (_ *
 		}
 		return buf.Ptr, err
 	}
-	da := DispatchArgs{FP8: in.FP8, Handle: b.Handle}
+	da := intranode.DispatchArgs{FP8: in.FP8, Handle: b.Handle}
 	if da.TopK, err = up(sliceBytes(in.TopK)); err != nil {
 		return nil, err
 	}
@@ -124,7 +125,7 @@ func NewBench(ctx context.Context, r *Rank, s device.Stream, in BenchInput) (_ *
 	}
 
 	b.Notify = func(s device.Stream) error { return r.Notify(s, da.TopK, b.Handle, 0) }
-	b.DispatchWith = func(cfg LaunchConfig) func(s device.Stream) error {
+	b.DispatchWith = func(cfg intranode.LaunchConfig) func(s device.Stream) error {
 		return func(s device.Stream) error { return r.WS.Dispatch(dev, s, da, cfg) }
 	}
 	b.Dispatch = b.DispatchWith(in.Launch)
@@ -151,7 +152,7 @@ func NewBench(ctx context.Context, r *Rank, s device.Stream, in BenchInput) (_ *
 	// The combine input where an engine would write it: the combine input
 	// region of the workspace.
 	cin := r.WS.CombineInput()
-	ca := CombineArgs{Handle: b.Handle, Y: cin.X}
+	ca := intranode.CombineArgs{Handle: b.Handle, Y: cin.X}
 	if b.Received > 0 {
 		if err := dev.CopyIn(cin.X, sliceBytes(randBF16s(rng, b.Received*l.Hidden))); err != nil {
 			return nil, err
@@ -171,7 +172,7 @@ func NewBench(ctx context.Context, r *Rank, s device.Stream, in BenchInput) (_ *
 			return nil, err
 		}
 	}
-	b.CombineWith = func(cfg LaunchConfig) func(s device.Stream) error {
+	b.CombineWith = func(cfg intranode.LaunchConfig) func(s device.Stream) error {
 		return func(s device.Stream) error { return r.WS.Combine(dev, s, ca, cfg) }
 	}
 	b.Combine = b.CombineWith(in.Launch)

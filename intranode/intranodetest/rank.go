@@ -1,10 +1,11 @@
-package intranode
+package intranodetest
 
 import (
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/goep-dev/goep/intranode"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -21,14 +22,14 @@ import (
 // the peers' workspaces mapped here, the peer table, a watchdog with its
 // host-mapped timeout record, and host-mapped counters for notify. It is a
 // minimal stand-in for the EP Buffer, for tests and benchmarks; the Buffer
-// builds the same Workspace its own way.
+// builds the same intranode.Workspace its own way.
 //
 // Ranks are processes (CUDA IPC) or goroutines of one process (peer access);
 // NewGroup builds goroutine ranks.
 type Rank struct {
 	Dev  device.Device
 	Boot bootstrap.Bootstrap
-	WS   Workspace
+	WS   intranode.Workspace
 	// RecvCount (int32) and ExpertCounts (int32[LocalExperts]) are
 	// host-mapped notify outputs; Notify sets RecvCount to -1 first.
 	RecvCount, ExpertCounts device.HostMapped
@@ -53,7 +54,7 @@ const DefaultTimeout = 60 * time.Second
 
 // NewRank builds rank bs.Rank() of a group of bs.Size() == l.Ranks ranks.
 // Every rank calls it at the same time with the same layout.
-func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l Layout, opt RankOptions) (_ *Rank, err error) {
+func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l intranode.Layout, opt RankOptions) (_ *Rank, err error) {
 	if dev == nil || bs == nil {
 		return nil, errors.New("intranode: NewRank needs a device and a bootstrap")
 	}
@@ -136,7 +137,7 @@ func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l L
 	if err = dev.CopyIn(r.table.Ptr, table); err != nil {
 		return nil, fail("peer table", err)
 	}
-	r.WS = Workspace{Layout: l, Rank: rank, Base: r.ws.Ptr, Size: r.ws.Size, Peers: r.table.Ptr,
+	r.WS = intranode.Workspace{Layout: l, Rank: rank, Base: r.ws.Ptr, Size: r.ws.Size, Peers: r.table.Ptr,
 		Watchdog: r.wd.Ptr, WaitID: opt.WaitID}
 	if err = bs.Barrier(ctx); err != nil {
 		return nil, fail("barrier", err)
@@ -164,18 +165,18 @@ func (r *Rank) ExpertCountsNow() []int {
 
 // Notify launches notify with the host-mapped counters (RecvCount reset to
 // -1 first; the previous notify must have finished).
-func (r *Rank) Notify(s device.Stream, topk uintptr, h Handle, alignment int) error {
+func (r *Rank) Notify(s device.Stream, topk uintptr, h intranode.Handle, alignment int) error {
 	r.setRecvCount(-1)
-	return r.WS.Notify(r.Dev, s, NotifyArgs{TopK: topk, Handle: h, ExpertAlignment: alignment,
-		RecvCount: r.RecvCount.Dev, ExpertCounts: r.ExpertCounts.Dev}, LaunchConfig{})
+	return r.WS.Notify(r.Dev, s, intranode.NotifyArgs{TopK: topk, Handle: h, ExpertAlignment: alignment,
+		RecvCount: r.RecvCount.Dev, ExpertCounts: r.ExpertCounts.Dev}, intranode.LaunchConfig{})
 }
 
 // NotifyDispatch launches notify (as Notify does) and then dispatch with
 // the same handle, the dispatch without its entry wait
-// (Workspace.NotifyDispatch).
-func (r *Rank) NotifyDispatch(s device.Stream, topk uintptr, h Handle, alignment int, a DispatchArgs, cfg LaunchConfig) error {
+// (intranode.Workspace.NotifyDispatch).
+func (r *Rank) NotifyDispatch(s device.Stream, topk uintptr, h intranode.Handle, alignment int, a intranode.DispatchArgs, cfg intranode.LaunchConfig) error {
 	r.setRecvCount(-1)
-	return r.WS.NotifyDispatch(r.Dev, s, NotifyArgs{TopK: topk, Handle: h, ExpertAlignment: alignment,
+	return r.WS.NotifyDispatch(r.Dev, s, intranode.NotifyArgs{TopK: topk, Handle: h, ExpertAlignment: alignment,
 		RecvCount: r.RecvCount.Dev, ExpertCounts: r.ExpertCounts.Dev}, a, cfg)
 }
 
@@ -221,7 +222,7 @@ func (r *Rank) Check() error {
 	}
 	rec := devapi.DecodeTimeoutRecord(snap[:])
 	return &channels.TimeoutError{
-		Rank: r.WS.Rank, ID: rec.ID, Object: "intranode " + StageName(rec.Stage), Peer: int(rec.Peer),
+		Rank: r.WS.Rank, ID: rec.ID, Object: "intranode " + intranode.StageName(rec.Stage), Peer: int(rec.Peer),
 		Stage: rec.Stage, Op: devapi.OpName(rec.Op), Waited: time.Duration(rec.WaitedNS),
 		Expected: rec.Expected, Observed: rec.Observed,
 	}
@@ -272,7 +273,7 @@ type Group struct {
 
 // NewGroup opens devices 0..l.Ranks-1 of kind (GPUs, or host-backend ranks),
 // connects them with in-process bootstraps and builds a Rank on each.
-func NewGroup(ctx context.Context, kind device.Kind, l Layout, opt RankOptions) (_ *Group, err error) {
+func NewGroup(ctx context.Context, kind device.Kind, l intranode.Layout, opt RankOptions) (_ *Group, err error) {
 	if l.Size == 0 {
 		return nil, errors.New("intranode: NewGroup: layout not built (use NewLayout)")
 	}

@@ -8,7 +8,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-
 )
 
 func init() {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
 )
 
 func writeNPY(t *testing.T, idx []int64, tokens, k int, as32 bool) string {

@@ -13,10 +13,10 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // Buffer is one rank's EP buffer: the memory every dispatch and combine of
@@ -36,10 +36,13 @@ import (
 //   - scratch for int32 top-k ids widened to int64;
 //   - a stream of its own and the events it hands out.
 //
-// Package ep launches kernels on it; this package owns lifecycle and
-// memory. Methods are safe for concurrent use, but the collective ones
-// (New, Barrier, Close) must be called in the same order on every rank.
+// The Buffer picks its mode (Mode) once, in New, and runs every call of
+// that mode (calls.go); package ep validates the arguments and turns the
+// outcomes into tensors. Methods are safe for concurrent use, but the
+// collective ones (New, Dispatch, Combine, Barrier, Close) must be called
+// in the same order on every rank.
 type Buffer struct {
+	mode  Mode
 	cfg   Config
 	hint  SizeHint
 	rank  int
@@ -100,7 +103,8 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if err != nil {
 		return nil, fmt.Errorf("buffer: rank %d: %w", bs.Rank(), err)
 	}
-	b := &Buffer{cfg: cfg, hint: hint, rank: bs.Rank(), ranks: bs.Size(), user: dev, dev: newAccounting(dev), bs: bs,
+	// One place picks the mode: today every group is one node's.
+	b := &Buffer{mode: Intranode, cfg: cfg, hint: hint, rank: bs.Rank(), ranks: bs.Size(), user: dev, dev: newAccounting(dev), bs: bs,
 		ctx: cudaContext(dev)}
 	if dev.Info().Kind == device.CUDA && b.ctx == nil {
 		return nil, fmt.Errorf("buffer: rank %d: a CUDA device must have Context() (a wrapping Device must forward it)", b.rank)
@@ -251,6 +255,9 @@ func (b *Buffer) exchange(ctx context.Context) error {
 	}
 	b.work = intranode.Workspace{Layout: b.hint.Layout, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size,
 		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID}
+	if err := b.work.Validate(); err != nil {
+		return b.errorf("%w", err)
+	}
 	if len(peers) == 0 {
 		return nil
 	}
@@ -272,6 +279,20 @@ func (b *Buffer) exchange(ctx context.Context) error {
 	return nil
 }
 
+// Mode is the protocol a Buffer runs its calls with.
+type Mode string
+
+// Modes. Internode (network + NVLink forwarding) and low-latency decode
+// come next, as siblings of package intranode.
+const (
+	// Intranode: every rank of the group on one node, over NVLink (or
+	// host memory on the host backend).
+	Intranode Mode = "intranode"
+)
+
+// Mode is the protocol this Buffer runs (chosen by New from the group).
+func (b *Buffer) Mode() Mode { return b.mode }
+
 // Rank is this rank; Ranks the group size.
 func (b *Buffer) Rank() int { return b.rank }
 
@@ -287,12 +308,6 @@ func (b *Buffer) SizeHint() SizeHint { return b.hint }
 // Device is the caller's device.
 func (b *Buffer) Device() device.Device { return b.user }
 
-// Communicator is the Buffer's communicator (owned by the Buffer).
-func (b *Buffer) Communicator() *channels.Communicator { return b.comm }
-
-// Workspace is the intranode kernels' view of the workspaces.
-func (b *Buffer) Workspace() *intranode.Workspace { return &b.work }
-
 // Stream is the Buffer's own stream.
 func (b *Buffer) Stream() device.Stream { return b.stream }
 
@@ -303,69 +318,11 @@ func (b *Buffer) Memory() Memory { return b.dev.live() }
 // HandleSlots is the number of handle slots.
 func (b *Buffer) HandleSlots() int { return b.cfg.handles() }
 
-// Slot is the device memory of handle slot i.
-type Slot struct {
-	Handle intranode.Handle // Tokens left 0: the caller sets it
-	// TopK is int64[MaxTokens][TopK]: a copy of the routing the handle was
-	// built from, so cached dispatches need only x.
-	TopK uintptr
-	// ExpertCounts is int32[LocalExperts]: received (token, local expert)
-	// pairs, for dispatches that do not wait on the host.
-	ExpertCounts uintptr
-}
-
-// Slot returns the device memory of handle slot i (0 <= i < HandleSlots).
-func (b *Buffer) Slot(i int) Slot {
-	p, s := b.slots.Ptr+uintptr(i*b.slotPlan.size), b.slotPlan
-	return Slot{
-		Handle: intranode.Handle{SendPos: p + uintptr(s.sendPos), RankPrefix: p + uintptr(s.rankPrefix),
-			RecvBase: p + uintptr(s.recvBase), NumRecv: p + uintptr(s.numRecv)},
-		TopK:         p + uintptr(s.topk),
-		ExpertCounts: p + uintptr(s.expertCounts),
-	}
-}
-
-// IDScratch is int64 [MaxTokens][TopK] of device memory for int32 top-k ids
-// widened to int64 (SizeHint.IDScratch). Every dispatch that uses it
-// overwrites it, in stream order.
-func (b *Buffer) IDScratch() uintptr { return b.ids.Ptr }
-
-// LayoutOutputs are the dispatch-layout kernel's outputs in the Buffer, for
-// up to MaxTokens tokens, with its invalid-id count in host-mapped memory.
-func (b *Buffer) LayoutOutputs() routing.LayoutOutput {
-	p := b.layout.Ptr
-	return routing.LayoutOutput{
-		TokensPerRank:   p + uintptr(b.outPlan.perRank),
-		TokensPerExpert: p + uintptr(b.outPlan.perExpert),
-		IsTokenInRank:   p + uintptr(b.outPlan.inRank),
-		Invalid:         b.mapped.Dev + mappedLayoutInvalid,
-		Workspace:       p + uintptr(b.outPlan.workspace),
-	}
-}
-
-// CombineOutputs are the default combine outputs: BF16 [MaxTokens][Hidden]
-// and float32 [MaxTokens][TopK].
-func (b *Buffer) CombineOutputs() (x, weights uintptr) {
-	return b.combine.Ptr, b.combine.Ptr + uintptr(alignUp(2*b.cfg.MaxTokens*b.cfg.Hidden))
-}
-
-// Host-mapped counters the kernels write: RecvCountPtr (the notify
-// kernel's received count, polled by WaitRecvCount), NotifyInvalidPtr and
-// ExpertCountsPtr (int32[LocalExperts]).
-func (b *Buffer) RecvCountPtr() uintptr     { return b.mapped.Dev + mappedRecvCount }
-func (b *Buffer) NotifyInvalidPtr() uintptr { return b.mapped.Dev + mappedNotifyInvalid }
-func (b *Buffer) ExpertCountsPtr() uintptr  { return b.mapped.Dev + mappedExpertCounts }
-
 func (b *Buffer) mappedI32(off int) *atomic.Int32 {
 	return (*atomic.Int32)(unsafe.Pointer(&b.mapped.Host[off]))
 }
 
 func (b *Buffer) storeMapped(off int, v int32) { b.mappedI32(off).Store(v) }
-
-// ResetRecvCount sets the host-mapped received count to -1 before a notify
-// that writes it; the previous such notify must have completed (its count
-// read by WaitRecvCount).
-func (b *Buffer) ResetRecvCount() { b.storeMapped(mappedRecvCount, -1) }
 
 // NotifyInvalid reads the invalid-id count the last notify wrote (complete
 // once its stream has passed it); LayoutInvalid the layout kernel's.
@@ -374,9 +331,9 @@ func (b *Buffer) NotifyInvalid() int { return int(b.mappedI32(mappedNotifyInvali
 // LayoutInvalid reads the invalid-id count of the last layout launch.
 func (b *Buffer) LayoutInvalid() int { return int(b.mappedI32(mappedLayoutInvalid).Load()) }
 
-// ExpertCounts reads the host-mapped per-local-expert counts of the last
+// expertCounts reads the host-mapped per-local-expert counts of the last
 // notify that wrote them.
-func (b *Buffer) ExpertCounts() []int {
+func (b *Buffer) expertCounts() []int {
 	out := make([]int, b.hint.Layout.LocalExperts)
 	for i := range out {
 		out[i] = int(b.mappedI32(mappedExpertCounts + 4*i).Load())
@@ -384,15 +341,15 @@ func (b *Buffer) ExpertCounts() []int {
 	return out
 }
 
-// WaitRecvCount polls the host-mapped received count until the notify
+// busyPoll is how long waitRecvCount polls without sleeping.
+const busyPoll = 5 * time.Millisecond
+
+// waitRecvCount polls the host-mapped received count until the notify
 // kernel writes it (what DeepEP's host does before it sizes outputs). It
 // gives up on ctx, on a device-side timeout of this rank (the watchdog's
 // record), or when nothing arrives within the wait timeout plus a second
 // (the stream never reached the kernel); each makes the Buffer unusable.
-// busyPoll is how long WaitRecvCount polls without sleeping.
-const busyPoll = 5 * time.Millisecond
-
-func (b *Buffer) WaitRecvCount(ctx context.Context, what string) (int, error) {
+func (b *Buffer) waitRecvCount(ctx context.Context, what string) (int, error) {
 	p := b.mappedI32(mappedRecvCount)
 	if n := p.Load(); n >= 0 {
 		return int(n), nil

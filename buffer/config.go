@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // Config sizes a Buffer. Every rank of a group passes the same MaxTokens,

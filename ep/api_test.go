@@ -17,8 +17,8 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 func kinds(t *testing.T, minGPUs int) []ep.Kind {

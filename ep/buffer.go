@@ -76,8 +76,8 @@ func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Conf
 	if _, err := SizeHints(cfg, bs.Size()); err != nil {
 		return nil, &argError{fmt.Errorf("ep: rank %d: %w", bs.Rank(), err)}
 	}
-	disp, _ := cfg.Dispatch.resolve(bs.Size(), OpDispatch)
-	comb, _ := cfg.Combine.resolve(bs.Size(), OpCombine)
+	disp, _ := cfg.Dispatch.Resolve(bs.Size(), OpDispatch)
+	comb, _ := cfg.Combine.Resolve(bs.Size(), OpCombine)
 	b, err := buffer.New(ctx, bs, dev, cfg.buffer())
 	if err != nil {
 		return nil, err

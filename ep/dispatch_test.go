@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // spec is one scenario.

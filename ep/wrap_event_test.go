@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // WrapEvent's refusals, and a wrapped event on the host backend: a marker

@@ -29,7 +29,10 @@ type Workspace struct {
 	WaitID   uint32
 }
 
-func (w *Workspace) validate() error {
+// Validate checks a workspace once, when it is built (the launchers trust
+// it, as they trust their arguments: package ep validates every input once,
+// before the Buffer calls here).
+func (w *Workspace) Validate() error {
 	l := w.Layout
 	switch {
 	case l.Size == 0:
@@ -68,18 +71,6 @@ func (w *Workspace) DefaultHandle(tokens int) Handle {
 		RecvBase:   w.Base + uintptr(l.RecvBase.Offset),
 		NumRecv:    w.Base + uintptr(l.NumRecv.Offset),
 	}
-}
-
-func (h Handle) validate(l Layout) error {
-	if h.Tokens < 0 || h.Tokens > l.MaxTokens {
-		return fmt.Errorf("intranode: %d tokens: the workspace holds 0..%d per rank", h.Tokens, l.MaxTokens)
-	}
-	return checkPtrs(
-		ptrCheck{"handle send positions", h.SendPos, 4, h.Tokens > 0},
-		ptrCheck{"handle rank prefix", h.RankPrefix, 4, true},
-		ptrCheck{"handle recv base", h.RecvBase, 4, true},
-		ptrCheck{"handle recv count", h.NumRecv, 4, true},
-	)
 }
 
 // RecvViews are the dispatch outputs: views into this rank's receive
@@ -284,23 +275,6 @@ func (w *Workspace) Notify(dev device.Device, s device.Stream, a NotifyArgs, cfg
 		return errors.New("intranode: notify: nil device")
 	}
 	l := w.Layout
-	if err := w.validate(); err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
-	if err := a.Handle.validate(l); err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
-	if a.ExpertAlignment < 0 {
-		return fmt.Errorf("intranode: notify: expert alignment %d", a.ExpertAlignment)
-	}
-	if err := checkPtrs(
-		ptrCheck{"top-k ids", a.TopK, 8, a.Handle.Tokens > 0},
-		ptrCheck{"recv count", a.RecvCount, 4, false},
-		ptrCheck{"expert counts", a.ExpertCounts, 4, false},
-		ptrCheck{"invalid count", a.Invalid, 4, false},
-	); err != nil {
-		return fmt.Errorf("intranode: notify: %w", err)
-	}
 	threads := cfg.Threads
 	if threads == 0 {
 		threads = DefaultNotifyThreads
@@ -365,27 +339,10 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		return errors.New("intranode: dispatch: nil device")
 	}
 	l := w.Layout
-	if err := w.validate(); err != nil {
-		return fmt.Errorf("dispatch: %w", err)
-	}
-	if err := a.Handle.validate(l); err != nil {
-		return fmt.Errorf("dispatch: %w", err)
-	}
 	if a.FP8 && !l.FP8 {
 		return errors.New("intranode: dispatch: FP8 input, but the workspace layout has no FP8 scales region (Config.FP8)")
 	}
 	t := a.Handle.Tokens
-	if err := checkPtrs(
-		ptrCheck{"x", a.X, 16, t > 0},
-		ptrCheck{"scales", a.Scales, 4, a.FP8 && t > 0},
-		ptrCheck{"top-k ids", a.TopK, 8, t > 0},
-		ptrCheck{"top-k weights", a.Weights, 4, false},
-	); err != nil {
-		return fmt.Errorf("intranode: dispatch: %w", err)
-	}
-	if !a.FP8 && a.Scales != 0 {
-		return errors.New("intranode: dispatch: scales given for a BF16 dispatch")
-	}
 	mode := cfg.Copy
 	if mode == CopyDefault {
 		mode = DefaultCopy
@@ -502,28 +459,7 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 		return errors.New("intranode: combine: nil device")
 	}
 	l := w.Layout
-	if err := w.validate(); err != nil {
-		return fmt.Errorf("combine: %w", err)
-	}
-	if err := a.Handle.validate(l); err != nil {
-		return fmt.Errorf("combine: %w", err)
-	}
 	t := a.Handle.Tokens
-	if err := checkPtrs(
-		// Y may be empty (this rank received nothing), but a null Y is
-		// refused anyway.
-		ptrCheck{"y", a.Y, 16, true},
-		ptrCheck{"weights", a.Weights, 4, false},
-		ptrCheck{"bias0", a.Bias0, 16, false},
-		ptrCheck{"bias1", a.Bias1, 16, false},
-		ptrCheck{"out", a.Out, 16, t > 0},
-		ptrCheck{"out weights", a.OutWeights, 4, false},
-	); err != nil {
-		return fmt.Errorf("intranode: combine: %w", err)
-	}
-	if a.OutWeights != 0 && a.Weights == 0 {
-		return errors.New("intranode: combine: combined weights asked for, but no weights given")
-	}
 	if a.Rows < 0 || a.Rows > l.MaxRecv() {
 		return fmt.Errorf("intranode: combine: %d rows: the workspace holds 0..%d", a.Rows, l.MaxRecv())
 	}

@@ -16,9 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 func bytesOf[T any](s []T) []byte {

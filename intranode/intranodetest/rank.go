@@ -139,6 +139,9 @@ func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l i
 	}
 	r.WS = intranode.Workspace{Layout: l, Rank: rank, Base: r.ws.Ptr, Size: r.ws.Size, Peers: r.table.Ptr,
 		Watchdog: r.wd.Ptr, WaitID: opt.WaitID}
+	if err = r.WS.Validate(); err != nil {
+		return nil, fail("workspace", err)
+	}
 	if err = bs.Barrier(ctx); err != nil {
 		return nil, fail("barrier", err)
 	}

@@ -1,8 +1,8 @@
 package twins
 
 import (
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/routing"
 )
 
 func init() {

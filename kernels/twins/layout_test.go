@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	_ "github.com/goep-dev/goep/kernels/twins"
+	"github.com/goep-dev/goep/routing"
 )
 
 // The twins read the kernel's parameter list in the kernel's order; this

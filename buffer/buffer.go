@@ -68,6 +68,10 @@ type Buffer struct {
 	slotPlan handleSlot
 	outPlan  layoutPlace
 
+	// Launches: resolved defaults, and this rank's share of its GPU.
+	dispatchLaunch, combineLaunch LaunchConfig
+	spinBlocks, sharedGPU         int
+
 	mu     sync.Mutex
 	events []*Event
 	closed bool
@@ -123,6 +127,9 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 		return nil, b.errorf("%w", err)
 	}
 	b.waitID = b.comm.NewWaitID(fmt.Sprintf("ep buffer %d intranode kernels", cfg.Tag))
+	if err := b.placeLaunches(ctx); err != nil {
+		return nil, err
+	}
 	if err := b.allocate(); err != nil {
 		return nil, err
 	}
@@ -155,6 +162,26 @@ func (b *Buffer) checkConfigs(ctx context.Context) error {
 		if t != nil && string(t) != mine {
 			return b.errorf("rank %d's Buffer config (%s) differs from this rank's (%s)", r, t, mine)
 		}
+	}
+	return nil
+}
+
+// placeLaunches learns which ranks share this rank's GPU and resolves the
+// launch configurations within this rank's share of it.
+func (b *Buffer) placeLaunches(ctx context.Context) error {
+	pl, err := b.comm.Placement(ctx)
+	if err != nil {
+		return b.errorf("%w", err)
+	}
+	b.spinBlocks, b.sharedGPU = pl.SpinBlocks, len(pl.SharedGPU)
+	if b.dispatchLaunch, err = b.cfg.Dispatch.resolveWithin(b.ranks, OpDispatch, b.spinBlocks); err != nil {
+		return b.errorf("%w", err)
+	}
+	if b.combineLaunch, err = b.cfg.Combine.resolveWithin(b.ranks, OpCombine, b.spinBlocks); err != nil {
+		return b.errorf("%w", err)
+	}
+	if n := b.ranks - 1; b.spinBlocks > 0 && n > b.spinBlocks {
+		return b.errorf("the device barrier waits with one block per peer (%d), more than this rank's share of its GPU (%d blocks)", n, b.spinBlocks)
 	}
 	return nil
 }
@@ -254,7 +281,7 @@ func (b *Buffer) exchange(ctx context.Context) error {
 		return b.errorf("peer table: %w", err)
 	}
 	b.work = intranode.Workspace{Layout: b.hint.Layout, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size,
-		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID}
+		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID, SpinBlocks: b.spinBlocks}
 	if err := b.work.Validate(); err != nil {
 		return b.errorf("%w", err)
 	}

@@ -128,11 +128,44 @@ func (c LaunchConfig) Over(o LaunchConfig) LaunchConfig {
 
 // Resolve is c over the defaults for ranks, filled and checked.
 func (c LaunchConfig) Resolve(ranks int, op Op) (LaunchConfig, error) {
+	return c.resolveWithin(ranks, op, 0)
+}
+
+// resolveWithin is Resolve on a GPU where each rank's spinning launches
+// may use at most budget blocks (0: no limit): the defaults shrink to fit,
+// an explicit SMs above it is refused.
+func (c LaunchConfig) resolveWithin(ranks int, op Op, budget int) (LaunchConfig, error) {
 	t, ok := defaultLaunch[ranks]
 	if !ok {
 		t = defaultLaunch[8]
 	}
-	return t[op].Over(c).Fill(op)
+	if budget > 0 && c.SMs > budget {
+		return c, fmt.Errorf("%s launch: %d SMs, but this rank's share of its GPU is %d blocks (ranks sharing a GPU must all be resident at once)", op, c.SMs, budget)
+	}
+	r, err := t[op].Over(c).Fill(op)
+	if err == nil && budget > 0 {
+		r.SMs = min(r.SMs, budget)
+	}
+	return r, err
+}
+
+// LaunchFor is the launch configuration a call of op with the override o
+// (nil: none) uses: o's non-zero fields over the Buffer's (Config's over
+// the defaults, within this rank's share of a shared GPU), every field
+// filled in.
+func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) {
+	def := b.dispatchLaunch
+	if op == OpCombine {
+		def = b.combineLaunch
+	}
+	if o == nil {
+		return def, nil
+	}
+	if b.spinBlocks > 0 && o.SMs > b.spinBlocks {
+		return def, fmt.Errorf("%s launch: %d SMs, but this rank's share of its GPU is %d blocks (%d ranks share it; all must be resident at once)",
+			op, o.SMs, b.spinBlocks, b.sharedGPU)
+	}
+	return def.Over(*o).Fill(op)
 }
 
 func (c LaunchConfig) intranode() intranode.LaunchConfig {

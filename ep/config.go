@@ -88,7 +88,8 @@ func DefaultLaunch(ranks int, op Op) LaunchConfig { return buffer.DefaultLaunch(
 
 func (c Config) buffer() buffer.Config {
 	return buffer.Config{MaxTokens: c.MaxTokens, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts, FP8: c.FP8,
-		Handles: c.Handles, WorkspaceBytes: c.WorkspaceBytes, Timeout: c.Timeout, Tag: c.Tag}
+		Handles: c.Handles, WorkspaceBytes: c.WorkspaceBytes, Timeout: c.Timeout, Tag: c.Tag,
+		Dispatch: c.Dispatch, Combine: c.Combine}
 }
 
 // SizeHint is what a Buffer takes on each rank: the NVLink workspace and

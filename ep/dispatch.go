@@ -369,14 +369,7 @@ func (b *Buffer) launchConfig(o *LaunchConfig, op Op) (LaunchConfig, error) {
 
 // LaunchFor is the launch configuration a call of op with the override o
 // (nil: none) uses: o's non-zero fields over Config's over the defaults,
-// every field filled in.
-func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) {
-	def := b.dispatch
-	if op == OpCombine {
-		def = b.combine
-	}
-	if o == nil {
-		return def, nil
-	}
-	return def.Over(*o).Fill(op)
-}
+// every field filled in. On a GPU that several ranks share, the defaults
+// shrink to this rank's share of its SMs and an override above it is
+// refused (every rank's kernels must be resident at once).
+func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) { return b.b.LaunchFor(op, o) }

@@ -27,6 +27,10 @@ type Workspace struct {
 	// timeout record.
 	Watchdog uintptr
 	WaitID   uint32
+	// SpinBlocks caps the grid of every launch that waits on other ranks
+	// (0: no cap beyond the GPU's SMs). Ranks that share a GPU must all be
+	// resident at once; the builder sets it from channels.SpinBudget.
+	SpinBlocks int
 }
 
 // Validate checks a workspace once, when it is built (the launchers trust
@@ -221,7 +225,7 @@ func slices(tokens, warps, chunks, minChunks int) int {
 	return max(s, 1)
 }
 
-func (c LaunchConfig) resolve(dev device.Device, defThreads, maxThreads int) (blocks, threads int, err error) {
+func (c LaunchConfig) resolve(dev device.Device, spinBlocks, defThreads, maxThreads int) (blocks, threads int, err error) {
 	threads = c.Threads
 	if threads == 0 {
 		threads = defThreads
@@ -238,6 +242,9 @@ func (c LaunchConfig) resolve(dev device.Device, defThreads, maxThreads int) (bl
 	}
 	if sms := dev.Info().SMs; sms > 0 && blocks > sms {
 		blocks = sms
+	}
+	if spinBlocks > 0 && blocks > spinBlocks {
+		blocks = spinBlocks
 	}
 	return blocks, threads, nil
 }
@@ -360,7 +367,7 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 	if mode != CopyPlain && cfg.Threads > maxThreads && cfg.Threads <= DispatchMaxThreads {
 		cfg.Threads = maxThreads // a block size meant for the plain path
 	}
-	blocks, threads, err := cfg.resolve(dev, defThreads, maxThreads)
+	blocks, threads, err := cfg.resolve(dev, w.SpinBlocks, defThreads, maxThreads)
 	if err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
@@ -463,7 +470,7 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 	if a.Rows < 0 || a.Rows > l.MaxRecv() {
 		return fmt.Errorf("intranode: combine: %d rows: the workspace holds 0..%d", a.Rows, l.MaxRecv())
 	}
-	blocks, threads, err := cfg.resolve(dev, DefaultCombineThreads, CombineMaxThreads)
+	blocks, threads, err := cfg.resolve(dev, w.SpinBlocks, DefaultCombineThreads, CombineMaxThreads)
 	if err != nil {
 		return fmt.Errorf("combine: %w", err)
 	}

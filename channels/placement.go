@@ -31,8 +31,10 @@ type Placement struct {
 	// SMs is this rank's GPU's multiprocessor count (0 on the host
 	// backend).
 	SMs int
-	// SpinBlocks is the most blocks one launch of this rank may use when
-	// it waits on other ranks (0: no limit, the host backend).
+	// SpinBlocks is the most blocks one launch of any rank of the group
+	// may use when it waits on other ranks (0: no limit, the host
+	// backend): the smallest SpinBudget over the group's GPUs, the same on
+	// every rank, so that protocols whose ranks must agree on a grid do.
 	SpinBlocks int
 }
 
@@ -54,24 +56,29 @@ func SpinBudget(sms, shared int) int {
 type placeInfo struct {
 	host [16]byte
 	pid  uint32
+	sms  uint32
 	bus  string
 }
+
+func (p placeInfo) gpu() string { return string(p.host[:]) + "/" + strings.ToLower(p.bus) }
 
 func (p placeInfo) marshal() []byte {
 	b := make([]byte, 0, 24+len(p.bus))
 	b = append(b, p.host[:]...)
 	b = binary.LittleEndian.AppendUint32(b, p.pid)
+	b = binary.LittleEndian.AppendUint32(b, p.sms)
 	return append(b, p.bus...)
 }
 
 func unmarshalPlaceInfo(b []byte) (placeInfo, error) {
-	if len(b) < 20 {
+	if len(b) < 24 {
 		return placeInfo{}, fmt.Errorf("placement message of %d bytes", len(b))
 	}
 	var p placeInfo
 	copy(p.host[:], b[:16])
 	p.pid = binary.LittleEndian.Uint32(b[16:20])
-	p.bus = string(b[20:])
+	p.sms = binary.LittleEndian.Uint32(b[20:24])
+	p.bus = string(b[24:])
 	return p, nil
 }
 
@@ -88,7 +95,7 @@ func (c *Communicator) Placement(ctx context.Context) (Placement, error) {
 		return Placement{}, err
 	}
 	info := c.dev.Info()
-	mine := placeInfo{host: c.hostID, pid: uint32(os.Getpid()), bus: info.PCIBusID}
+	mine := placeInfo{host: c.hostID, pid: uint32(os.Getpid()), sms: uint32(max(info.SMs, 0)), bus: info.PCIBusID}
 	pl := Placement{SharedGPU: []int{c.rank}}
 	if info.Kind != device.CUDA || mine.bus == "" {
 		c.placement = &pl
@@ -105,30 +112,44 @@ func (c *Communicator) Placement(ctx context.Context) (Placement, error) {
 	if err != nil {
 		return Placement{}, err
 	}
-	var otherProcs []string
+	all := make([]placeInfo, c.size)
+	all[c.rank] = mine
 	for i, m := range theirs {
-		p, err := unmarshalPlaceInfo(m)
-		if err != nil {
+		if all[peers[i]], err = unmarshalPlaceInfo(m); err != nil {
 			return Placement{}, c.errorf("placement from rank %d: %w", peers[i], err)
 		}
-		if p.host != mine.host || !strings.EqualFold(p.bus, mine.bus) {
-			continue
-		}
-		if p.pid != mine.pid {
-			otherProcs = append(otherProcs, fmt.Sprintf("rank %d (process %d)", peers[i], p.pid))
-			continue
-		}
-		pl.SharedGPU = append(pl.SharedGPU, peers[i])
 	}
-	if len(otherProcs) > 0 {
-		return Placement{}, c.errorf("rank %d (process %d) shares GPU %s with %s: processes sharing a GPU time-slice, so "+
-			"kernels that wait on each other would crawl or stall. Run ranks that share a GPU as goroutines of one process "+
-			"(ep-bench --ranks N, or one Bootstrap per goroutine from bootstrap.NewInProcess), or give each process its own GPU",
-			c.rank, mine.pid, mine.bus, strings.Join(otherProcs, ", "))
+	// Ranks per GPU over the whole group; processes sharing one refused.
+	perGPU := map[string][]int{}
+	for r, p := range all {
+		perGPU[p.gpu()] = append(perGPU[p.gpu()], r)
 	}
+	var clash []string
+	for _, ranks := range perGPU {
+		first := all[ranks[0]]
+		for _, r := range ranks[1:] {
+			if all[r].pid != first.pid {
+				clash = append(clash, fmt.Sprintf("ranks %d (process %d) and %d (process %d) share GPU %s",
+					ranks[0], first.pid, r, all[r].pid, first.bus))
+				break
+			}
+		}
+	}
+	if len(clash) > 0 {
+		sort.Strings(clash)
+		return Placement{}, c.errorf("%s: processes sharing a GPU time-slice, so kernels that wait on each other would crawl "+
+			"or stall. Run ranks that share a GPU as goroutines of one process (ep-bench --ranks N, or one Bootstrap per "+
+			"goroutine from bootstrap.NewInProcess), or give each process its own GPU", strings.Join(clash, "; "))
+	}
+	pl.SharedGPU = perGPU[mine.gpu()]
 	sort.Ints(pl.SharedGPU)
 	pl.SMs = info.SMs
-	pl.SpinBlocks = SpinBudget(info.SMs, len(pl.SharedGPU))
+	for _, ranks := range perGPU {
+		b := SpinBudget(int(all[ranks[0]].sms), len(ranks))
+		if b > 0 && (pl.SpinBlocks == 0 || b < pl.SpinBlocks) {
+			pl.SpinBlocks = b
+		}
+	}
 	c.placement = &pl
 	return pl, nil
 }
@@ -143,7 +164,7 @@ func (c *Communicator) CheckSpinLaunch(what string, blocks int) error {
 	if pl == nil || pl.SpinBlocks == 0 || blocks <= pl.SpinBlocks {
 		return nil
 	}
-	return c.errorf("%s: %d blocks, but %d ranks share GPU %s (%d SMs): every kernel that waits on other ranks must be "+
-		"resident at once, so each rank may use at most %d blocks (SMs / ranks - 1)", what, blocks, len(pl.SharedGPU),
-		c.dev.Info().PCIBusID, pl.SMs, pl.SpinBlocks)
+	return c.errorf("%s: %d blocks, but ranks share GPUs (%d on this rank's GPU %s of %d SMs): every kernel that waits on "+
+		"other ranks must be resident at once, so a launch may use at most %d blocks (SMs / ranks - 1)", what, blocks,
+		len(pl.SharedGPU), c.dev.Info().PCIBusID, pl.SMs, pl.SpinBlocks)
 }

@@ -108,8 +108,8 @@ func TestPlansFirst(t *testing.T) {
 // buffer is registered (at the start of its registration); an unregistered
 // buffer goes to the native algorithms. Results match the definition.
 func TestPlansFirstGPU(t *testing.T) {
-	if n, err := device.CUDADeviceCount(); err != nil || n < 2 {
-		t.Skipf("needs 2 GPUs (%d, %v)", n, err)
+	if n, err := device.CUDADeviceCount(); err != nil || n == 0 {
+		t.Skipf("no CUDA GPU (%d, %v)", n, err)
 	}
 	reg := &plan.Registry{}
 	_, err := reg.AddFile("plan/testdata/plans/reduce.json")

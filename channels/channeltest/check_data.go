@@ -209,7 +209,7 @@ func (r *Rank) CheckPackets(ctx context.Context, seed uint64, sizes []int, proto
 		if err := r.barrier(ctx); err != nil {
 			return err
 		}
-		grid := min(max(pktBytes>>16, 1), 64)
+		grid := r.spinGrid(min(max(pktBytes>>16, 1), 64))
 		args := device.NewArgs(10).Ptr(r.Handles.Ptr()).U32(uint32(to)).U32(uint32(from)).U32(uint32(proto)).
 			U64(uint64(t.srcOff)).U64(uint64(l.dst() + t.dstOff)).U64(uint64(t.size)).U64(uint64(l.HalfPackets)).
 			U32(2).Ptr(r.out.Ptr)

@@ -183,7 +183,7 @@ func (r *Rank) CheckPortAtomics(ctx context.Context, seed uint64, adds, grid int
 	pseed := uint32(seed >> 32)
 	args := device.NewArgs(9).Ptr(r.PortHandles.Ptr()).U32(uint32(r.n)).U32(uint32(r.me)).U64(uint64(adds)).
 		U64(uint64(ctrOff)).U32(portCounters).U32(pseed).U32(13).Ptr(r.out.Ptr)
-	if err := r.launch("goep_port_atomic_storm", grid, 256, args); err != nil {
+	if err := r.launch("goep_port_atomic_storm", r.spinGrid(grid), 256, args); err != nil {
 		return err
 	}
 	// Stream order: the flushes are pushed after every add.

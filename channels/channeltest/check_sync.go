@@ -292,7 +292,7 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 		return err
 	}
 	defer s.Close()
-	grid := min(max(words/4096, 1), 16)
+	grid := r.spinGrid(min(max(words/4096, 1), 16))
 	args := device.NewArgs(12).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U32(uint32(peer)).U32(uint32(proto)).U32(uint32(r.me)).
 		U64(uint64(words)).U64(0).U64(uint64(words * pkt)).U32(seed).U32(1).U32(7).Ptr(r.out.Ptr)
 	// One plain launch first (the partner does the same, so the flags stay

@@ -11,13 +11,20 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 )
 
-// RunLocal runs fn on n goroutine ranks of this process, rank r on device
-// (kind, r), each with its own in-process bootstrap, and returns each
-// rank's error. A rank whose fn fails closes its bootstrap at once, so the
-// others fail fast at their next exchange instead of waiting out the
-// bootstrap timeout.
+// RunLocal runs fn on n goroutine ranks of this process, each with its own
+// in-process bootstrap, and returns each rank's error: rank r on
+// host-backend rank r, or on GPU r mod the GPUs present (ranks share GPUs
+// when there are fewer GPUs than ranks). A rank whose fn fails closes its
+// bootstrap at once, so the others fail fast at their next exchange instead
+// of waiting out the bootstrap timeout.
 func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
-	return RunLocalOn(ctx, kind, n, func(r int) int { return r }, cfg, fn)
+	gpus := n
+	if kind == device.CUDA {
+		if c, err := device.CUDADeviceCount(); err == nil && c > 0 {
+			gpus = c
+		}
+	}
+	return RunLocalOn(ctx, kind, n, func(r int) int { return r % gpus }, cfg, fn)
 }
 
 // RunLocalOn is RunLocal with rank r on device (kind, ordinal(r)): several

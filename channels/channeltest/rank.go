@@ -72,6 +72,9 @@ type Rank struct {
 
 	me, n int
 	out   device.Buffer // kernel results
+	// spin caps the grids of kernels that wait on peers (ranks sharing a
+	// GPU must be co-resident); 0: no cap.
+	spin int
 }
 
 // NewRank builds a Rank on comm (collective: every rank calls it).
@@ -82,6 +85,11 @@ func NewRank(ctx context.Context, comm *channels.Communicator, l Layout) (_ *Ran
 			err = errors.Join(err, r.Close())
 		}
 	}()
+	pl, err := comm.Placement(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.spin = pl.SpinBlocks
 	if r.Buf, err = r.Dev.Alloc(l.bufferSize()); err != nil {
 		return nil, err
 	}
@@ -131,6 +139,15 @@ func (r *Rank) errorf(format string, a ...any) error {
 
 // ring returns the ranks this rank sends to and receives from at shift s.
 func (r *Rank) ring(s int) (to, from int) { return (r.me + s) % r.n, (r.me - s%r.n + r.n) % r.n }
+
+// spinGrid is grid capped to what a kernel that waits on peers may use
+// (the same on every rank).
+func (r *Rank) spinGrid(grid int) int {
+	if r.spin > 0 {
+		return min(grid, r.spin)
+	}
+	return grid
+}
 
 func (r *Rank) launch(kernel string, grid, block int, args *device.Args) error {
 	if err := r.Dev.Launch(kernel, device.D1(grid), device.D1(block), 0, nil, args); err != nil {

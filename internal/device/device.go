@@ -164,3 +164,20 @@ func Open(kind Kind, ordinal int) (Device, error) {
 	}
 	return nil, fmt.Errorf("device: unknown backend %q", kind)
 }
+
+// OpenRank opens rank r's device when ranks are spread over this machine's
+// GPUs: GPU r mod the GPUs present (several ranks share a GPU when there
+// are fewer GPUs than ranks), or host-backend rank r.
+func OpenRank(kind Kind, r int) (Device, error) {
+	if kind != CUDA {
+		return Open(kind, r)
+	}
+	n, err := CUDADeviceCount()
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, errors.New("device: no CUDA GPU")
+	}
+	return OpenCUDA(r % n)
+}

@@ -100,6 +100,14 @@ func (x *Executor) Run(ctx context.Context, a Args) error {
 	}
 	lc := x.contexts[key]
 	if lc == nil {
+		// Every block of a plan waits on other ranks: on a GPU several
+		// ranks share, all of them must be resident at once.
+		if _, err := x.comm.Placement(ctx); err != nil {
+			return x.errorf("%w", err)
+		}
+		if err := x.comm.CheckSpinLaunch("plan "+a.Plan.Name, len(a.Plan.GPUs[x.comm.Rank()].Threadblocks)); err != nil {
+			return err
+		}
 		var err error
 		if lc, err = x.build(ctx, a); err != nil {
 			return x.errorf("%s (%d bytes): %w", a.Plan.Name, a.Bytes, err)

@@ -22,8 +22,8 @@ func gpus(t *testing.T) int {
 	if err != nil {
 		t.Skipf("no CUDA: %v", err)
 	}
-	if n < 2 {
-		t.Skipf("%d GPUs: plans need 2 or 8", n)
+	if n == 0 {
+		t.Skip("no CUDA GPU")
 	}
 	return n
 }

@@ -130,6 +130,9 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if err := b.placeLaunches(ctx); err != nil {
 		return nil, err
 	}
+	if err := b.preload(); err != nil {
+		return nil, err
+	}
 	if err := b.allocate(); err != nil {
 		return nil, err
 	}
@@ -183,6 +186,28 @@ func (b *Buffer) placeLaunches(ctx context.Context) error {
 	if n := b.ranks - 1; b.spinBlocks > 0 && n > b.spinBlocks {
 		return b.errorf("the device barrier waits with one block per peer (%d), more than this rank's share of its GPU (%d blocks)", n, b.spinBlocks)
 	}
+	return nil
+}
+
+// Barrier kernels (channels' device API).
+const (
+	kernelSemSignal = "goep_chan_sem_signal"
+	kernelSemWait   = "goep_chan_sem_wait"
+)
+
+// preload loads every kernel a call may launch before the ranks meet for
+// the last time in New: a first launch must never load code while a peer's
+// kernel spins waiting for this rank (ranks sharing a GPU share its
+// context, and a module load waits for the kernels running there).
+func (b *Buffer) preload() error {
+	if err := b.dev.Preload(intranode.KernelNotify, routing.KernelWidenIDs, routing.KernelLayoutInt64,
+		kernelSemSignal); err != nil {
+		return b.errorf("%w", err)
+	}
+	// The TMA dispatch is its own module, so that a toolchain that rejects
+	// its bulk-copy PTX costs that variant only: a failure shows at its
+	// launch, for a caller who asked for it.
+	_ = b.dev.Preload(intranode.KernelDispatchTMA)
 	return nil
 }
 
@@ -454,11 +479,11 @@ func (b *Buffer) Barrier(s device.Stream) error {
 	n := b.sems.Len()
 	stride := uint32(b.sems.Stride())
 	sig := device.NewArgs(5).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0)
-	if err := b.dev.Launch("goep_chan_sem_signal", device.D1(n), device.D1(32), 0, s, sig); err != nil {
+	if err := b.dev.Launch(kernelSemSignal, device.D1(n), device.D1(32), 0, s, sig); err != nil {
 		return b.Fail(b.errorf("barrier signal: %w", err))
 	}
 	wait := device.NewArgs(7).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0).U32(StageBarrier).Ptr(b.barrier.Ptr)
-	if err := b.dev.Launch("goep_chan_sem_wait", device.D1(n), device.D1(32), 0, s, wait); err != nil {
+	if err := b.dev.Launch(kernelSemWait, device.D1(n), device.D1(32), 0, s, wait); err != nil {
 		return b.Fail(b.errorf("barrier wait: %w", err))
 	}
 	return nil

@@ -90,6 +90,12 @@ func NewRank(ctx context.Context, comm *channels.Communicator, l Layout) (_ *Ran
 		return nil, err
 	}
 	r.spin = pl.SpinBlocks
+	// The test kernels are loaded before any rank launches one (a module
+	// load waits for the kernels running in the context, which ranks
+	// sharing a GPU share).
+	if err := r.Dev.Preload("goep_chan_put", "goep_port_stream", "goep_fill_pattern"); err != nil {
+		return nil, err
+	}
 	if r.Buf, err = r.Dev.Alloc(l.bufferSize()); err != nil {
 		return nil, err
 	}

@@ -115,6 +115,15 @@ type Device interface {
 	// Launch runs the kernel with this name (CUDA: from package kernels; host:
 	// its registered Go twin).
 	Launch(kernel string, grid, block Dim3, sharedMem int, s Stream, args *Args) error
+	// Preload loads, before anything is launched, the modules that hold
+	// the named kernels (every kernel of each), so that no later launch
+	// has to load code while another rank's kernel spins waiting for it:
+	// loading code into a CUDA context waits for every kernel running
+	// there, and goroutine ranks sharing a GPU share its context.
+	// Collective constructors (the EP Buffer, collectives, the plan
+	// executor) preload before their ranks meet for the last time. The host
+	// backend checks that each kernel has a twin.
+	Preload(kernels ...string) error
 
 	DefaultStream() Stream
 	NewStream() (Stream, error)
@@ -181,3 +190,4 @@ func OpenRank(kind Kind, r int) (Device, error) {
 	}
 	return OpenCUDA(r % n)
 }
+

@@ -82,6 +82,13 @@ func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l i
 	}()
 	fail := func(what string, err error) error { return fmt.Errorf("intranode: rank %d: %s: %w", rank, what, err) }
 
+	// Every kernel is loaded before the ranks meet (a module load waits
+	// for the kernels running in the context, which ranks sharing a GPU
+	// share); the TMA module may not compile everywhere: its launch says so.
+	if err = dev.Preload(intranode.KernelNotify); err != nil {
+		return nil, fail("preload", err)
+	}
+	_ = dev.Preload(intranode.KernelDispatchTMA)
 	if r.ws, err = dev.Alloc(l.Size); err != nil {
 		return nil, fail("workspace", err)
 	}

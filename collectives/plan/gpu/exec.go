@@ -9,7 +9,6 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/collectives/plan"
-	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -62,12 +61,8 @@ func NewExecutor(comm *channels.Communicator) *Executor {
 	// running in the context, and at the first execution other ranks'
 	// kernels (on this GPU, or this rank's earlier ones) may be spinning
 	// on this rank. A failure shows again, with context, at the launch.
-	if f, ok := x.dev.(interface {
-		Function(string) (*cuda.Function, error)
-	}); ok {
-		for _, k := range kernelByType {
-			_, _ = f.Function(k)
-		}
+	for _, k := range kernelByType {
+		_ = x.dev.Preload(k)
 	}
 	return x
 }

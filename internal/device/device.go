@@ -190,4 +190,3 @@ func OpenRank(kind Kind, r int) (Device, error) {
 	}
 	return OpenCUDA(r % n)
 }
-

@@ -88,6 +88,15 @@ func Load() error {
 		if _, set := os.LookupEnv("CUDA_MODULE_LOADING"); !set {
 			_ = os.Setenv("CUDA_MODULE_LOADING", "EAGER")
 		}
+		// As many hardware work queues as the driver allows (the default is
+		// 8): streams beyond them share queues, and a queue is in order, so
+		// a launch that waits for a spinning kernel of its own stream holds
+		// back every stream behind it in that queue. Goroutine ranks sharing
+		// a GPU each bring several streams; with too few queues one rank's
+		// kernel can wait behind another rank's, which waits for it.
+		if _, set := os.LookupEnv("CUDA_DEVICE_MAX_CONNECTIONS"); !set {
+			_ = os.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+		}
 		loadErr = check("cuInit", C.gc_init(0))
 	})
 	return loadErr

@@ -31,6 +31,9 @@ type Placement struct {
 	// SMs is this rank's GPU's multiprocessor count (0 on the host
 	// backend).
 	SMs int
+	// AnyShared reports whether some GPU of the group runs several ranks
+	// (libraries that refuse that, NCCL among them, cannot serve it).
+	AnyShared bool
 	// SpinBlocks is the most blocks one launch of any rank of the group
 	// may use when it waits on other ranks (0: no limit, the host
 	// backend): the smallest SpinBudget over the group's GPUs, the same on
@@ -145,6 +148,7 @@ func (c *Communicator) Placement(ctx context.Context) (Placement, error) {
 	sort.Ints(pl.SharedGPU)
 	pl.SMs = info.SMs
 	for _, ranks := range perGPU {
+		pl.AnyShared = pl.AnyShared || len(ranks) > 1
 		b := SpinBudget(int(all[ranks[0]].sms), len(ranks))
 		if b > 0 && (pl.SpinBlocks == 0 || b < pl.SpinBlocks) {
 			pl.SpinBlocks = b

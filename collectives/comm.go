@@ -35,8 +35,10 @@ type Communicator struct {
 	rank  int
 	size  int
 	cfg   Config
-	info  device.Info
-	gpu   *gpuState // nil on the host backend
+	// gpuShared: some GPU of the group runs several ranks (no NCCL then).
+	gpuShared bool
+	info      device.Info
+	gpu       *gpuState // nil on the host backend
 
 	native   bool // the native algorithms can run (2..MaxRanks ranks)
 	scratch  device.Buffer
@@ -258,6 +260,7 @@ func (c *Communicator) fitSharedGPU(ctx context.Context, asked Config) error {
 	if err != nil {
 		return c.errorf("%w", err)
 	}
+	c.gpuShared = pl.AnyShared
 	spin := pl.SpinBlocks
 	if spin == 0 {
 		return nil

@@ -70,17 +70,23 @@ func hostConfig() collectives.Config {
 
 // gpuConfig creates NCCL with the communicator when it can be loaded (not
 // lazily inside a captured call).
-func gpuConfig() collectives.Config {
+// gpuConfig is the GPU configuration for ranks ranks: NCCL eagerly when it
+// loads and every rank has a GPU of its own (NCCL refuses ranks that share
+// one).
+func gpuConfig(ranks int) collectives.Config {
 	cfg := collectives.Config{Channels: channels.Config{Timeouts: channels.Timeouts{Wait: testWait}}, NCCL: collectives.NCCLOff}
-	if realNCCL {
+	if ncclRuns(world{device.CUDA, ranks}) {
 		cfg.NCCL = collectives.NCCLEager
 	}
 	return cfg
 }
 
+// ncclRuns: the real NCCL can run w (GPUs, NCCL loads, a GPU per rank).
+func ncclRuns(w world) bool { return w.gpu() && realNCCL && w.ranks <= gpus() }
+
 func configFor(w world) collectives.Config {
 	if w.gpu() {
-		return gpuConfig()
+		return gpuConfig(w.ranks)
 	}
 	return hostConfig()
 }

@@ -116,7 +116,7 @@ func TestPlansFirstGPU(t *testing.T) {
 	require.NoError(t, err)
 	const n, count = 2, 1 << 19 // 1 MiB of bf16 per rank
 	ctx := context.Background()
-	errs := colltest.RunLocal(ctx, device.CUDA, n, bootstrap.Config{}, gpuConfig(), func(ctx context.Context, c *collectives.Communicator) error {
+	errs := colltest.RunLocal(ctx, device.CUDA, n, bootstrap.Config{}, gpuConfig(n), func(ctx context.Context, c *collectives.Communicator) error {
 		if err := c.UsePlans(ctx, reg); err != nil {
 			return err
 		}

@@ -92,7 +92,7 @@ func TestGPUPointersAndWork(t *testing.T) {
 	}
 	w := world{device.CUDA, 2}
 	bufs := make([]device.Buffer, 2)
-	run(t, w, gpuConfig(), func(ctx context.Context, c *collectives.Communicator) error {
+	run(t, w, gpuConfig(w.ranks), func(ctx context.Context, c *collectives.Communicator) error {
 		b, err := colltest.NewBuffers(ctx, c, 1<<20, false)
 		if err != nil {
 			return err

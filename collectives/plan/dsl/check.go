@@ -122,6 +122,19 @@ func (p *Program) checkOp(o *op) error {
 			}
 		}
 	}
+	// The threads of an op share its chunks out among them: a destination
+	// that overlaps a source other than exactly (an in-place reduction)
+	// would be read and written at once.
+	l := layout{p.cfg.InPlace, p.inChunks, p.outChunks}
+	for _, d := range o.dst {
+		for _, s := range o.src {
+			db, di := l.canon(d.c.Rank, d.c.Buf, d.c.Index)
+			sb, si := l.canon(s.c.Rank, s.c.Buf, s.c.Index)
+			if d.c.Rank == s.c.Rank && db == sb && di < si+s.c.Size && si < di+d.c.Size && di != si {
+				return fmt.Errorf("destination %s overlaps source %s (an op's threads read and write its chunks at once)", d.c, s.c)
+			}
+		}
+	}
 	// Packets live in scratch: where they are written to peers and read.
 	scratch := func(r ref, what string) error {
 		if r.c.Buf != Scratch {

@@ -30,9 +30,13 @@ type Config struct {
 	Collective string // one of the constants above ("reduce-scatter" is accepted)
 	Ranks      int
 	Protocol   string // Simple (default) or LL; LL programs get a double scratch buffer
-	// Instances replicates the program: every chunk is cut into Instances
-	// parts, and threadblocks, channels, semaphores and barriers are
-	// copied, instance j working on part j of every chunk (default 1).
+	// Instances replicates the program (default 1): threadblocks,
+	// channels, semaphores and barriers are copied, and every buffer gets
+	// Instances times as many chunks, instance j taking part j of every
+	// op's range (chunks [i, i+s) become [i*n+j*s, i*n+(j+1)*s), MSCCL++'s
+	// interleaved policy). Ops that use a chunk at two granularities (alone
+	// and in a longer range) then overlap across instances; the dependency
+	// check refuses such programs.
 	Instances       int
 	ThreadsPerBlock int // default 1024
 	// MinMessageSize and MaxMessageSize bound the sizes the plan takes

@@ -112,6 +112,9 @@ type Channel struct {
 }
 
 func (c *Channel) String() string {
+	if c == nil {
+		return "nil channel"
+	}
 	return fmt.Sprintf("%s channel %d->%d #%d", c.Type, c.From, c.To, c.Tag)
 }
 

@@ -25,6 +25,9 @@ var builtins = []Builtin{
 	{"allreduce-allpairs-packet", AllReduce, LL,
 		"one shot: every rank writes its whole input as LL packets into every peer's scratch and reduces all of it locally; no signals (small messages)",
 		buildAllReducePackets},
+	{"allreduce-packet-rs-ag", AllReduce, LL,
+		"two steps in LL packets: every rank sends chunk q to rank q's scratch, rank r reduces chunk r and sends the result back as packets (reduce-send-packets), then unpacks the others",
+		buildAllReducePacketsRSAG},
 	{"allreduce-rs-ag", AllReduce, Simple,
 		"two steps in one op per rank: rank r reads chunk r of every peer, reduces, and writes the result into every peer (read-reduce-send)",
 		buildAllReduceRSAG},
@@ -161,6 +164,29 @@ func buildAllReducePackets(p *Program) {
 				pk = append(pk, p.Scratch(r, slot(r, q, k), 1))
 			}
 			p.ReducePackets(r, k, p.Output(r, k, 1), p.Input(r, k, 1), pk...)
+		}
+	}
+}
+
+func buildAllReducePacketsRSAG(p *Program) {
+	W := p.Ranks()
+	ch := p.mesh()
+	// Scratch of rank r: chunk peerIndex(r, q) holds q's part of chunk r;
+	// chunk W-1+peerIndex(r, q) holds chunk q reduced by q.
+	for r := 0; r < W; r++ {
+		for _, q := range peers(W, r) {
+			p.PutPackets(0, ch[r][q], p.Scratch(q, peerIndex(q, r), 1), p.Input(r, q, 1))
+		}
+		var pk []Chunk
+		for _, q := range peers(W, r) {
+			pk = append(pk, p.Scratch(r, peerIndex(r, q), 1))
+		}
+		p.ReducePackets(r, 0, p.Output(r, r, 1), p.Input(r, r, 1), pk...)
+		for _, q := range peers(W, r) {
+			p.PutPackets(0, ch[r][q], p.Scratch(q, W-1+peerIndex(q, r), 1), p.Output(r, r, 1))
+		}
+		for _, q := range peers(W, r) {
+			p.UnpackPackets(r, 0, p.Output(r, q, 1), p.Scratch(r, W-1+peerIndex(r, q), 1))
 		}
 	}
 }

@@ -146,6 +146,7 @@ func TestFusion(t *testing.T) {
 	}{
 		{"allreduce-rs-ag", []string{"rres", "rlxsignal"}, []string{"rre", "put"}},
 		{"allreduce-allpairs-packet", []string{"ppkt", "repkt"}, []string{"ppkt", "repkt"}},
+		{"allreduce-packet-rs-ag", []string{"ppkt", "respkt", "upkt"}, []string{"ppkt", "repkt", "upkt"}},
 		{"allreduce-ring", []string{"res"}, []string{"re", "put"}},
 		{"sendrecv-ring", []string{"pwsf"}, []string{"pwsf"}},
 	} {
@@ -251,5 +252,89 @@ func TestRegister(t *testing.T) {
 	}
 	if _, err := Register(nil, p, nil); err == nil {
 		t.Fatal("nil registry accepted")
+	}
+}
+
+// TestPipeline runs a pipelined transfer (put, signal and wait per unit)
+// on the host: the emitted op is a pipeline with the iteration context, and
+// the result is sendrecv's at sizes of several units and of part of one.
+func TestPipeline(t *testing.T) {
+	p := newTest(t, Config{Name: "pipelined-sendrecv", Collective: SendRecv, Ranks: 2})
+	a, b := p.pairChannels(Memory, 0, 1)
+	for r, ch := range []*Channel{a, b} {
+		n := 1 - r
+		p.handshake(0, r, ch)
+		p.Pipeline(r, 0, 256, 1, func() {
+			p.Put(0, ch, p.Output(n, 0, 1), p.Input(r, 0, 1))
+			p.Signal(0, ch)
+			p.Wait(0, ch)
+		})
+	}
+	pl, js, err := p.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got plan.Plan
+	if err := json.Unmarshal(js, &got); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, o := range got.GPUs[0].Threadblocks[0].Ops {
+		if o.Name == "pipeline" && o.IterContext != nil && o.IterContext.UnitSize == 256 && len(o.Ops) >= 3 {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no pipeline op in %s", js)
+	}
+	for _, size := range []uint64{8, 256, 1000, 4096} {
+		if err := runHost(pl, size, plan.BF16, 2); err != nil {
+			t.Fatalf("size %d: %v", size, err)
+		}
+	}
+}
+
+// TestPacketRelay: an LL allgather on a ring of 3 where packets are
+// copied into local scratch (cpkt), forwarded hop by hop (rppkt through
+// memory channels, ppkt through a port channel) and unpacked (upkt).
+func TestPacketRelay(t *testing.T) {
+	const W = 3
+	for _, port := range []bool{false, true} {
+		p := newTest(t, Config{Name: "relay", Collective: AllGather, Ranks: W, Protocol: LL})
+		typ := Memory
+		if port {
+			typ = Port
+		}
+		send := make([]*Channel, W)
+		for r := 0; r < W; r++ {
+			send[r], _ = p.pairChannels(typ, r, (r+1)%W)
+		}
+		// Scratch slot q of every rank holds rank q's input as packets.
+		for r := 0; r < W; r++ {
+			n := (r + 1) % W
+			p.CopyPackets(r, 0, p.Scratch(r, r, 1), p.Input(r, 0, 1))
+			if port {
+				p.PutPackets(0, send[r], p.Scratch(n, r, 1), p.Scratch(r, r, 1))
+			} else {
+				p.ReadPutPackets(0, send[r], p.Scratch(n, r, 1), p.Scratch(r, r, 1))
+			}
+			prev := (r + W - 1) % W
+			p.ReadPutPackets(1, send[r], p.Scratch(n, prev, 1), p.Scratch(r, prev, 1)) // relay r-1's to r+1
+			p.Copy(r, 0, p.Output(r, r, 1), p.Input(r, 0, 1))
+			for q := 0; q < W; q++ {
+				if q != r {
+					p.UnpackPackets(r, 2, p.Output(r, q, 1), p.Scratch(r, q, 1))
+				}
+			}
+		}
+		pl, _, err := p.Compile()
+		if err != nil {
+			t.Fatalf("port %v: %v", port, err)
+		}
+		for _, size := range []uint64{16, 4096, 1 << 16} {
+			if err := runHost(pl, size, plan.FP16, 2); err != nil {
+				t.Fatalf("port %v size %d: %v", port, size, err)
+			}
+		}
 	}
 }

@@ -141,3 +141,27 @@ func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outB
 	}
 	return out, nil
 }
+
+// CheckOutputs compares every rank's output with what collective must
+// leave there given the inputs (see Expected); the error names the first
+// rank and byte that differ.
+func CheckOutputs(collective string, dt DataType, op ReduceOp, inputs, outputs [][]byte) error {
+	if len(outputs) != len(inputs) || len(outputs) == 0 {
+		return fmt.Errorf("%s: %d outputs for %d inputs", collective, len(outputs), len(inputs))
+	}
+	want, err := Expected(collective, dt, op, inputs, len(outputs[0]))
+	if err != nil {
+		return err
+	}
+	for r := range outputs {
+		if len(outputs[r]) != len(want[r]) {
+			return fmt.Errorf("rank %d: output of %d bytes, want %d", r, len(outputs[r]), len(want[r]))
+		}
+		for i := range outputs[r] {
+			if outputs[r][i] != want[r][i] {
+				return fmt.Errorf("rank %d: output differs first at byte %d of %d (got %#x, want %#x)", r, i, len(outputs[r]), outputs[r][i], want[r][i])
+			}
+		}
+	}
+	return nil
+}

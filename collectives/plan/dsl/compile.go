@@ -380,89 +380,6 @@ func (l layout) withNops(list []*op) []*op {
 // ---------------------------------------------------------------------------
 // JSON, in the MSCCL++ execution-plan format.
 
-type jPlan struct {
-	Name                   string `json:"name"`
-	Collective             string `json:"collective"`
-	Protocol               string `json:"protocol"`
-	InPlace                bool   `json:"inplace"`
-	ReuseResources         bool   `json:"reuse_resources"`
-	UseDoubleScratchBuffer bool   `json:"use_double_scratch_buffer"`
-	BufferAlignment        uint64 `json:"buffer_alignment"`
-	NumThreadsPerBlock     int    `json:"num_threads_per_block"`
-	MinMessageSize         uint64 `json:"min_message_size"`
-	MaxMessageSize         uint64 `json:"max_message_size"`
-	GPUs                   []jGPU `json:"gpus"`
-}
-
-type jGPU struct {
-	ID            int          `json:"id"`
-	InputChunks   int          `json:"input_chunks"`
-	OutputChunks  int          `json:"output_chunks"`
-	ScratchChunks int          `json:"scratch_chunks"`
-	Threadblocks  []jTB        `json:"threadblocks"`
-	Channels      []jChannel   `json:"channels"`
-	RemoteBuffers []jRemote    `json:"remote_buffers"`
-	Semaphores    []jSemaphore `json:"semaphores"`
-}
-
-type jChannel struct {
-	ChannelType string `json:"channel_type"`
-	ConnectedTo []int  `json:"connected_to"`
-}
-
-type jRemote struct {
-	Rank               int      `json:"rank"`
-	Type               string   `json:"type"`
-	AccessChannelTypes []string `json:"access_channel_types"`
-}
-
-type jSemaphore struct {
-	InitValue int64 `json:"init_value"`
-}
-
-type jTB struct {
-	ID               int          `json:"id"`
-	Ops              []jOp        `json:"ops"`
-	Channels         []jTBChannel `json:"channels"`
-	RemoteBufferRefs []jTBRemote  `json:"remote_buffer_refs"`
-}
-
-type jTBChannel struct {
-	ChannelType string `json:"channel_type"`
-	ChannelIDs  []int  `json:"channel_ids"`
-}
-
-type jTBRemote struct {
-	AccessChannelType string `json:"access_channel_type"`
-	RemoteBufferIDs   []int  `json:"remote_buffer_ids"`
-}
-
-type jOp struct {
-	Name         string `json:"name"`
-	Src          []jRef `json:"src_buff,omitempty"`
-	Dst          []jRef `json:"dst_buff,omitempty"`
-	ChannelIDs   []int  `json:"channel_ids,omitempty"`
-	ChannelType  string `json:"channel_type,omitempty"`
-	ReduceOp     string `json:"reduce_op,omitempty"`
-	BarrierID    *int   `json:"barrier_id,omitempty"`
-	NumTBs       *int   `json:"num_threadblocks,omitempty"`
-	SemaphoreIDs []int  `json:"semaphore_ids,omitempty"`
-	IterContext  *jIter `json:"iter_context,omitempty"`
-	Ops          []jOp  `json:"ops,omitempty"`
-}
-
-type jRef struct {
-	Type     string `json:"type,omitempty"`
-	BufferID *int   `json:"buffer_id,omitempty"`
-	Index    int    `json:"index"`
-	Size     int    `json:"size"`
-}
-
-type jIter struct {
-	UnitSize  uint64 `json:"unit_size"`
-	NumChunks int    `json:"num_chunks"`
-}
-
 var jsonNames = map[opKind]string{
 	opNop: "nop", opPut: "put", opGet: "get", opCopy: "copy", opReduce: "re", opReduceSend: "res", opReadReduce: "rre",
 	opReadReduceSend: "rres", opPutPackets: "ppkt", opReadPutPackets: "rppkt", opCopyPackets: "cpkt",
@@ -477,29 +394,37 @@ var jsonNames = map[opKind]string{
 type gpuTables struct {
 	chanIdx map[*Channel]int
 	remote  map[[2]int]int // (owner, buffer) -> index
-	remotes []jRemote
+	remotes []plan.RemoteBuffer
 }
 
-// tbTables numbers a threadblock's channels and remote buffers per type.
+// numbering gives values indices in the order they are first seen.
+type numbering struct {
+	list []int
+	pos  map[int]int
+}
+
+func (n *numbering) index(v int) int {
+	if n.pos == nil {
+		n.pos = map[int]int{}
+	}
+	i, ok := n.pos[v]
+	if !ok {
+		i = len(n.list)
+		n.pos[v] = i
+		n.list = append(n.list, v)
+	}
+	return i
+}
+
+// tbTables numbers a threadblock's channels and remote buffers per type
+// (GPU-level indices in the order the block first uses them).
 type tbTables struct {
-	chans [2][]int
-	chPos [2]map[int]int
-	rbs   [2][]int
-	rbPos [2]map[int]int
+	chans [2]numbering
+	rbs   [2]numbering
 }
 
 func (t *tbTables) channel(g *gpuTables, c *Channel) int {
-	gi := g.chanIdx[c]
-	if t.chPos[c.Type] == nil {
-		t.chPos[c.Type] = map[int]int{}
-	}
-	i, ok := t.chPos[c.Type][gi]
-	if !ok {
-		i = len(t.chans[c.Type])
-		t.chPos[c.Type][gi] = i
-		t.chans[c.Type] = append(t.chans[c.Type], gi)
-	}
-	return i
+	return t.chans[c.Type].index(g.chanIdx[c])
 }
 
 func (t *tbTables) remoteBuf(g *gpuTables, c *Channel, owner int, b BufKind) int {
@@ -508,22 +433,13 @@ func (t *tbTables) remoteBuf(g *gpuTables, c *Channel, owner int, b BufKind) int
 	if !ok {
 		gi = len(g.remotes)
 		g.remote[key] = gi
-		g.remotes = append(g.remotes, jRemote{Rank: owner, Type: b.json()})
+		g.remotes = append(g.remotes, plan.RemoteBuffer{Rank: owner, Type: b.json()})
 	}
 	ct := c.Type.String()
 	if !containsStr(g.remotes[gi].AccessChannelTypes, ct) {
 		g.remotes[gi].AccessChannelTypes = append(g.remotes[gi].AccessChannelTypes, ct)
 	}
-	if t.rbPos[c.Type] == nil {
-		t.rbPos[c.Type] = map[int]int{}
-	}
-	i, ok := t.rbPos[c.Type][gi]
-	if !ok {
-		i = len(t.rbs[c.Type])
-		t.rbPos[c.Type][gi] = i
-		t.rbs[c.Type] = append(t.rbs[c.Type], gi)
-	}
-	return i
+	return t.rbs[c.Type].index(gi)
 }
 
 func containsChan(list []*Channel, c *Channel) bool {
@@ -562,7 +478,7 @@ func (p *Program) emit(x *expanded) ([]byte, error) {
 			}
 		}
 	}
-	out := jPlan{
+	out := plan.Plan{
 		Name: p.cfg.Name, Collective: p.cfg.Collective, Protocol: p.cfg.Protocol, InPlace: p.cfg.InPlace,
 		UseDoubleScratchBuffer: p.cfg.Protocol == LL, BufferAlignment: p.cfg.Alignment,
 		NumThreadsPerBlock: p.cfg.ThreadsPerBlock, MinMessageSize: p.cfg.MinMessageSize, MaxMessageSize: p.cfg.MaxMessageSize,
@@ -575,8 +491,8 @@ func (p *Program) emit(x *expanded) ([]byte, error) {
 			return nil, fmt.Errorf("rank %d has %d barriers after replication (at most %d)", r, x.nBar[r], plan.MaxBarriers)
 		}
 		g := &gpuTables{chanIdx: map[*Channel]int{}, remote: map[[2]int]int{}}
-		gpu := jGPU{ID: r, InputChunks: x.in, OutputChunks: x.out, ScratchChunks: scratch,
-			Channels: []jChannel{}, RemoteBuffers: []jRemote{}, Semaphores: []jSemaphore{}}
+		gpu := plan.GPU{ID: r, InputChunks: x.in, OutputChunks: x.out, ScratchChunks: scratch,
+			Channels: []plan.GPUChannel{}, RemoteBuffers: []plan.RemoteBuffer{}, Semaphores: []plan.SemaphoreInit{}}
 		var per [2][]int
 		for _, c := range x.chans {
 			if c.From == r {
@@ -586,11 +502,11 @@ func (p *Program) emit(x *expanded) ([]byte, error) {
 		}
 		for t, to := range per {
 			if len(to) > 0 {
-				gpu.Channels = append(gpu.Channels, jChannel{ChannelType: ChanType(t).String(), ConnectedTo: to})
+				gpu.Channels = append(gpu.Channels, plan.GPUChannel{ChannelType: ChanType(t).String(), ConnectedTo: to})
 			}
 		}
 		for _, s := range x.sems[r] {
-			gpu.Semaphores = append(gpu.Semaphores, jSemaphore{InitValue: s.Init})
+			gpu.Semaphores = append(gpu.Semaphores, plan.SemaphoreInit{InitValue: s.Init})
 		}
 		nTB := 1
 		for tb := range x.tbs[r] {
@@ -603,22 +519,22 @@ func (p *Program) emit(x *expanded) ([]byte, error) {
 			}
 			ops = l.withNops(ops)
 			tt := &tbTables{}
-			jtb := jTB{ID: tb, Ops: []jOp{}, Channels: []jTBChannel{}, RemoteBufferRefs: []jTBRemote{}}
+			jtb := plan.Threadblock{ID: tb, Ops: []plan.Op{}, Channels: []plan.TBChannels{}, RemoteBufferRefs: []plan.RemoteBufRef{}}
 			for _, o := range ops {
 				jtb.Ops = append(jtb.Ops, p.jsonOp(o, g, tt))
 			}
 			for t := range tt.chans {
-				if len(tt.chans[t]) > plan.MaxChannelsPerBlock {
-					return nil, fmt.Errorf("rank %d threadblock %d uses %d %s channels (at most %d)", r, tb, len(tt.chans[t]), ChanType(t), plan.MaxChannelsPerBlock)
+				if len(tt.chans[t].list) > plan.MaxChannelsPerBlock {
+					return nil, fmt.Errorf("rank %d threadblock %d uses %d %s channels (at most %d)", r, tb, len(tt.chans[t].list), ChanType(t), plan.MaxChannelsPerBlock)
 				}
-				if len(tt.rbs[t]) > plan.MaxChannelsPerBlock {
-					return nil, fmt.Errorf("rank %d threadblock %d reaches %d remote buffers through %s channels (at most %d)", r, tb, len(tt.rbs[t]), ChanType(t), plan.MaxChannelsPerBlock)
+				if len(tt.rbs[t].list) > plan.MaxChannelsPerBlock {
+					return nil, fmt.Errorf("rank %d threadblock %d reaches %d remote buffers through %s channels (at most %d)", r, tb, len(tt.rbs[t].list), ChanType(t), plan.MaxChannelsPerBlock)
 				}
-				if len(tt.chans[t]) > 0 {
-					jtb.Channels = append(jtb.Channels, jTBChannel{ChannelType: ChanType(t).String(), ChannelIDs: tt.chans[t]})
+				if len(tt.chans[t].list) > 0 {
+					jtb.Channels = append(jtb.Channels, plan.TBChannels{ChannelType: ChanType(t).String(), ChannelIDs: tt.chans[t].list})
 				}
-				if len(tt.rbs[t]) > 0 {
-					jtb.RemoteBufferRefs = append(jtb.RemoteBufferRefs, jTBRemote{AccessChannelType: ChanType(t).String(), RemoteBufferIDs: tt.rbs[t]})
+				if len(tt.rbs[t].list) > 0 {
+					jtb.RemoteBufferRefs = append(jtb.RemoteBufferRefs, plan.RemoteBufRef{AccessChannelType: ChanType(t).String(), RemoteBufferIDs: tt.rbs[t].list})
 				}
 			}
 			if n := flatCount(jtb.Ops); n > plan.MaxOpsPerBlock {
@@ -632,7 +548,7 @@ func (p *Program) emit(x *expanded) ([]byte, error) {
 	return json.MarshalIndent(out, "", " ")
 }
 
-func flatCount(ops []jOp) int {
+func flatCount(ops []plan.Op) int {
 	n := 0
 	for _, o := range ops {
 		n += 1 + len(o.Ops)
@@ -640,8 +556,8 @@ func flatCount(ops []jOp) int {
 	return n
 }
 
-func (p *Program) jsonOp(o *op, g *gpuTables, t *tbTables) jOp {
-	j := jOp{Name: jsonNames[o.kind]}
+func (p *Program) jsonOp(o *op, g *gpuTables, t *tbTables) plan.Op {
+	j := plan.Op{Name: jsonNames[o.kind]}
 	switch o.kind {
 	case opSignal:
 		j.Name = map[bool]string{true: "rlxsignal", false: "signal"}[o.relaxed]
@@ -653,7 +569,7 @@ func (p *Program) jsonOp(o *op, g *gpuTables, t *tbTables) jOp {
 	case opSemAcquire, opSemRelease:
 		j.SemaphoreIDs = []int{o.sem.id}
 	case opPipeline:
-		j.IterContext = &jIter{UnitSize: o.unit, NumChunks: o.numChunks}
+		j.IterContext = &plan.IterContext{UnitSize: o.unit, NumChunks: o.numChunks}
 		for _, b := range o.body {
 			j.Ops = append(j.Ops, p.jsonOp(b, g, t))
 		}
@@ -681,15 +597,15 @@ func (p *Program) jsonOp(o *op, g *gpuTables, t *tbTables) jOp {
 			}
 		}
 	}
-	conv := func(list []ref) []jRef {
-		var out []jRef
+	conv := func(list []ref) []plan.BufRef {
+		var out []plan.BufRef
 		for _, r := range list {
 			if r.ch == nil {
-				out = append(out, jRef{Type: r.c.Buf.json(), Index: r.c.Index, Size: r.c.Size})
+				out = append(out, plan.BufRef{Type: r.c.Buf.json(), Index: r.c.Index, Size: r.c.Size})
 				continue
 			}
 			id := t.remoteBuf(g, r.ch, r.c.Rank, r.c.Buf)
-			out = append(out, jRef{BufferID: &id, Index: r.c.Index, Size: r.c.Size})
+			out = append(out, plan.BufRef{BufferID: &id, Index: r.c.Index, Size: r.c.Size})
 		}
 		return out
 	}

@@ -38,7 +38,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	path := fs.String("plan", "", "plan file (MSCCL++ execution plan JSON)")
 	program := fs.String("program", "", "builtin DSL program instead of a file: "+strings.Join(dsl.BuiltinNames(), ", "))
 	ranks := fs.Int("ranks", 8, "ranks of --program")
-	instances := fs.Int("instances", 1, "instances of --program")
+	instances := fs.Int("instances", 0, "instances of --program (0: the program's default)")
 	emit := fs.String("emit", "", "write the compiled --program's JSON to this file")
 	backend := fs.String("backend", "auto", "cuda (the plan's world of GPUs, goroutine ranks), host or auto")
 	sizes := fs.String("size", "", "input bytes per rank (the send buffer; allgather: one rank's part), e.g. 32M or 4K,1M (default 32M on GPU, 1M on host)")

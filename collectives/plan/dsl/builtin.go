@@ -8,7 +8,7 @@ import (
 // Options shape a builtin program.
 type Options struct {
 	Ranks     int
-	Instances int // default 1
+	Instances int // 0: the builtin's Instances
 	InPlace   bool
 }
 
@@ -17,33 +17,37 @@ type Builtin struct {
 	Name       string
 	Collective string
 	Protocol   string
-	Doc        string
-	build      func(p *Program)
+	// Instances is the default replication: enough threadblocks per rank
+	// for large messages (alltoall keeps 1: its blocks must stay whole
+	// chunks, so more instances would raise the size granularity).
+	Instances int
+	Doc       string
+	build     func(p *Program)
 }
 
 var builtins = []Builtin{
-	{"allreduce-allpairs-packet", AllReduce, LL,
+	{"allreduce-allpairs-packet", AllReduce, LL, 1,
 		"one shot: every rank writes its whole input as LL packets into every peer's scratch and reduces all of it locally; no signals (small messages)",
 		buildAllReducePackets},
-	{"allreduce-packet-rs-ag", AllReduce, LL,
+	{"allreduce-packet-rs-ag", AllReduce, LL, 4,
 		"two steps in LL packets: every rank sends chunk q to rank q's scratch, rank r reduces chunk r and sends the result back as packets (reduce-send-packets), then unpacks the others",
 		buildAllReducePacketsRSAG},
-	{"allreduce-rs-ag", AllReduce, Simple,
+	{"allreduce-rs-ag", AllReduce, Simple, 8,
 		"two steps in one op per rank: rank r reads chunk r of every peer, reduces, and writes the result into every peer (read-reduce-send)",
 		buildAllReduceRSAG},
-	{"allreduce-ring", AllReduce, Simple,
+	{"allreduce-ring", AllReduce, Simple, 4,
 		"ring: Ranks-1 reduce-scatter steps through the next rank's scratch, then Ranks-1 allgather steps; two threadblocks joined by a semaphore",
 		buildAllReduceRing},
-	{"allgather-fullmesh", AllGather, Simple,
+	{"allgather-fullmesh", AllGather, Simple, 4,
 		"every rank puts its input into every peer's output, one threadblock per peer",
 		buildAllGather},
-	{"reducescatter-allpairs", ReduceScatter, Simple,
+	{"reducescatter-allpairs", ReduceScatter, Simple, 8,
 		"rank r reads chunk r of every peer's input and reduces it into its output (read-reduce)",
 		buildReduceScatter},
-	{"alltoall-fullmesh", AllToAll, Simple,
+	{"alltoall-fullmesh", AllToAll, Simple, 1,
 		"every rank puts block q of its input into rank q's output (in place: through the peer's scratch), one threadblock per peer",
 		buildAllToAll},
-	{"sendrecv-ring", SendRecv, Simple,
+	{"sendrecv-ring", SendRecv, Simple, 1,
 		"rank r sends its input to rank r+1 through a port channel (put with signal and flush; in place: through scratch)",
 		buildSendRecv},
 }
@@ -75,6 +79,9 @@ func Build(name string, o Options) (*Program, error) {
 func (b Builtin) Program(o Options) (*Program, error) {
 	if o.Ranks < 2 {
 		return nil, fmt.Errorf("dsl: %s: %d ranks (want at least 2)", b.Name, o.Ranks)
+	}
+	if o.Instances == 0 {
+		o.Instances = b.Instances
 	}
 	p, err := New(Config{Name: b.Name, Collective: b.Collective, Ranks: o.Ranks, Protocol: b.Protocol,
 		Instances: o.Instances, InPlace: o.InPlace})

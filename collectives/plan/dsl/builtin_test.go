@@ -44,10 +44,9 @@ func TestBuiltinsHost(t *testing.T) {
 	for _, b := range Builtins() {
 		for _, W := range []int{2, 4, 8} {
 			for _, inPlace := range []bool{false, true} {
-				instances := 1
-				if W == 4 {
-					instances = 2 // replication, checked the same way
-				}
+				// Replication is checked the same way: 2 instances for 4
+				// ranks, the builtin's default for 8.
+				instances := map[int]int{2: 1, 4: 2, 8: 0}[W]
 				name := fmt.Sprintf("%s/W%d/x%d/inplace=%v", b.Name, W, instances, inPlace)
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
@@ -55,6 +54,7 @@ func TestBuiltinsHost(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
+					instances := p.Config().Instances
 					pl, js, err := p.Compile()
 					if err != nil {
 						t.Fatal(err)
@@ -88,7 +88,7 @@ func TestBuiltinsHost(t *testing.T) {
 // TestBuiltinJSONFormat checks the emitted JSON has the keys MSCCL++'s
 // executor indexes without defaults, and nothing our loader would ignore.
 func TestBuiltinJSONFormat(t *testing.T) {
-	p, err := Build("allreduce-ring", Options{Ranks: 4})
+	p, err := Build("allreduce-ring", Options{Ranks: 4, Instances: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestFusion(t *testing.T) {
 	} {
 		for _, noFusion := range []bool{false, true} {
 			b, _ := lookup(c.builtin)
-			p, err := New(Config{Name: b.Name, Collective: b.Collective, Ranks: 4, Protocol: b.Protocol, NoFusion: noFusion})
+			p, err := New(Config{Name: b.Name, Collective: b.Collective, Ranks: 4, Protocol: b.Protocol, NoFusion: noFusion, Instances: b.Instances})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -42,7 +42,7 @@ func TestBuiltinsGPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for i, size := range gpuSizes(b, W) {
+				for i, size := range gpuSizes(b, W, prog.Config().Instances) {
 					dt := plan.DataTypes[i%len(plan.DataTypes)]
 					if b.Collective == dsl.ReduceScatter && size%uint64(W*dt.Size()) != 0 || size%uint64(dt.Size()) != 0 {
 						dt = plan.FP32
@@ -63,9 +63,9 @@ func TestBuiltinsGPU(t *testing.T) {
 
 // gpuSizes: small, not a multiple of the chunking, 1 MiB and 32 MiB of
 // the collective's message (alltoall: whole chunks only).
-func gpuSizes(b dsl.Builtin, W int) []uint64 {
+func gpuSizes(b dsl.Builtin, W, instances int) []uint64 {
 	w := uint64(W)
-	unit := w * 16
+	unit := w * 16 * uint64(instances)
 	big := uint64(32 << 20)
 	if b.Collective == dsl.AllGather {
 		big /= w

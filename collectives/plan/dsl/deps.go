@@ -254,6 +254,21 @@ func (g *depGraph) pair() error {
 			g.nodes[d].preds = append(g.nodes[d].preds, j)
 		}
 	}
+	// Releases and acquires pair in recording order (instances, which
+	// share it, by threadblock).
+	bySeq := func(list []int) {
+		sort.SliceStable(list, func(i, j int) bool {
+			a, b := g.nodes[list[i]].op, g.nodes[list[j]].op
+			return a.seq < b.seq || a.seq == b.seq && a.tb < b.tb
+		})
+	}
+	for _, rel := range g.sems {
+		bySeq(rel)
+	}
+	sort.SliceStable(g.acqs, func(i, j int) bool {
+		a, b := g.nodes[g.acqs[i].node].op, g.nodes[g.acqs[j].node].op
+		return a.seq < b.seq || a.seq == b.seq && a.tb < b.tb
+	})
 	used := map[*Semaphore]int{}
 	for _, a := range g.acqs {
 		k := used[a.sem]

@@ -216,18 +216,17 @@ type barrierGroup struct {
 // reported by Compile, each naming the operation, so a program reads as a
 // straight list of operations. A Program is not safe for concurrent use.
 type Program struct {
-	cfg             Config
-	inChunks        int
-	outChunks       int
-	channels        []*Channel
-	tags            map[[3]int]int // (type, from, to) -> channels so far
-	sems            [][]*Semaphore // per rank
-	barriers        [][]*barrierGroup
-	tbs             []map[int][]*op // per rank: tb -> ops
-	seq             int
-	pipe            *op // the pipeline being recorded, if any
-	errs            []error
-	semAcquireOrder []*op
+	cfg       Config
+	inChunks  int
+	outChunks int
+	channels  []*Channel
+	tags      map[[3]int]int // (type, from, to) -> channels so far
+	sems      [][]*Semaphore // per rank
+	barriers  [][]*barrierGroup
+	tbs       []map[int][]*op // per rank: tb -> ops
+	seq       int
+	pipe      *op // the pipeline being recorded, if any
+	errs      []error
 }
 
 // Limits of what a program may use (the format's, divided among instances
@@ -559,9 +558,7 @@ func (p *Program) Barrier(rank int, tbs ...int) {
 
 // Acquire waits until sem is positive and decrements it (on sem's rank).
 func (p *Program) Acquire(tb int, sem *Semaphore) {
-	o := &op{kind: opSemAcquire, rank: semRank(p, sem), tb: tb, sem: sem}
-	p.record(o)
-	p.semAcquireOrder = append(p.semAcquireOrder, o)
+	p.record(&op{kind: opSemAcquire, rank: semRank(p, sem), tb: tb, sem: sem})
 }
 
 // Release increments sem (on sem's rank).

@@ -175,7 +175,10 @@ func (g *depGraph) build(o *op) error {
 			node int
 		}{o.sem, g.add(t, o, "")})
 	case opPut, opPutSignal, opPutSignalFlush, opPutPackets, opReadPutPackets:
-		packetIn := o.kind == opReadPutPackets || o.kind == opPutPackets && ch.Type == Port
+		// Only rppkt waits for its source packets; ppkt's port form copies
+		// the packet bytes as they are, so they must be complete before:
+		// a plain read.
+		packetIn := o.kind == opReadPutPackets
 		packetOut := o.kind == opPutPackets || o.kind == opReadPutPackets
 		issue := g.add(t, o, "")
 		if ch.Type == Memory {

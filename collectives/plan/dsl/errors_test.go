@@ -129,6 +129,15 @@ func TestRefused(t *testing.T) {
 			p.CopyPackets(1, 0, p.Scratch(1, 0, 1), p.Input(1, 0, 1))
 			_ = b
 		}, []string{"both write packets to rank 1 scratch chunk 0"}},
+		{"port packets copied before they arrive", Config{Ranks: 3, Protocol: LL}, func(p *Program) {
+			a, _ := p.pairChannels(Memory, 0, 1)
+			b, _ := p.pairChannels(Port, 1, 2)
+			p.PutPackets(0, a, p.Scratch(1, 0, 1), p.Input(0, 0, 1))
+			// Rank 1's proxy copies the packet bytes without waiting for
+			// their flags: rppkt would wait, ppkt does not.
+			p.PutPackets(0, b, p.Scratch(2, 0, 1), p.Scratch(1, 0, 1))
+			p.UnpackPackets(2, 0, p.Output(2, 0, 1), p.Scratch(2, 0, 1))
+		}, []string{"race on rank 1 scratch chunk 0", "rank 1 tb 0 op 0 (put-packets on port channel 1->2 #0) (the proxy's copy) reads"}},
 		{"packets to a peer's output", Config{Protocol: LL}, func(p *Program) {
 			a, _ := p.pairChannels(Memory, 0, 1)
 			p.PutPackets(0, a, p.Output(1, 0, 1), p.Input(0, 0, 1))

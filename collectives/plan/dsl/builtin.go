@@ -18,8 +18,10 @@ type Builtin struct {
 	Collective string
 	Protocol   string
 	// Instances is the default replication: enough threadblocks per rank
-	// for large messages (alltoall keeps 1: its blocks must stay whole
-	// chunks, so more instances would raise the size granularity).
+	// for large messages, and at most about 16 per rank so that 8 ranks
+	// sharing one GPU keep every block resident (blocks spin on each
+	// other). Alltoall keeps 1: its blocks must stay whole chunks, so more
+	// instances would raise the size granularity.
 	Instances int
 	Doc       string
 	build     func(p *Program)
@@ -38,7 +40,7 @@ var builtins = []Builtin{
 	{"allreduce-ring", AllReduce, Simple, 4,
 		"ring: Ranks-1 reduce-scatter steps through the next rank's scratch, then Ranks-1 allgather steps; two threadblocks joined by a semaphore",
 		buildAllReduceRing},
-	{"allgather-fullmesh", AllGather, Simple, 4,
+	{"allgather-fullmesh", AllGather, Simple, 2,
 		"every rank puts its input into every peer's output, one threadblock per peer",
 		buildAllGather},
 	{"reducescatter-allpairs", ReduceScatter, Simple, 8,

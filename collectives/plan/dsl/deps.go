@@ -247,7 +247,11 @@ func (g *depGraph) pair() error {
 				g.desc(ex), back.From, back, len(sigs), ch.From, ch, len(waits))
 		}
 		for i, w := range waits {
-			g.nodes[w].preds = append(g.nodes[w].preds, sigs[i])
+			// A relaxed signal takes its place in the count but publishes
+			// no data: it orders nothing.
+			if !g.nodes[sigs[i]].op.relaxed {
+				g.nodes[w].preds = append(g.nodes[w].preds, sigs[i])
+			}
 		}
 	}
 	for grp, e := range g.groups {

@@ -22,8 +22,9 @@
 // Ops of one threadblock run in order. A signal on a channel happens
 // before the wait it pairs with: the k-th signal on the channel from A to
 // B (the t-th channel of its type created from A to B) pairs with the k-th
-// wait on the t-th channel from B to A. Relaxed signals order the same way
-// (they are used for handshakes that carry no data). A port channel's
+// wait on the t-th channel from B to A. Relaxed signals count the same way
+// but order no data (they are for handshakes: "I have started"). A port
+// channel's
 // puts are carried out by a proxy in order, per threadblock and channel:
 // they finish before a later signal on that channel arrives and before a
 // later flush on it returns, and no earlier. A barrier orders everything

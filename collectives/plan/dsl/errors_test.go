@@ -45,6 +45,13 @@ func TestRefused(t *testing.T) {
 			p.Copy(1, 0, p.Output(1, 0, 1), p.Scratch(1, 0, 1)) // before the wait
 			p.Wait(0, b)
 		}, []string{"race on rank 1 scratch chunk 0", "rank 1 tb 0 op 0 (copy)", "reads"}},
+		{"relaxed signal orders no data", Config{}, func(p *Program) {
+			a, b := p.pairChannels(Memory, 0, 1)
+			p.Put(0, a, p.Scratch(1, 0, 1), p.Input(0, 0, 1))
+			p.RelaxedSignal(0, a)
+			p.Wait(0, b)
+			p.Copy(1, 0, p.Output(1, 0, 1), p.Scratch(1, 0, 1))
+		}, []string{"race on rank 1 scratch chunk 0"}},
 		{"two threadblocks of one rank", Config{}, func(p *Program) {
 			p.Copy(0, 0, p.Output(0, 0, 1), p.Input(0, 0, 1))
 			p.Reduce(0, 1, p.Output(0, 1, 1), p.Output(0, 0, 1), p.Input(0, 1, 1))
@@ -213,6 +220,11 @@ func TestNewRefused(t *testing.T) {
 		t.Error("one rank accepted")
 	}
 	var p *Program
+	p.Copy(0, 0, p.Output(0, 0, 1), p.Input(0, 0, 1))
+	p.Signal(0, p.MemoryChannel(0, 1))
+	p.Acquire(0, p.NewSemaphore(0, 1))
+	p.Barrier(0, 0)
+	p.Pipeline(0, 0, 64, 1, func() {})
 	if _, _, err := p.Compile(); err == nil {
 		t.Error("nil program compiled")
 	}

@@ -327,14 +327,29 @@ func New(cfg Config) (*Program, error) {
 }
 
 // Config is the program's configuration, defaults filled in.
-func (p *Program) Config() Config { return p.cfg }
+func (p *Program) Config() Config {
+	if p == nil {
+		return Config{}
+	}
+	return p.cfg
+}
 
 // Ranks is the program's world size.
-func (p *Program) Ranks() int { return p.cfg.Ranks }
+func (p *Program) Ranks() int {
+	if p == nil {
+		return 0
+	}
+	return p.cfg.Ranks
+}
 
 // Chunks is the number of input and output chunks of every rank (before
 // replication into instances).
-func (p *Program) Chunks() (input, output int) { return p.inChunks, p.outChunks }
+func (p *Program) Chunks() (input, output int) {
+	if p == nil {
+		return 0, 0
+	}
+	return p.inChunks, p.outChunks
+}
 
 // Input is chunks [index, index+size) of rank's input.
 func (p *Program) Input(rank, index, size int) Chunk { return Chunk{rank, Input, index, size} }
@@ -353,6 +368,9 @@ func (p *Program) MemoryChannel(from, to int) *Channel { return p.channel(Memory
 func (p *Program) PortChannel(from, to int) *Channel { return p.channel(Port, from, to) }
 
 func (p *Program) channel(t ChanType, from, to int) *Channel {
+	if p == nil {
+		return nil
+	}
 	key := [3]int{int(t), from, to}
 	c := &Channel{p: p, id: len(p.channels), Type: t, From: from, To: to, Tag: p.tags[key]}
 	p.tags[key]++
@@ -369,6 +387,9 @@ func (p *Program) channel(t ChanType, from, to int) *Channel {
 
 // NewSemaphore creates a semaphore of rank with an initial value.
 func (p *Program) NewSemaphore(rank int, init int64) *Semaphore {
+	if p == nil {
+		return nil
+	}
 	s := &Semaphore{p: p, Rank: rank, Init: init}
 	if err := p.rankErr(rank); err != nil {
 		p.fail(fmt.Errorf("semaphore: %w", err))
@@ -388,7 +409,11 @@ func (p *Program) fail(err error) {
 
 // record adds an op to its threadblock (or the pipeline being recorded)
 // after the checks of check.go.
+// Methods that record do nothing on a nil Program (Compile reports it).
 func (p *Program) record(o *op) {
+	if p == nil {
+		return
+	}
 	o.seq = p.seq
 	p.seq++
 	if p.rankErr(o.rank) == nil {
@@ -528,6 +553,9 @@ func (p *Program) ReducePackets(rank, tb int, dst, local Chunk, packets ...Chunk
 // Barrier makes threadblocks tbs of rank wait for each other: everything
 // before it in any of them happens before everything after it in all.
 func (p *Program) Barrier(rank int, tbs ...int) {
+	if p == nil {
+		return
+	}
 	if err := p.rankErr(rank); err != nil {
 		p.fail(fmt.Errorf("barrier: %w", err))
 		return
@@ -578,6 +606,9 @@ func semRank(p *Program, s *Semaphore) int {
 // numChunks chunks in all (iter_context of the format). Pipelines do not
 // nest.
 func (p *Program) Pipeline(rank, tb int, unitBytes uint64, numChunks int, body func()) {
+	if p == nil {
+		return
+	}
 	o := &op{kind: opPipeline, rank: rank, tb: tb, unit: unitBytes, numChunks: numChunks}
 	if p.pipe != nil {
 		p.fail(fmt.Errorf("%s: pipelines do not nest", o))

@@ -12,6 +12,11 @@
 // algorithms; Register puts compiled programs into a plan.Registry with a
 // selector, as MSCCL++'s register_plan and set_selector do.
 //
+// Ops also carry what the GPU interpreter needs and a program should not
+// have to say: block barriers (nop) between ops of a block that depend on
+// each other, one-per-type channel lists, remote-buffer tables, chunk
+// counts and scratch size.
+//
 // Files: program.go (the program and its operations), check.go (argument
 // checks at record time), deps.go (the happens-before check), compile.go
 // (replication, fusion, barriers, JSON), builtin.go (the classic
@@ -24,10 +29,10 @@
 // B (the t-th channel of its type created from A to B) pairs with the k-th
 // wait on the t-th channel from B to A. Relaxed signals count the same way
 // but order no data (they are for handshakes: "I have started"). A port
-// channel's
-// puts are carried out by a proxy in order, per threadblock and channel:
-// they finish before a later signal on that channel arrives and before a
-// later flush on it returns, and no earlier. A barrier orders everything
+// channel's puts are carried out by a proxy in order, per threadblock and
+// channel: they finish before a later signal on that channel arrives and
+// before a later flush on it returns, and no earlier; ppkt's port form
+// copies packet bytes without waiting for them (rppkt waits). A barrier orders everything
 // before it in every listed threadblock before everything after it. The
 // k-th acquire of a semaphore (in the order the program records them) pairs
 // with release k minus the initial value. LL packets order themselves: a

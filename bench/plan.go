@@ -51,7 +51,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintln(stderr, "usage: ep-bench plan --plan FILE.json [--size 32M] [--inplace] [flags]")
 		fmt.Fprintln(stderr, "       ep-bench plan --program NAME --ranks N [--emit FILE.json] [--size 32M] [--inplace] [flags]")
 		fmt.Fprintln(stderr, "Runs the plan on as many goroutine ranks as it has GPUs, checks every rank's output against")
-		fmt.Fprintln(stderr, "allreduce/allgather/reducescatter/alltoall/sendrecv on random small-integer inputs, then times it.")
+		fmt.Fprintln(stderr, "allreduce/allgather/reducescatter/alltoall/sendrecv/broadcast on random small-integer inputs, then times it.")
 		fs.PrintDefaults()
 	}
 	if err := parse(fs, args); err != nil {

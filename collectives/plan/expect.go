@@ -78,8 +78,8 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 // definition: allreduce (every rank: the reduction of all inputs),
 // allgather (the inputs concatenated in rank order), reducescatter (rank
 // r: part r of the reduction), alltoall (rank r: block r of every rank's
-// input, in rank order) and sendrecv (a ring: rank r receives rank r-1's
-// input). Inputs are in rank order; outBytes is each output's size.
+// input, in rank order), sendrecv (a ring: rank r receives rank r-1's
+// input) and broadcast (rank 0's input everywhere). Inputs are in rank order; outBytes is each output's size.
 func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outBytes int) ([][]byte, error) {
 	W := len(inputs)
 	out := make([][]byte, W)
@@ -128,6 +128,14 @@ func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outB
 			for q := range inputs {
 				copy(out[r][q*blk:(q+1)*blk], inputs[q][r*blk:(r+1)*blk])
 			}
+		}
+	case "broadcast":
+		// From rank 0 (the DSL's builtin root).
+		if in != outBytes {
+			return nil, fmt.Errorf("broadcast: output %d bytes, input %d", outBytes, in)
+		}
+		for r := range out {
+			copy(out[r], inputs[0])
 		}
 	case "sendrecv":
 		if in != outBytes {

@@ -49,6 +49,9 @@ var builtins = []Builtin{
 	{"alltoall-fullmesh", AllToAll, Simple, 1,
 		"every rank puts block q of its input into rank q's output (in place: through the peer's scratch), one threadblock per peer",
 		buildAllToAll},
+	{"broadcast-fullmesh", Broadcast, Simple, 2,
+		"rank 0 puts its input into every peer's output, one threadblock per peer",
+		buildBroadcast},
 	{"sendrecv-ring", SendRecv, Simple, 1,
 		"rank r sends its input to rank r+1 through a port channel (put with signal and flush; in place: through scratch)",
 		buildSendRecv},
@@ -344,5 +347,22 @@ func buildSendRecv(p *Program) {
 		}
 		p.PutWithSignalAndFlush(0, send[r], p.Output(n, 0, 1), p.Input(r, 0, 1))
 		p.Wait(0, recv[r])
+	}
+}
+
+func buildBroadcast(p *Program) {
+	W := p.Ranks()
+	ch := p.mesh()
+	for _, q := range peers(W, 0) {
+		tb := peerIndex(0, q)
+		p.handshake(tb, 0, ch[0][q])
+		p.Put(tb, ch[0][q], p.Output(q, 0, 1), p.Input(0, 0, 1))
+		p.finish(tb, 0, ch[0][q])
+		// The peer's side: the same handshake, then it waits for the data.
+		p.handshake(0, q, ch[q][0])
+		p.finish(0, q, ch[q][0])
+	}
+	if !p.cfg.InPlace {
+		p.Copy(0, 0, p.Output(0, 0, 1), p.Input(0, 0, 1))
 	}
 }

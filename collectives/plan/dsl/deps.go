@@ -89,7 +89,7 @@ func (g *depGraph) access(n int, r ref, write, packet bool) {
 
 // checkDeps checks the replicated program (tbs: per rank, tb -> ops).
 func (p *Program) checkDeps(tbs []map[int][]*op, chans []*Channel, in, out int) error {
-	g := &depGraph{layout: layout{p.cfg.InPlace, in, out}, p: p, chans: chans, threads: map[[3]int]int{}, signals: map[*Channel][]int{}, waits: map[*Channel][]int{},
+	g := &depGraph{layout: layout{p.cfg.InPlace, in, out}, chans: chans, threads: map[[3]int]int{}, signals: map[*Channel][]int{}, waits: map[*Channel][]int{},
 		sigTB: map[*Channel]int{}, waitTB: map[*Channel]int{}, sems: map[*Semaphore][]int{}, groups: map[*barrierGroup][2][]int{}}
 	for r := range tbs {
 		for _, tb := range sortedTBs(tbs[r]) {
@@ -227,10 +227,10 @@ func (g *depGraph) desc(n int) string {
 // pair adds the signal -> wait, barrier and semaphore edges.
 func (g *depGraph) pair() error {
 	partner := map[[4]int]*Channel{}
-	for _, ch := range g.channels() {
+	for _, ch := range g.chans {
 		partner[[4]int{int(ch.Type), ch.From, ch.To, ch.Tag}] = ch
 	}
-	for _, ch := range g.channels() {
+	for _, ch := range g.chans {
 		back := partner[[4]int{int(ch.Type), ch.To, ch.From, ch.Tag}]
 		sigs, waits := g.signals[back], g.waits[ch]
 		if back == nil {
@@ -292,9 +292,6 @@ func (g *depGraph) pair() error {
 	}
 	return nil
 }
-
-// channels lists every channel of the replicated program.
-func (g *depGraph) channels() []*Channel { return g.chans }
 
 type cellKey struct {
 	rank int

@@ -65,6 +65,14 @@ func TestRefused(t *testing.T) {
 			p.Put(0, a, p.Output(1, 0, 1), p.Output(0, 0, 1))
 			p.Copy(0, 0, p.Output(0, 0, 1), p.Input(0, 0, 1))
 		}, []string{"race on rank 0 output chunk 0", "(the proxy's copy)", "rank 0 tb 0 op 1 (copy) writes"}},
+		{"port put ordered by a memory signal", Config{}, func(p *Program) {
+			pa, _ := p.pairChannels(Port, 0, 1)
+			ma, mb := p.pairChannels(Memory, 0, 1)
+			p.Put(0, pa, p.Scratch(1, 0, 1), p.Input(0, 0, 1))
+			p.Signal(0, ma) // the proxy may not have copied yet
+			p.Wait(0, mb)
+			p.Copy(1, 0, p.Output(1, 0, 1), p.Scratch(1, 0, 1))
+		}, []string{"race on rank 1 scratch chunk 0", "(the proxy's copy) writes", "rank 1 tb 0 op 1 (copy) reads"}},
 		{"nil channel", Config{}, func(p *Program) {
 			p.Put(0, nil, p.Output(1, 0, 1), p.Input(0, 0, 1))
 		}, []string{"rank 0 tb 0 op 0 (put", "unknown channel"}},

@@ -20,10 +20,19 @@ import (
 
 type soundOp struct {
 	tb    [2]int // rank, threadblock
-	sync  int    // 0 data, 1 signal, 2 wait
-	ch    [3]int // (set, from, to) of the channel signalled or waited on
+	sync  int    // one of the constants below
+	ch    [3]int // (set, from, to) of the channel signalled or waited on (set 2: the port channels)
 	apply func(*simState)
 }
+
+const (
+	sData       = iota
+	sSignal     // memory: counts at once
+	sWait       // waits for its signal
+	sPortPut    // queued to the proxy of (rank, tb, channel)
+	sPortSignal // queued behind the puts: counts when the proxy gets to it
+	sFlush      // waits until that proxy's queue is empty
+)
 
 func genSound(seed uint64) (*Program, []soundOp, int) {
 	rng := rand.New(rand.NewPCG(seed, 99))
@@ -42,6 +51,16 @@ func genSound(seed uint64) (*Program, []soundOp, int) {
 			}
 		}
 	}
+	// Port channels: signalled from threadblock 0 only; puts from any.
+	pc := make([][]*Channel, W)
+	for r := range pc {
+		pc[r] = make([]*Channel, W)
+	}
+	for r := 0; r < W; r++ {
+		for q := r + 1; q < W; q++ {
+			pc[r][q], pc[q][r] = p.pairChannels(Port, r, q)
+		}
+	}
 	var ops []soundOp
 	pick := func(r int) Chunk {
 		if rng.IntN(3) == 0 {
@@ -49,10 +68,23 @@ func genSound(seed uint64) (*Program, []soundOp, int) {
 		}
 		return p.Output(r, rng.IntN(W), 1)
 	}
-	for n := 0; n < 6+rng.IntN(8); n++ {
+	for n := 0; n < 4+rng.IntN(10); n++ {
 		r, tb := rng.IntN(W), rng.IntN(2)
 		q := (r + 1 + rng.IntN(W-1)) % W
-		switch rng.IntN(4) {
+		switch rng.IntN(8) {
+		case 4, 7: // put through the proxy, sometimes flushed
+			src, dst := pick(r), pick(q)
+			p.Put(tb, pc[r][q], dst, src)
+			ops = append(ops, soundOp{tb: [2]int{r, tb}, sync: sPortPut, ch: [3]int{2, r, q}, apply: func(s *simState) { copy(s.buf(dst), s.buf(src)) }})
+			if rng.IntN(2) == 0 {
+				p.Flush(tb, pc[r][q])
+				ops = append(ops, soundOp{tb: [2]int{r, tb}, sync: sFlush, ch: [3]int{2, r, q}})
+			}
+		case 5: // a port signal from threadblock 0, waited on by the peer's
+			p.Signal(0, pc[r][q])
+			p.Wait(0, pc[q][r])
+			ops = append(ops, soundOp{tb: [2]int{r, 0}, sync: sPortSignal, ch: [3]int{2, r, q}},
+				soundOp{tb: [2]int{q, 0}, sync: sWait, ch: [3]int{2, r, q}})
 		case 0: // put
 			src, dst := pick(r), pick(q)
 			p.Put(tb, ch[0][r][q], dst, src)
@@ -68,19 +100,22 @@ func genSound(seed uint64) (*Program, []soundOp, int) {
 				addInt32(acc, s.buf(b))
 				copy(s.buf(dst), acc)
 			}})
-		default: // r tells q through set tb's channel
+		default: // 2, 3, 6: r tells q through set tb's channel
 			p.Signal(tb, ch[tb][r][q])
 			p.Wait(tb, ch[tb][q][r])
-			ops = append(ops, soundOp{tb: [2]int{r, tb}, sync: 1, ch: [3]int{tb, r, q}},
-				soundOp{tb: [2]int{q, tb}, sync: 2, ch: [3]int{tb, r, q}})
+			ops = append(ops, soundOp{tb: [2]int{r, tb}, sync: sSignal, ch: [3]int{tb, r, q}},
+				soundOp{tb: [2]int{q, tb}, sync: sWait, ch: [3]int{tb, r, q}})
 		}
 	}
 	return p, ops, W
 }
 
-// schedule runs ops in a random order that keeps each threadblock's order
-// and puts every wait after its signal.
-func schedule(ops []soundOp, s *simState, rng *rand.Rand) error {
+// schedule runs ops in a random order that keeps each threadblock's order,
+// puts every wait after its signal, and runs port puts and signals on a
+// proxy per (rank, threadblock, channel), in the order they were queued.
+// lazy runs a proxy step only when no threadblock can move (proxies as
+// late as possible); otherwise every step is a random one.
+func schedule(ops []soundOp, s *simState, rng *rand.Rand, lazy bool) error {
 	queues := map[[2]int][]soundOp{}
 	var keys [][2]int
 	for _, o := range ops {
@@ -89,31 +124,66 @@ func schedule(ops []soundOp, s *simState, rng *rand.Rand) error {
 		}
 		queues[o.tb] = append(queues[o.tb], o)
 	}
+	type proxyKey struct {
+		tb [2]int
+		ch [3]int
+	}
+	proxies := map[proxyKey][]soundOp{}
+	var pkeys []proxyKey
 	signals, waits := map[[3]int]int{}, map[[3]int]int{}
-	for left := len(ops); left > 0; left-- {
-		var ready [][2]int
+	for {
+		var ready []func()
 		for _, k := range keys {
 			q := queues[k]
-			if len(q) > 0 && (q[0].sync != 2 || signals[q[0].ch] > waits[q[0].ch]) {
-				ready = append(ready, k)
+			if len(q) == 0 {
+				continue
+			}
+			o, pk := q[0], proxyKey{k, q[0].ch}
+			switch {
+			case o.sync == sWait && signals[o.ch] <= waits[o.ch]:
+			case o.sync == sFlush && len(proxies[pk]) > 0:
+			default:
+				ready = append(ready, func() {
+					queues[k] = queues[k][1:]
+					switch o.sync {
+					case sData:
+						o.apply(s)
+					case sSignal:
+						signals[o.ch]++
+					case sWait:
+						waits[o.ch]++
+					case sPortPut, sPortSignal:
+						if _, ok := proxies[pk]; !ok {
+							pkeys = append(pkeys, pk)
+						}
+						proxies[pk] = append(proxies[pk], o)
+					}
+				})
+			}
+		}
+		for _, pk := range pkeys {
+			if len(proxies[pk]) > 0 && !(lazy && len(ready) > 0) {
+				ready = append(ready, func() {
+					o := proxies[pk][0]
+					proxies[pk] = proxies[pk][1:]
+					if o.sync == sPortSignal {
+						signals[o.ch]++
+					} else {
+						o.apply(s)
+					}
+				})
 			}
 		}
 		if len(ready) == 0 {
-			return fmt.Errorf("stuck with %d ops left", left)
+			for _, q := range queues {
+				if len(q) > 0 {
+					return fmt.Errorf("stuck: threadblock %v waits", q[0].tb)
+				}
+			}
+			return nil
 		}
-		k := ready[rng.IntN(len(ready))]
-		o := queues[k][0]
-		queues[k] = queues[k][1:]
-		switch o.sync {
-		case 0:
-			o.apply(s)
-		case 1:
-			signals[o.ch]++
-		case 2:
-			waits[o.ch]++
-		}
+		ready[rng.IntN(len(ready))]()
 	}
-	return nil
 }
 
 func TestCheckerSound(t *testing.T) {
@@ -145,9 +215,9 @@ func TestCheckerSound(t *testing.T) {
 			return s
 		}
 		var first *simState
-		for k := 0; k < 4; k++ {
+		for k := 0; k < 6; k++ {
 			s := start()
-			if err := schedule(ops, s, rand.New(rand.NewPCG(seed, uint64(k)))); err != nil {
+			if err := schedule(ops, s, rand.New(rand.NewPCG(seed, uint64(k))), k%2 == 1); err != nil {
 				t.Fatalf("seed %d: accepted program cannot run: %v", seed, err)
 			}
 			if first == nil {

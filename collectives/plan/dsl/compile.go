@@ -131,6 +131,7 @@ func (p *Program) replicate() *expanded {
 	cp = func(o *op, j int, parent *op) *op {
 		c := *o
 		c.tb, c.parent = o.tb*n+j, parent
+		c.userTB, c.instance, c.copies = o.tb, j, n
 		mapRefs := func(list []ref) []ref {
 			out := make([]ref, len(list))
 			for i, r := range list {

@@ -73,6 +73,11 @@ func TestRefused(t *testing.T) {
 			p.Wait(0, mb)
 			p.Copy(1, 0, p.Output(1, 0, 1), p.Scratch(1, 0, 1))
 		}, []string{"race on rank 1 scratch chunk 0", "(the proxy's copy) writes", "rank 1 tb 0 op 1 (copy) reads"}},
+		{"one chunk at two granularities, replicated", Config{Instances: 2}, func(p *Program) {
+			p.Copy(0, 0, p.Output(0, 0, 2), p.Input(0, 0, 2))
+			p.Copy(0, 0, p.Scratch(0, 0, 1), p.Output(0, 1, 1)) // fine once; across instances a race
+		}, []string{"race on rank 0 output chunk 2", "rank 0 tb 0 (instance 1: plan threadblock 1) op 0 (copy) writes",
+			"rank 0 tb 0 (instance 0: plan threadblock 0) op 1 (copy) reads"}},
 		{"nil channel", Config{}, func(p *Program) {
 			p.Put(0, nil, p.Output(1, 0, 1), p.Input(0, 0, 1))
 		}, []string{"rank 0 tb 0 op 0 (put", "unknown channel"}},

@@ -191,12 +191,21 @@ type op struct {
 	numChunks int
 	body      []*op
 	parent    *op
+	// After replication: the threadblock the program named, and the
+	// instance (tb is then the plan's threadblock).
+	userTB   int
+	instance int
+	copies   int
 }
 
 func (o *op) String() string {
-	s := fmt.Sprintf("rank %d tb %d op %d (%s", o.rank, o.tb, o.idx, o.kind)
+	tb := fmt.Sprint(o.tb)
+	if o.copies > 1 {
+		tb = fmt.Sprintf("%d (instance %d: plan threadblock %d)", o.userTB, o.instance, o.tb)
+	}
+	s := fmt.Sprintf("rank %d tb %s op %d (%s", o.rank, tb, o.idx, o.kind)
 	if o.parent != nil {
-		s = fmt.Sprintf("rank %d tb %d op %d (pipeline) body op %d (%s", o.rank, o.tb, o.parent.idx, o.idx, o.kind)
+		s = fmt.Sprintf("rank %d tb %s op %d (pipeline) body op %d (%s", o.rank, tb, o.parent.idx, o.idx, o.kind)
 	}
 	if len(o.chans) == 1 {
 		s += " on " + o.chans[0].String()

@@ -8,7 +8,7 @@ import (
 // Options shape a builtin program.
 type Options struct {
 	Ranks     int
-	Instances int // 0: the builtin's Instances
+	Instances int // 0: the builtin's DefaultInstances
 	InPlace   bool
 }
 
@@ -20,8 +20,10 @@ type Builtin struct {
 	// Instances is the default replication: enough threadblocks per rank
 	// for large messages, and at most about 16 per rank so that 8 ranks
 	// sharing one GPU keep every block resident (blocks spin on each
-	// other). Alltoall keeps 1: its blocks must stay whole chunks, so more
-	// instances would raise the size granularity.
+	// other). A negative value -k means k blocks per rank in all: k/(W-1)
+	// instances of a program with one block per peer. Alltoall keeps 1:
+	// its blocks must stay whole chunks, so more instances would raise the
+	// size granularity.
 	Instances int
 	Doc       string
 	build     func(p *Program)
@@ -40,7 +42,7 @@ var builtins = []Builtin{
 	{"allreduce-ring", AllReduce, Simple, 4,
 		"ring: Ranks-1 reduce-scatter steps through the next rank's scratch, then Ranks-1 allgather steps; two threadblocks joined by a semaphore",
 		buildAllReduceRing},
-	{"allgather-fullmesh", AllGather, Simple, 2,
+	{"allgather-fullmesh", AllGather, Simple, -16,
 		"every rank puts its input into every peer's output, one threadblock per peer",
 		buildAllGather},
 	{"reducescatter-allpairs", ReduceScatter, Simple, 8,
@@ -49,7 +51,7 @@ var builtins = []Builtin{
 	{"alltoall-fullmesh", AllToAll, Simple, 1,
 		"every rank puts block q of its input into rank q's output (in place: through the peer's scratch), one threadblock per peer",
 		buildAllToAll},
-	{"broadcast-fullmesh", Broadcast, Simple, 2,
+	{"broadcast-fullmesh", Broadcast, Simple, -16,
 		"rank 0 puts its input into every peer's output, one threadblock per peer",
 		buildBroadcast},
 	{"sendrecv-ring", SendRecv, Simple, 1,
@@ -80,13 +82,21 @@ func Build(name string, o Options) (*Program, error) {
 	return nil, fmt.Errorf("dsl: no builtin program %q (have %v)", name, BuiltinNames())
 }
 
+// DefaultInstances is the builtin's replication for ranks ranks.
+func (b Builtin) DefaultInstances(ranks int) int {
+	if b.Instances >= 0 {
+		return max(b.Instances, 1)
+	}
+	return min(8, max(1, -b.Instances/max(ranks-1, 1)))
+}
+
 // Program records the builtin for o.
 func (b Builtin) Program(o Options) (*Program, error) {
 	if o.Ranks < 2 {
 		return nil, fmt.Errorf("dsl: %s: %d ranks (want at least 2)", b.Name, o.Ranks)
 	}
 	if o.Instances == 0 {
-		o.Instances = b.Instances
+		o.Instances = b.DefaultInstances(o.Ranks)
 	}
 	p, err := New(Config{Name: b.Name, Collective: b.Collective, Ranks: o.Ranks, Protocol: b.Protocol,
 		Instances: o.Instances, InPlace: o.InPlace})

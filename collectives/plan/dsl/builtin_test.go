@@ -152,7 +152,7 @@ func TestFusion(t *testing.T) {
 	} {
 		for _, noFusion := range []bool{false, true} {
 			b, _ := lookup(c.builtin)
-			p, err := New(Config{Name: b.Name, Collective: b.Collective, Ranks: 4, Protocol: b.Protocol, NoFusion: noFusion, Instances: b.Instances})
+			p, err := New(Config{Name: b.Name, Collective: b.Collective, Ranks: 4, Protocol: b.Protocol, NoFusion: noFusion, Instances: b.DefaultInstances(4)})
 			if err != nil {
 				t.Fatal(err)
 			}

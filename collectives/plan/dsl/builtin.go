@@ -113,9 +113,9 @@ func (p *Program) pairChannels(t ChanType, a, b int) (ab, ba *Channel) {
 	return p.channel(t, a, b), p.channel(t, b, a)
 }
 
-// mesh creates one memory channel pair between every two ranks:
+// mesh creates one channel pair of type t between every two ranks:
 // ch[r][q] leads from r to q.
-func (p *Program) mesh() [][]*Channel {
+func (p *Program) mesh(t ChanType) [][]*Channel {
 	W := p.Ranks()
 	ch := make([][]*Channel, W)
 	for r := range ch {
@@ -123,7 +123,7 @@ func (p *Program) mesh() [][]*Channel {
 	}
 	for r := 0; r < W; r++ {
 		for q := r + 1; q < W; q++ {
-			ch[r][q], ch[q][r] = p.pairChannels(Memory, r, q)
+			ch[r][q], ch[q][r] = p.pairChannels(t, r, q)
 		}
 	}
 	return ch
@@ -172,7 +172,7 @@ func (p *Program) finish(tb, r int, chans ...*Channel) {
 
 func buildAllReducePackets(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	// Rank q's packets of chunk k land in r's scratch chunk
 	// peerIndex(r, q)*W + k.
 	slot := func(r, q, k int) int { return peerIndex(r, q)*W + k }
@@ -192,7 +192,7 @@ func buildAllReducePackets(p *Program) {
 
 func buildAllReducePacketsRSAG(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	// Scratch of rank r: chunk peerIndex(r, q) holds q's part of chunk r;
 	// chunk W-1+peerIndex(r, q) holds chunk q reduced by q.
 	for r := 0; r < W; r++ {
@@ -215,7 +215,7 @@ func buildAllReducePacketsRSAG(p *Program) {
 
 func buildAllReduceRSAG(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	for r := 0; r < W; r++ {
 		var mine []*Channel
 		for _, q := range peers(W, r) {
@@ -283,7 +283,7 @@ func buildAllReduceRing(p *Program) {
 
 func buildAllGather(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	for r := 0; r < W; r++ {
 		for _, q := range peers(W, r) {
 			tb := peerIndex(r, q)
@@ -299,7 +299,7 @@ func buildAllGather(p *Program) {
 
 func buildReduceScatter(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	for r := 0; r < W; r++ {
 		var mine []*Channel
 		var remote []Remote
@@ -315,7 +315,7 @@ func buildReduceScatter(p *Program) {
 
 func buildAllToAll(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	for r := 0; r < W; r++ {
 		for _, q := range peers(W, r) {
 			tb := peerIndex(r, q)
@@ -362,7 +362,7 @@ func buildSendRecv(p *Program) {
 
 func buildBroadcast(p *Program) {
 	W := p.Ranks()
-	ch := p.mesh()
+	ch := p.mesh(Memory)
 	for _, q := range peers(W, 0) {
 		tb := peerIndex(0, q)
 		p.handshake(tb, 0, ch[0][q])

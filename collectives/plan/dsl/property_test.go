@@ -271,15 +271,7 @@ func genProgram(seed uint64) (*gen, error) {
 		return nil, err
 	}
 	g.p = p
-	g.mem, g.port = p.mesh(), make([][]*Channel, W)
-	for r := range g.port {
-		g.port[r] = make([]*Channel, W)
-	}
-	for r := 0; r < W; r++ {
-		for q := r + 1; q < W; q++ {
-			g.port[r][q], g.port[q][r] = p.pairChannels(Port, r, q)
-		}
-	}
+	g.mem, g.port = p.mesh(Memory), p.mesh(Port)
 	rounds := 1 + rng.IntN(3)
 	for k := 0; k < rounds; k++ {
 		for n := 0; n < 3*W; n++ {

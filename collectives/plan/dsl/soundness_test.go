@@ -38,29 +38,10 @@ func genSound(seed uint64) (*Program, []soundOp, int) {
 	rng := rand.New(rand.NewPCG(seed, 99))
 	W := 2 + rng.IntN(2)
 	p, _ := New(Config{Name: fmt.Sprintf("sound-%d", seed), Collective: AllReduce, Ranks: W})
-	// Channel set k is signalled and waited on by threadblock k only.
-	var ch [2][][]*Channel
-	for k := range ch {
-		ch[k] = make([][]*Channel, W)
-		for r := range ch[k] {
-			ch[k][r] = make([]*Channel, W)
-		}
-		for r := 0; r < W; r++ {
-			for q := r + 1; q < W; q++ {
-				ch[k][r][q], ch[k][q][r] = p.pairChannels(Memory, r, q)
-			}
-		}
-	}
-	// Port channels: signalled from threadblock 0 only; puts from any.
-	pc := make([][]*Channel, W)
-	for r := range pc {
-		pc[r] = make([]*Channel, W)
-	}
-	for r := 0; r < W; r++ {
-		for q := r + 1; q < W; q++ {
-			pc[r][q], pc[q][r] = p.pairChannels(Port, r, q)
-		}
-	}
+	// Channel set k is signalled and waited on by threadblock k only;
+	// port channels are signalled from threadblock 0 only, puts from any.
+	ch := [2][][]*Channel{p.mesh(Memory), p.mesh(Memory)}
+	pc := p.mesh(Port)
 	var ops []soundOp
 	pick := func(r int) Chunk {
 		if rng.IntN(3) == 0 {

@@ -6,17 +6,19 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/goep-dev/goep/collectives/plan"
+	"github.com/goep-dev/goep/collectives/plan/dsl"
 	"github.com/goep-dev/goep/collectives/plan/gpu"
 	"github.com/goep-dev/goep/internal/device"
 )
 
 func init() {
-	register("plan", "run an MSCCL++ execution plan (JSON) on its world of ranks: checked against the collective's definition, then timed: plan --plan FILE.json [--size 32M] [--inplace]", runPlan)
+	register("plan", "run an MSCCL++ execution plan (JSON, or a builtin DSL program) on its world of ranks: checked against the collective's definition, then timed: plan --plan FILE.json | --program NAME --ranks N [--emit FILE.json] [--size 32M] [--inplace]", runPlan)
 }
 
 // planExecutor is what `ep-bench plan` drives on the host backend (the
@@ -34,6 +36,10 @@ func newPlanExecutor(kind device.Kind, p *plan.Plan, size uint64, inPlace bool, 
 func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("plan", stderr)
 	path := fs.String("plan", "", "plan file (MSCCL++ execution plan JSON)")
+	program := fs.String("program", "", "builtin DSL program instead of a file: "+strings.Join(dsl.BuiltinNames(), ", "))
+	ranks := fs.Int("ranks", 8, "ranks of --program")
+	instances := fs.Int("instances", 0, "instances of --program (0: the program's default)")
+	emit := fs.String("emit", "", "write the compiled --program's JSON to this file")
 	backend := fs.String("backend", "auto", "cuda (the plan's world of GPUs, goroutine ranks), host or auto")
 	sizes := fs.String("size", "", "input bytes per rank (the send buffer; allgather: one rank's part), e.g. 32M or 4K,1M (default 32M on GPU, 1M on host)")
 	inplace := fs.Bool("inplace", false, "run in place (default: the plan's mode; a mode the plan is not written for is an error)")
@@ -43,20 +49,27 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on every wait of a launch")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: ep-bench plan --plan FILE.json [--size 32M] [--inplace] [flags]")
+		fmt.Fprintln(stderr, "       ep-bench plan --program NAME --ranks N [--emit FILE.json] [--size 32M] [--inplace] [flags]")
 		fmt.Fprintln(stderr, "Runs the plan on as many goroutine ranks as it has GPUs, checks every rank's output against")
-		fmt.Fprintln(stderr, "allreduce/allgather/reducescatter/alltoall/sendrecv on random small-integer inputs, then times it.")
+		fmt.Fprintln(stderr, "allreduce/allgather/reducescatter/alltoall/sendrecv/broadcast on random small-integer inputs, then times it.")
 		fs.PrintDefaults()
 	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *path == "" {
+	if (*path == "") == (*program == "") {
 		fs.Usage()
 		return errUsage
 	}
 	explicit := false
 	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "inplace" })
-	p, err := plan.Load(*path)
+	var p *plan.Plan
+	var err error
+	if *program != "" {
+		p, err = compileProgram(*program, dsl.Options{Ranks: *ranks, Instances: *instances, InPlace: explicit && *inplace}, *emit)
+	} else {
+		p, err = plan.Load(*path)
+	}
 	if err != nil {
 		return err
 	}
@@ -119,6 +132,25 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.New(strings.Join(failed, "\n"))
 	}
 	return nil
+}
+
+// compileProgram compiles a builtin DSL program (in place when asked)
+// and writes its JSON to emit when set.
+func compileProgram(name string, o dsl.Options, emit string) (*plan.Plan, error) {
+	prog, err := dsl.Build(name, o)
+	if err != nil {
+		return nil, err
+	}
+	p, js, err := prog.Compile()
+	if err != nil {
+		return nil, err
+	}
+	if emit != "" {
+		if err := os.WriteFile(emit, js, 0o644); err != nil {
+			return nil, fmt.Errorf("--emit: %w", err)
+		}
+	}
+	return p, nil
 }
 
 type planRow struct{ mean, min, gbps float64 }

@@ -2,8 +2,11 @@ package bench
 
 import (
 	"bytes"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/goep-dev/goep/collectives/plan"
 )
 
 // TestPlanCommand runs `ep-bench plan` on a 2-GPU and an 8-GPU plan on the
@@ -27,5 +30,33 @@ func TestPlanCommand(t *testing.T) {
 	code := Main([]string{"plan", "--backend", "host", "--plan", "../collectives/plan/testdata/plans/reduce.json", "--inplace=false", "--size", "4K"}, &out, &errb)
 	if code == 0 || !strings.Contains(errb.String(), "the plan is in-place, the call out-of-place") {
 		t.Fatalf("out of place run of an in-place plan: exit %d\n%s", code, errb.String())
+	}
+}
+
+// TestPlanProgram compiles builtin DSL programs with `ep-bench plan
+// --program`, runs and checks them on the host backend, and loads what
+// --emit wrote.
+func TestPlanProgram(t *testing.T) {
+	emit := filepath.Join(t.TempDir(), "ring.json")
+	for _, args := range [][]string{
+		{"plan", "--backend", "host", "--program", "allreduce-ring", "--ranks", "4", "--size", "4K,1000", "--iters", "1", "--emit", emit},
+		{"plan", "--backend", "host", "--program", "allgather-fullmesh", "--ranks", "2", "--size", "4K", "--iters", "1", "--inplace"},
+		{"plan", "--backend", "host", "--program", "allreduce-allpairs-packet", "--ranks", "8", "--instances", "2", "--size", "64K", "--iters", "1"},
+	} {
+		var out, errb bytes.Buffer
+		if code := Main(args, &out, &errb); code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out.String(), errb.String())
+		}
+		if !strings.Contains(out.String(), " ok ") {
+			t.Fatalf("%v: no passing check:\n%s", args, out.String())
+		}
+	}
+	p, err := plan.Load(emit)
+	if err != nil || p.Name != "allreduce-ring" || p.World() != 4 {
+		t.Fatalf("emitted plan: %v", err)
+	}
+	var out, errb bytes.Buffer
+	if code := Main([]string{"plan", "--backend", "host", "--program", "nope"}, &out, &errb); code == 0 || !strings.Contains(errb.String(), "no builtin program") {
+		t.Fatalf("unknown program: exit %d\n%s", code, errb.String())
 	}
 }

@@ -16,6 +16,8 @@
 //   - registry.go: plans registered from files or directories and chosen
 //     per call; collectives.Communicator.UsePlans tries them first.
 //   - expect.go: the collectives' definitions, to check results.
+//   - dsl/: writing plans in Go (programs compiled to this JSON) and the
+//     builtin algorithms written that way.
 //
 // Switch-channel (NVLS multicast) plans parse and validate, and are refused
 // at execution.

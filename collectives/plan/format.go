@@ -13,6 +13,10 @@ import (
 // The structs below mirror the MSCCL++ execution-plan JSON field for field
 // (see /work/shared/reference/plan-format.md; the DSL's to_json writes it).
 //
+// Optional keys are omitempty, so that a plan written with
+// encoding/json (the DSL in plan/dsl does) has only the keys its ops use,
+// as MSCCL++'s parser expects (it tests for their presence).
+//
 // Decoding policy: wrong JSON types are errors (encoding/json reports the
 // field path); unknown fields are tolerated, because the DSL adds optional
 // keys between releases and a plan that runs is better than a plan refused
@@ -57,9 +61,9 @@ type GPU struct {
 // all entries of that type), or one switch (NVLS) channel.
 type GPUChannel struct {
 	ChannelType string      `json:"channel_type"` // memory, port, switch
-	ConnectedTo []int       `json:"connected_to"`
-	BufferType  string      `json:"buffer_type"` // switch: i, o or s
-	RankGroups  []RankGroup `json:"rank_groups"` // switch
+	ConnectedTo []int       `json:"connected_to,omitempty"`
+	BufferType  string      `json:"buffer_type,omitempty"` // switch: i, o or s
+	RankGroups  []RankGroup `json:"rank_groups,omitempty"` // switch
 }
 
 // RankGroup is a switch channel's group of ranks.
@@ -106,26 +110,26 @@ type RemoteBufRef struct {
 // Op is one operation. Which fields matter depends on Name (see ops.go).
 type Op struct {
 	Name         string       `json:"name"`
-	ChannelType  string       `json:"channel_type"`
-	ChannelIDs   []int        `json:"channel_ids"`
-	Src          []BufRef     `json:"src_buff"`
-	Dst          []BufRef     `json:"dst_buff"`
-	ReduceOp     string       `json:"reduce_op"`
-	TBGInfo      *TBGInfo     `json:"tbg_info"`
-	BarrierID    *int         `json:"barrier_id"`
-	NumTBs       *int         `json:"num_threadblocks"`
-	SemaphoreIDs []int        `json:"semaphore_ids"`
-	IterContext  *IterContext `json:"iter_context"`
-	Ops          []Op         `json:"ops"` // pipeline body
+	ChannelType  string       `json:"channel_type,omitempty"`
+	ChannelIDs   []int        `json:"channel_ids,omitempty"`
+	Src          []BufRef     `json:"src_buff,omitempty"`
+	Dst          []BufRef     `json:"dst_buff,omitempty"`
+	ReduceOp     string       `json:"reduce_op,omitempty"`
+	TBGInfo      *TBGInfo     `json:"tbg_info,omitempty"`
+	BarrierID    *int         `json:"barrier_id,omitempty"`
+	NumTBs       *int         `json:"num_threadblocks,omitempty"`
+	SemaphoreIDs []int        `json:"semaphore_ids,omitempty"`
+	IterContext  *IterContext `json:"iter_context,omitempty"`
+	Ops          []Op         `json:"ops,omitempty"` // pipeline body
 }
 
 // BufRef is a buffer operand: local {type, index, size}, remote
 // {buffer_id, index, size} or switch {switch_channel_id, index, size}.
 // Index and size are in chunks.
 type BufRef struct {
-	Type            string `json:"type"`
-	BufferID        *int   `json:"buffer_id"`
-	SwitchChannelID *int   `json:"switch_channel_id"`
+	Type            string `json:"type,omitempty"`
+	BufferID        *int   `json:"buffer_id,omitempty"`
+	SwitchChannelID *int   `json:"switch_channel_id,omitempty"`
 	Index           int    `json:"index"`
 	Size            int    `json:"size"`
 }

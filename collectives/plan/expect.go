@@ -137,7 +137,7 @@ func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outB
 			copy(out[r], inputs[(r-1+W)%W])
 		}
 	default:
-		return nil, fmt.Errorf("no definition of collective %q to check against", collective)
+		return nil, fmt.Errorf("no definition of collective %q to check against", clip(collective))
 	}
 	return out, nil
 }

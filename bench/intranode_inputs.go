@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"math/rand/v2"
 	"sync"
 	"unsafe"
@@ -32,14 +33,14 @@ type inputCache struct {
 	err   error
 }
 
-func (c *inputCache) get(tokens int) (*inShared, error) {
+func (c *inputCache) get(ctx context.Context, tokens int) (*inShared, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur != nil && c.cur.tokens == tokens {
 		return c.cur, c.err
 	}
 	c.cur = nil // let the last one go first
-	c.cur, c.err = prepareInputs(c.o, c.ranks, tokens)
+	c.cur, c.err = prepareInputs(ctx, c.o, c.ranks, tokens)
 	return c.cur, c.err
 }
 
@@ -47,10 +48,13 @@ func (c *inputCache) get(tokens int) (*inShared, error) {
 // rows and weights from the seed, and computes the reference dispatch and
 // combine (combine of the received rows, with their weights, as DeepEP's
 // test checks it).
-func prepareInputs(o inOpts, ranks, tokens int) (*inShared, error) {
+func prepareInputs(ctx context.Context, o inOpts, ranks, tokens int) (*inShared, error) {
 	sh := &inShared{tokens: tokens, shape: intranode.Shape{Hidden: o.hidden, TopK: o.topk, Experts: o.experts, Ranks: ranks},
 		in: make([]intranode.RankInput, ranks)}
 	for r := range ranks {
+		if err := interrupted(ctx); err != nil {
+			return nil, err
+		}
 		rt, err := routing.Generate(routing.Shape{Tokens: tokens, K: o.topk, Experts: o.experts, Ranks: ranks},
 			routing.GenOptions{Seed: o.seed*1000 + uint64(r), Masked: o.masked})
 		if err != nil {

@@ -66,6 +66,7 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 	if err != nil {
 		return err
 	}
+	o.progress.printf("%d goroutine ranks, %s backend: setting up buffers", n, o.kind)
 	cache := &inputCache{o: o, ranks: n}
 	outs := make([]inOutcome, n)
 	var wg sync.WaitGroup
@@ -88,6 +89,9 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 		}()
 	}
 	wg.Wait()
+	if err := interrupted(ctx); err != nil {
+		return err // the ranks' failures are the interruption's echoes
+	}
 	return reportIntranode(stdout, o, n, "goroutines", outs)
 }
 
@@ -110,7 +114,13 @@ func intranodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdo
 		return err
 	}
 	defer func() { err = errors.Join(err, dev.Close()) }()
+	if env.Rank == 0 {
+		o.progress.printf("%s: %d ranks, %s backend: setting up buffers", launchedBy(env), env.Size, o.kind)
+	}
 	mine := intranodeRank(ctx, bs, dev, o, &inputCache{o: o, ranks: env.Size}, env.Rank == 0)
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
 	outs, root, err := gatherOutcomes(ctx, bs, stdout, mine)
 	if !root || err != nil {
 		return err
@@ -162,6 +172,8 @@ func intranodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 		return out
 	}
 	defer r.st.Close()
+	r.step = "setup"
+	r.progress("buffers ready (%.1f MiB of device memory per rank)", float64(out.Memory.Device)/(1<<20))
 	if o.flushMiB > 0 {
 		if r.flush, err = dev.Alloc(o.flushMiB << 20); err != nil {
 			return out
@@ -171,7 +183,11 @@ func intranodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	defer r.freeAll()
 	for i, t := range o.tokens {
 		r.step = fmt.Sprintf("T=%d (%d/%d)", t, i+1, len(o.tokens))
-		sh, gerr := cache.get(t)
+		if err = interrupted(ctx); err != nil {
+			return out
+		}
+		r.progress("routing, data and the reference results")
+		sh, gerr := cache.get(ctx, t)
 		if err = r.agree("inputs", gerr); err != nil {
 			return out
 		}
@@ -228,9 +244,10 @@ func (r *inRank) freeAll() {
 	r.bufs = nil
 }
 
+// progress prints a step of the lead rank (the others do the same steps).
 func (r *inRank) progress(format string, a ...any) {
-	if r.lead && (len(r.o.tokens) > 1 || len(r.o.sms) > 1 || r.o.tune) {
-		fmt.Fprintf(r.o.progress, "progress: %s: %s\n", r.step, fmt.Sprintf(format, a...))
+	if r.lead {
+		r.o.progress.printf("%s: %s", r.step, fmt.Sprintf(format, a...))
 	}
 }
 

@@ -1,0 +1,112 @@
+package bench
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/goep-dev/goep/channels/bootstrap"
+)
+
+// Flag checks shared by the subcommands: every flag is checked before any
+// work starts, so a mistake costs a second, not the minutes of a run.
+
+// given is the set of flags set on the command line (as opposed to left at
+// their defaults).
+func given(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// checkOutput refuses an output file that cannot be written where it is
+// meant to go: its folder must exist and be writable, and the path must not
+// be a folder. "" (no output) and "-" (stdout) pass.
+func checkOutput(flagName, path string) error {
+	if path == "" || path == "-" {
+		return nil
+	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return fmt.Errorf("--%s %s: that is a folder; give a file name", flagName, clip(path, maxEchoLine))
+	}
+	dir := filepath.Dir(path)
+	st, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("--%s %s: the folder %s does not exist", flagName, clip(path, maxEchoLine), clip(dir, maxEchoLine))
+	case !st.IsDir():
+		return fmt.Errorf("--%s %s: %s is not a folder", flagName, clip(path, maxEchoLine), clip(dir, maxEchoLine))
+	case syscall.Access(dir, 2 /* W_OK */) != nil:
+		return fmt.Errorf("--%s %s: the folder %s is not writable", flagName, clip(path, maxEchoLine), clip(dir, maxEchoLine))
+	}
+	return nil
+}
+
+// checkOutputs runs checkOutput on (flag, path) pairs and returns the first
+// failure.
+func checkOutputs(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if err := checkOutput(pairs[i], pairs[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkRange refuses v outside [lo, hi] for the flag name.
+func checkRange(name string, v, lo, hi int) error {
+	if v < lo || v > hi {
+		return fmt.Errorf("--%s %d: want %d..%d", name, v, lo, hi)
+	}
+	return nil
+}
+
+// checkMasked refuses more masked (token, slot) entries than the smallest
+// token count has.
+func checkMasked(masked, topk int, tokens []int) error {
+	if masked == 0 || len(tokens) == 0 {
+		return nil
+	}
+	least := tokens[0]
+	for _, t := range tokens {
+		least = min(least, t)
+	}
+	if masked > least*topk {
+		return fmt.Errorf("--masked %d: more than the %d (token, slot) entries of %d tokens x top-%d", masked, least*topk, least, topk)
+	}
+	return nil
+}
+
+// progress prints one line per step of a long run to stderr with the time
+// since the run started, so a run that takes minutes says what it is doing.
+// A nil *progress prints nothing. Safe for concurrent use.
+type progress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start time.Time
+}
+
+func newProgress(w io.Writer) *progress { return &progress{w: w, start: time.Now()} }
+
+func (p *progress) printf(format string, a ...any) {
+	if p == nil || p.w == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, "progress %6.1fs: %s\n", time.Since(p.start).Seconds(), fmt.Sprintf(format, a...))
+}
+
+// launchedBy says which launcher's variables ep-bench follows.
+func launchedBy(env bootstrap.EnvInfo) string {
+	s := fmt.Sprintf("launched by %s", env.Launcher)
+	if env.Enclosing != "" {
+		s += " (inside " + env.Enclosing + ")"
+	}
+	return s
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,6 +47,7 @@ type collOpts struct {
 	timeout    time.Duration
 	jsonPath   string
 	plotPrefix string
+	progress   *progress // nil: quiet
 }
 
 func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -85,9 +88,12 @@ func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer
 	switch *compare {
 	case "":
 	case "nccl":
+		if !gpu {
+			return errors.New("--compare nccl needs GPUs: NCCL runs on GPUs only, and this run uses the host backend")
+		}
 		o.compare = true
 	default:
-		return fmt.Errorf("--compare %q: only nccl", *compare)
+		return fmt.Errorf("--compare %q: only nccl", clip(*compare, 100))
 	}
 	for _, s := range strings.Split(*colls, ",") {
 		k, err := collectives.ParseKind(s)
@@ -133,6 +139,12 @@ func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer
 			*v = pick(gpu, onGPU, onHost)
 		}
 	}
+	set := given(fs)
+	for _, f := range []string{"iters", "graph-calls", "replays", "flush-iters"} {
+		if v, _ := strconv.Atoi(fs.Lookup(f).Value.String()); set[f] && v < 1 {
+			return fmt.Errorf("--%s %d: want at least 1", f, v)
+		}
+	}
 	defaults(&o.iters, 200, 5)
 	defaults(&o.graphCalls, 50, 3)
 	defaults(&o.replays, 10, 2)
@@ -143,6 +155,10 @@ func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer
 	if o.algo != "" && o.tune {
 		return errors.New("--algo and --tune exclude each other")
 	}
+	if err := o.validate(); err != nil {
+		return err
+	}
+	o.progress = newProgress(stderr)
 	env, err := bootstrap.FromEnv()
 	if err != nil {
 		return fmt.Errorf("launcher environment: %w", err)
@@ -165,6 +181,49 @@ func (o collOpts) config() collectives.Config {
 		cfg.ScratchBytes, cfg.PacketBytes, cfg.MaxBlocks, cfg.LLMaxBlocks, cfg.Threads = 1<<20, 2<<20, 4, 2, 64
 	}
 	return cfg
+}
+
+// validate checks what the parsed flags mean together, before any work:
+// an algorithm every chosen collective has, sizes that are whole elements,
+// something to run, and outputs that can be written.
+func (o *collOpts) validate() error {
+	if o.algo != "" {
+		for _, k := range o.colls {
+			if !slices.Contains(collectives.Algorithms(k), o.algo) {
+				return fmt.Errorf("--algo %q: %s has no such algorithm (it has %s)", clip(o.algo, 100), k,
+					strings.Join(collectives.Algorithms(k), ", "))
+			}
+		}
+		if o.algo == collectives.AlgoNCCL && o.kind != device.CUDA {
+			return errors.New("--algo nccl needs GPUs: NCCL runs on GPUs only, and this run uses the host backend")
+		}
+	}
+	if o.explicit {
+		for _, s := range o.sizes {
+			if s%o.dt.Size() != 0 {
+				return fmt.Errorf("--sizes: %d bytes is not a whole number of %s elements (%d bytes each)", s, o.dt, o.dt.Size())
+			}
+		}
+	}
+	if len(o.sizes) == 0 {
+		return fmt.Errorf("--max %s: no size of the default sweep (1 KiB and up) fits; give --sizes", human(o.maxBytes))
+	}
+	if o.tuning != "" {
+		if _, err := collectives.LoadTuning(o.tuning); err != nil {
+			return fmt.Errorf("--tuning: %w", err)
+		}
+	}
+	if o.tune {
+		if err := checkOutput("tune-out", o.tuneOut); err != nil {
+			return err
+		}
+	}
+	if o.plotPrefix != "" {
+		if err := checkOutput("plot", o.plotPrefix+".png"); err != nil {
+			return err
+		}
+	}
+	return checkOutput("json", o.jsonPath)
 }
 
 // arenaBytes is what the largest case needs.

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/goep-dev/goep/collectives"
+	"github.com/goep-dev/goep/internal/device"
 )
 
 // collRow is one measurement (times are the slowest rank's).
@@ -79,12 +80,15 @@ func reportColl(stdout io.Writer, o collOpts, n int, outs []collOutcome) error {
 		"larger: %d single calls, each after an L2 flush (%d MiB memset) and a device barrier, between its own events; every figure is the slowest rank's mean per call; "+
 		"data: integers in [-8, 8] (exact in every summation order), every output checked on the device before and after timing",
 		human(o.smallMax), o.iters, o.graphCalls, o.replays, o.flushIters, o.flushMiB)
+	if o.kind == device.Host {
+		rep.Method = strings.Replace(rep.Method, fmt.Sprintf("an L2 flush (%d MiB memset)", o.flushMiB), "an L2 flush (none on the host backend)", 1)
+	}
 	for r, oc := range outs {
 		if oc.Err != "" {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("rank %d: %s", r, oc.Err))
 		}
 	}
-	fmt.Fprintf(stdout, "collectives: %d ranks, %s backend, %s (%d SMs), %s %s", n, o.kind, rep.Device, rep.SMs, rep.DType, rep.Op)
+	fmt.Fprintf(stdout, "collectives: %d ranks, %s backend, %s, %s %s", n, o.kind, deviceLabel(rep.Device, rep.SMs), rep.DType, rep.Op)
 	if rep.NCCL != "" {
 		fmt.Fprintf(stdout, ", NCCL %s", rep.NCCL)
 	}
@@ -161,8 +165,8 @@ func printCollRows(w io.Writer, o collOpts, rows []collRow) {
 		if x.Error != "" {
 			note = "FAILED: " + firstLine(x.Error)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.1f\t%.1f\t%s\t\n", x.Collective, human(int(x.Bytes)), a,
-			dash(x.Blocks > 0, strconv.Itoa(x.Blocks)), x.Mode, x.Calls, x.US, x.AlgGBps, x.BusGBps, note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%.2f\t%s\t%s\t%s\t\n", x.Collective, human(int(x.Bytes)), a,
+			dash(x.Blocks > 0, strconv.Itoa(x.Blocks)), x.Mode, x.Calls, x.US, gbps(x.AlgGBps), gbps(x.BusGBps), note)
 	}
 	tw.Flush()
 }

@@ -39,6 +39,7 @@ func collGoroutines(ctx context.Context, o collOpts, stdout io.Writer) error {
 	if n < 2 {
 		return fmt.Errorf("collectives needs at least 2 ranks (have %d)", n)
 	}
+	o.progress.printf("%d goroutine ranks, %s backend: connecting", n, o.kind)
 	outs := make([]collOutcome, n)
 	errs := colltest.RunLocal(ctx, o.kind, n, bootstrap.Config{}, o.config(), func(ctx context.Context, c *collectives.Communicator) error {
 		outs[c.Rank()] = collRank(ctx, c, o)
@@ -47,6 +48,9 @@ func collGoroutines(ctx context.Context, o collOpts, stdout io.Writer) error {
 		}
 		return nil
 	})
+	if err := interrupted(ctx); err != nil {
+		return err // the ranks' failures are the interruption's echoes
+	}
 	for r, err := range errs {
 		if err != nil && outs[r].Err == "" {
 			outs[r].Err = err.Error()
@@ -70,10 +74,18 @@ func collProcess(ctx context.Context, env bootstrap.EnvInfo, o collOpts, stdout 
 	if err != nil {
 		return err
 	}
+	if env.Rank == 0 {
+		o.progress.printf("%s: %d ranks, %s backend", launchedBy(env), env.Size, o.kind)
+	} else {
+		o.progress = nil // rank 0 speaks for all
+	}
 	mine := collRank(ctx, c, o)
 	// Everyone is done with everyone's memory before anyone frees it.
 	berr := bs.Barrier(ctx)
 	err = errors.Join(err, c.Close())
+	if ierr := interrupted(ctx); ierr != nil {
+		return ierr
+	}
 	outs, root, gerr := gatherOutcomes(ctx, bs, stdout, mine)
 	if !root || gerr != nil {
 		return errors.Join(err, berr, gerr)
@@ -216,6 +228,12 @@ func (r *collRun) collective(k collectives.Kind) error {
 			name := fmt.Sprintf("%s %s %s", k, human(size), row.Algorithm)
 			if cand.blocks > 0 {
 				name += fmt.Sprintf("/%d", cand.blocks)
+			}
+			if err := interrupted(r.ctx); err != nil {
+				return err
+			}
+			if r.c.Rank() == 0 {
+				r.o.progress.printf("%s: checking, then timing", name)
 			}
 			chosen, err := r.checkOnce(cs)
 			allOK, aerr := r.allPassed(err == nil)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -66,18 +67,18 @@ func checkRange(name string, v, lo, hi int) error {
 	return nil
 }
 
-// checkMasked refuses more masked (token, slot) entries than the smallest
-// token count has.
+// checkMasked refuses more masked (token, slot) entries than the largest
+// token count has (smaller counts of a sweep mask all they have).
 func checkMasked(masked, topk int, tokens []int) error {
 	if masked == 0 || len(tokens) == 0 {
 		return nil
 	}
-	least := tokens[0]
+	most := 0
 	for _, t := range tokens {
-		least = min(least, t)
+		most = max(most, t)
 	}
-	if masked > least*topk {
-		return fmt.Errorf("--masked %d: more than the %d (token, slot) entries of %d tokens x top-%d", masked, least*topk, least, topk)
+	if masked > most*topk {
+		return fmt.Errorf("--masked %d: more than the %d (token, slot) entries of %d tokens x top-%d", masked, most*topk, most, topk)
 	}
 	return nil
 }
@@ -109,4 +110,25 @@ func launchedBy(env bootstrap.EnvInfo) string {
 		s += " (inside " + env.Enclosing + ")"
 	}
 	return s
+}
+
+// deviceLabel names a device for a report header: its SM count only where
+// it has SMs (the host backend has none).
+func deviceLabel(name string, sms int) string {
+	if sms <= 0 {
+		return name
+	}
+	return fmt.Sprintf("%s (%d SMs)", name, sms)
+}
+
+// gbps formats a bandwidth with three significant digits below 10 GB/s, so
+// the host backend's small figures do not all print as 0.0.
+func gbps(v float64) string {
+	switch {
+	case v <= 0:
+		return "-"
+	case v >= 10:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
 }

@@ -37,6 +37,7 @@ type inOpts struct {
 	timeout               time.Duration
 	jsonPath, plotPrefix  string
 	progress              *progress // nil: quiet
+	showLaunch            bool      // print SMs and threads (GPUs, or asked for on the host backend)
 }
 
 func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -88,6 +89,8 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			o.flushMiB = 0
 		}
 	}
+	set := given(fs)
+	o.showLaunch = o.kind == device.CUDA || o.tune || set["sms"] || set["dispatch-threads"] || set["combine-threads"]
 	if err := o.parseLists(*tokens, *copyMode, *sms, *tuneSMs); err != nil {
 		return err
 	}

@@ -164,8 +164,8 @@ func anchorFor(o inOpts, ranks int, r inRow) (float64, bool) {
 }
 
 func printIntranode(w io.Writer, o inOpts, rep inReport) {
-	fmt.Fprintf(w, "intranode: %d ranks (%s), %s backend, %s (%d SMs); hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
-		rep.Ranks, rep.As, rep.Backend, rep.Device, rep.SMs, o.hidden, o.topk, o.experts, o.seed, o.masked)
+	fmt.Fprintf(w, "intranode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
+		rep.Ranks, rep.As, rep.Backend, deviceLabel(rep.Device, rep.SMs), o.hidden, o.topk, o.experts, o.seed, o.masked)
 	if o.tune {
 		fmt.Fprintf(w, "tuning: %d warm-ups, L2 flush %d MiB, mean of the last %d of %d calls per point; best = fastest slowest rank\n",
 			o.tuneWarmup, o.flushMiB, o.tuneIters-1, o.tuneIters)
@@ -221,7 +221,7 @@ func printRows(w io.Writer, o inOpts, ranks int, rows []inRow) {
 			anchor = fmt.Sprintf("%.1f", us)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f\t%s\t%.1f..%.1f\t%s\t%s\t%s\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, dash(r.Copy != "", r.Copy),
-			dash(r.SMs > 0, fmt.Sprint(r.SMs)), dash(r.Threads > 0, fmt.Sprint(r.Threads)), dash(r.Recv > 0 || r.Bytes > 0, fmt.Sprint(r.Recv)),
+			dash(r.SMs > 0 && o.showLaunch, fmt.Sprint(r.SMs)), dash(r.Threads > 0 && o.showLaunch, fmt.Sprint(r.Threads)), dash(r.Recv > 0 || r.Bytes > 0, fmt.Sprint(r.Recv)),
 			r.US, gb, r.MinUS, r.MaxUS, gbr, dash(r.WallUS > 0, fmt.Sprintf("%.1f", r.WallUS)), anchor)
 	}
 	tw.Flush()

@@ -106,8 +106,8 @@ func (r *inRank) record(k inKey, us, wallUS float64, bytes int64, recv int, tuni
 		gb = fmt.Sprintf(", %.1f GB/s", float64(bytes)/us/1e3)
 	}
 	launch := fmt.Sprintf("%d SMs x %d threads", k.SMs, k.Threads)
-	if r.o.kind == device.Host {
-		launch = "host backend" // no SMs; the launch shape means nothing there
+	if !r.o.showLaunch {
+		launch = "host backend" // no SMs: the default launch shape means nothing there
 	}
 	r.progress("%s %s %s (%s%s): %.1f us%s (rank 0)", k.Op, k.Dtype, k.Mode, launch,
 		map[bool]string{true: ", " + k.Copy + " copy", false: ""}[k.Copy != ""], us, gb)

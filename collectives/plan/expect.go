@@ -44,6 +44,7 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 	n := len(out) / dt.Size()
 	rop := [...]ref.Op{ReduceSum: ref.Sum, ReduceMin: ref.Min, ReduceMax: ref.Max}[op]
 	vals := make([]uint32, len(parts))
+	rdt := map[DataType]ref.DataType{BF16: ref.BF16, FP16: ref.FP16, FP32: ref.FP32}[dt] // once, not per element
 	for i := 0; i < n; i++ {
 		if dt == Int32 {
 			acc := int32(binary.LittleEndian.Uint32(parts[0][4*i:]))
@@ -61,7 +62,6 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 			binary.LittleEndian.PutUint32(out[4*i:], uint32(acc))
 			continue
 		}
-		rdt := map[DataType]ref.DataType{BF16: ref.BF16, FP16: ref.FP16, FP32: ref.FP32}[dt]
 		for r, p := range parts {
 			vals[r] = ref.Elem(p, rdt, i)
 		}

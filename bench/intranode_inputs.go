@@ -56,7 +56,7 @@ func prepareInputs(ctx context.Context, o inOpts, ranks, tokens int) (*inShared,
 			return nil, err
 		}
 		rt, err := routing.Generate(routing.Shape{Tokens: tokens, K: o.topk, Experts: o.experts, Ranks: ranks},
-			routing.GenOptions{Seed: o.seed*1000 + uint64(r), Masked: o.masked})
+			routing.GenOptions{Seed: rankSeed(o.seed, r), Masked: o.masked})
 		if err != nil {
 			return nil, err
 		}
@@ -95,6 +95,10 @@ func prepareInputs(ctx context.Context, o inOpts, ranks, tokens int) (*inShared,
 	}
 	return sh, nil
 }
+
+// rankSeed is the routing generator's seed of rank r (route --generate
+// writes the same routings).
+func rankSeed(seed uint64, r int) uint64 { return seed*1000 + uint64(r) }
 
 // randomBF16 draws BF16 values of either sign with magnitudes 2^-8..2^8,
 // four per 64-bit draw.

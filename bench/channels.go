@@ -113,6 +113,9 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if o.timeout < 0 {
 		return fmt.Errorf("--timeout must be positive")
 	}
+	if err := checkOutput("json", o.jsonPath); err != nil {
+		return err
+	}
 
 	env, err := bootstrap.FromEnv()
 	if err != nil {
@@ -130,6 +133,10 @@ func pick[T any](gpu bool, onGPU, onHost T) T {
 	}
 	return onHost
 }
+
+// maxSize bounds a size flag far above any buffer and far below where
+// size arithmetic overflows.
+const maxSize = 1 << 40
 
 // parseSizes reads "8,4K,1M,1G" (binary units); "" means def.
 func parseSizes(s, def string) ([]int, error) {
@@ -150,7 +157,10 @@ func parseSizes(s, def string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bad size %q", f)
+			return nil, fmt.Errorf("bad size %q", clip(f, 100))
+		}
+		if n > maxSize/mult {
+			return nil, fmt.Errorf("size %s%s is more than %s", f, map[int]string{1: "", 1 << 10: "K", 1 << 20: "M", 1 << 30: "G"}[mult], human(maxSize))
 		}
 		out = append(out, n*mult)
 	}
@@ -220,6 +230,9 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 			}
 			return nil
 		})
+	if err := interrupted(ctx); err != nil {
+		return err // the ranks' failures are the interruption's echoes
+	}
 	for r, err := range errs {
 		if err != nil && outcomes[r].Err == "" {
 			outcomes[r].Err = err.Error()
@@ -255,6 +268,9 @@ func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, std
 	}
 	defer func() { err = errors.Join(err, r.Close()) }()
 	mine = channelRank(ctx, r, o)
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
 	outcomes, root, err := gatherOutcomes(ctx, bs, stdout, mine)
 	if !root || err != nil {
 		return err

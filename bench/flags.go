@@ -105,6 +105,9 @@ func (p *progress) printf(format string, a ...any) {
 
 // launchedBy says which launcher's variables ep-bench follows.
 func launchedBy(env bootstrap.EnvInfo) string {
+	if env.Launcher == "none" {
+		return "no launcher"
+	}
 	s := fmt.Sprintf("launched by %s", env.Launcher)
 	if env.Enclosing != "" {
 		s += " (inside " + env.Enclosing + ")"

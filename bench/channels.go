@@ -290,6 +290,7 @@ type chanStep struct {
 func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chanOutcome) {
 	rep := &report{}
 	defer func() { out.Checks = rep.Checks }()
+	defer abortOnCancel(ctx, r.Comm.Abort)()
 	bs, dev := r.Comm.Bootstrap(), r.Dev
 	seed, err := channeltest.SharedSeed(ctx, bs)
 	if err != nil {

@@ -51,6 +51,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	// After the first signal a second one ends the process at once: the
 	// first asks the work loops to stop, the second is for when they do not.
 	go func() { <-ctx.Done(); stop() }()
+	return runCommand(ctx, cmd, args, stdout, stderr)
+}
+
+// runCommand runs a known command under ctx (cancelled by Ctrl-C or
+// SIGTERM in Main, directly by tests) and returns the exit code.
+func runCommand(ctx context.Context, cmd command, args []string, stdout, stderr io.Writer) int {
 	return finish(ctx, args[0], cmd.run(ctx, args[1:], stdout, stderr), stderr)
 }
 

@@ -113,6 +113,7 @@ type collRun struct {
 func collRank(ctx context.Context, c *collectives.Communicator, o collOpts) (out collOutcome) {
 	r := &collRun{ctx: ctx, c: c, o: o, dev: c.Device(), s: c.Device().DefaultStream(), rep: &report{}, seed: 0x5eed,
 		skip: map[string][]string{}}
+	defer abortOnCancel(ctx, c.Abort)()
 	info := r.dev.Info()
 	out.Device, out.SMs = info.Name, info.SMs
 	defer func() {

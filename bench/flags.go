@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -134,4 +135,21 @@ func gbps(v float64) string {
 		return fmt.Sprintf("%.1f", v)
 	}
 	return strconv.FormatFloat(v, 'g', 3, 64)
+}
+
+// abortOnCancel calls abort (a communicator's Abort) once ctx is cancelled,
+// so that device waits for peers that have stopped end at once instead of
+// waiting out their timeout. The returned func withdraws it, waiting for an
+// abort under way: call it before the communicator closes.
+func abortOnCancel(ctx context.Context, abort func() error) (release func()) {
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(done)
+		_ = abort()
+	})
+	return func() {
+		if !stop() {
+			<-done
+		}
+	}
 }

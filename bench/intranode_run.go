@@ -183,9 +183,8 @@ func intranodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	defer r.freeAll()
 	for i, t := range o.tokens {
 		r.step = fmt.Sprintf("T=%d (%d/%d)", t, i+1, len(o.tokens))
-		if err = interrupted(ctx); err != nil {
-			return out
-		}
+		// No interruption check of its own here: the inputs' agreement
+		// below is where every rank learns of it together.
 		r.progress("routing, data and the reference results")
 		sh, gerr := cache.get(ctx, t)
 		if err = r.agree("inputs", gerr); err != nil {

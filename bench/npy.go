@@ -91,7 +91,7 @@ func ReadNPY(r io.Reader) (*NPYIndex, error) {
 	}
 	h, err := parseNPYHeader(string(hdr))
 	if err != nil {
-		return nil, fmt.Errorf("npy: header %q: %w", clip(strings.TrimRight(string(hdr), " \n"), npyEcho), err)
+		return nil, fmt.Errorf("npy: header %s: %w", clip(strconv.Quote(strings.TrimRight(string(hdr), " \n")), npyEcho), err)
 	}
 	out := &NPYIndex{Tokens: h.shape[0], K: h.shape[1], Int32: h.elem == 4}
 	want := int64(out.Tokens) * int64(out.K) * int64(h.elem)

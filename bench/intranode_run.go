@@ -253,6 +253,7 @@ func (r *inRank) progress(format string, a ...any) {
 // runTokens checks, then times (or tunes), at one token count.
 func (r *inRank) runTokens(sh *inShared) error {
 	ctx, o, t := r.ctx, r.o, sh.tokens
+	r.progress("inputs ready; checking dispatch (non-cached, cached) and combine against the reference")
 	in, err := r.uploadInputs(sh)
 	if err = r.agree("upload", err); err != nil {
 		return err
@@ -294,6 +295,7 @@ func (r *inRank) runTokens(sh *inShared) error {
 		return err
 	}
 	r.rep.ok("checks", fmt.Sprintf("T=%d bf16", t), "dispatch (non-cached, cached) byte-exact, combine bit-exact; rank 0 received %d rows", res.NumRecv)
+	r.progress("bf16 checks passed; timing")
 	h := res.Handle
 	defer h.Release()
 

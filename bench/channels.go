@@ -117,9 +117,9 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 
-	env, err := bootstrap.FromEnv()
+	env, err := launcherEnv("channels", kind)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	if env.Size > 1 {
 		return channelsProcess(ctx, env, o, stdout)
@@ -243,9 +243,6 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 
 // channelsProcess runs this process's rank of a launched job.
 func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, stdout io.Writer) (err error) {
-	if o.kind == device.Host {
-		return fmt.Errorf("the host backend shares memory between goroutine ranks of one process only; run `ep-bench channels --backend host` without a launcher")
-	}
 	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
 	if err != nil {
 		return err

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/goep-dev/goep/channels"
-	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives"
 	"github.com/goep-dev/goep/collectives/ref"
 	"github.com/goep-dev/goep/internal/device"
@@ -159,14 +158,11 @@ func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	o.progress = newProgress(stderr)
-	env, err := bootstrap.FromEnv()
+	env, err := launcherEnv("collectives", kind)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	if env.Size > 1 {
-		if kind == device.Host {
-			return fmt.Errorf("the host backend shares memory between goroutine ranks of one process only; run `ep-bench collectives --backend host` without a launcher")
-		}
 		return collProcess(ctx, env, o, stdout)
 	}
 	return collGoroutines(ctx, o, stdout)

@@ -54,9 +54,9 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := checkOutput("json", *jsonPath); err != nil {
 		return err
 	}
-	env, err := bootstrap.FromEnv()
+	env, err := launcherEnv("doctor", device.Host)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	kind, why, err := device.ParseKind(*backend)
 	if err != nil {

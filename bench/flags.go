@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/internal/device"
 )
 
 // Flag checks shared by the subcommands: every flag is checked before any
@@ -152,4 +153,19 @@ func abortOnCancel(ctx context.Context, abort func() error) (release func()) {
 			<-done
 		}
 	}
+}
+
+// launcherEnv reads the launcher's variables (bootstrap.FromEnv). cmd's
+// host backend, whose ranks share memory inside one process, is refused
+// under a launch of several processes.
+func launcherEnv(cmd string, kind device.Kind) (bootstrap.EnvInfo, error) {
+	env, err := bootstrap.FromEnv()
+	if err != nil {
+		return env, fmt.Errorf("launcher environment: %w", err)
+	}
+	if env.Size > 1 && kind == device.Host && cmd != "doctor" {
+		return env, fmt.Errorf("the host backend shares memory between goroutine ranks of one process only; run `ep-bench %s --backend host` without a launcher (%s)",
+			cmd, launchedBy(env))
+	}
+	return env, nil
 }

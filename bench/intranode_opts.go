@@ -7,7 +7,6 @@ import (
 	"io"
 	"time"
 
-	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -99,9 +98,9 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	o.progress = newProgress(stderr)
 
-	env, err := bootstrap.FromEnv()
+	env, err := launcherEnv("intranode", o.kind)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	if env.Size > 1 {
 		return intranodeProcess(ctx, env, o, stdout)

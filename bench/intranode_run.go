@@ -98,9 +98,6 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 // intranodeProcess runs this process's rank of a launched job (one GPU per
 // process, like DeepEP's test).
 func intranodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdout io.Writer) (err error) {
-	if o.kind == device.Host {
-		return fmt.Errorf("the host backend shares memory between goroutine ranks of one process only; run `ep-bench intranode --backend host` without a launcher")
-	}
 	if _, err := ep.SizeHints(o.config(env.Size), env.Size); err != nil {
 		return err
 	}

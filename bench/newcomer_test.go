@@ -20,11 +20,15 @@ import (
 
 const reducePlan = "../collectives/plan/testdata/plans/reduce.json"
 
-// noLauncher clears the launcher variables a test machine might have.
-func noLauncher(t *testing.T) {
+// noLauncher clears the launcher variables a test machine might have, then
+// sets kv (name, value, ...).
+func noLauncher(t *testing.T, kv ...string) {
 	for _, k := range []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
 		"OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "GOEP_LAUNCHER"} {
 		t.Setenv(k, "")
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		t.Setenv(kv[i], kv[i+1])
 	}
 }
 
@@ -137,13 +141,8 @@ func TestNewcomerCorruptHeaderEchoIsBounded(t *testing.T) {
 
 // Launcher variables that contradict each other are refused by name.
 func TestNewcomerContradictingLaunchers(t *testing.T) {
-	noLauncher(t)
-	t.Setenv("RANK", "0")
-	t.Setenv("WORLD_SIZE", "2")
-	t.Setenv("OMPI_COMM_WORLD_RANK", "1")
-	t.Setenv("OMPI_COMM_WORLD_SIZE", "4")
-	t.Setenv("MASTER_ADDR", "127.0.0.1")
-	t.Setenv("MASTER_PORT", "1")
+	noLauncher(t, "RANK", "0", "WORLD_SIZE", "2", "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "4",
+		"MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "1")
 	for _, cmd := range []string{"intranode", "collectives", "channels", "doctor", "plan"} {
 		args := []string{cmd, "--backend", "host"}
 		if cmd == "plan" {
@@ -159,11 +158,7 @@ func TestNewcomerContradictingLaunchers(t *testing.T) {
 // A plan under a launcher (several processes) is refused: it would run the
 // whole plan once per process.
 func TestNewcomerPlanUnderALauncher(t *testing.T) {
-	noLauncher(t)
-	t.Setenv("RANK", "1")
-	t.Setenv("WORLD_SIZE", "3")
-	t.Setenv("MASTER_ADDR", "127.0.0.1")
-	t.Setenv("MASTER_PORT", "1")
+	noLauncher(t, "RANK", "1", "WORLD_SIZE", "3", "MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "1")
 	code, stdout, stderr := run(t, "plan", "--plan", reducePlan, "--backend", "host")
 	require.Equal(t, 1, code)
 	require.Empty(t, stdout)

@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/collectives/plan/gpu"
 	"github.com/goep-dev/goep/internal/device"
@@ -61,9 +60,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	// The plan runs its whole world of ranks as goroutines of this process;
 	// several launched copies would each run all of it, independently.
-	env, err := bootstrap.FromEnv()
+	env, err := launcherEnv("plan", device.CUDA)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	if env.Size > 1 {
 		return fmt.Errorf("plan runs every rank of the plan in this one process (goroutine ranks); it cannot be one of %d processes (%s): run `ep-bench plan` without a launcher",

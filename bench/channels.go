@@ -38,6 +38,7 @@ type chanOpts struct {
 	ranks     int
 	timeout   time.Duration
 	jsonPath  string
+	progress  *progress // nil: quiet
 }
 
 // chanOutcome is one rank's result, gathered on rank 0.
@@ -116,6 +117,7 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := checkOutput("json", o.jsonPath); err != nil {
 		return err
 	}
+	o.progress = newProgress(stderr)
 
 	env, err := launcherEnv("channels", kind)
 	if err != nil {
@@ -336,7 +338,12 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			chanStep{"port timeouts", "stuck proxy: a 200 ms timeout names the flush or the full FIFO",
 				func() error { return channeltest.CheckPortTimeouts(ctx, bs, dev, 200*time.Millisecond) }})
 	}
-	for _, s := range steps {
+	prog := o.progress
+	if r.Comm.Rank() != 0 {
+		prog = nil // rank 0 speaks for all
+	}
+	for i, s := range steps {
+		prog.printf("checking %s (%d/%d)", s.name, i+1, len(steps))
 		start := time.Now()
 		if err := s.run(); err != nil {
 			rep.fail("checks", s.name, "%v", err)
@@ -365,6 +372,7 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			}
 		}
 	}
+	prog.printf("checks passed; timing signal/wait, put/get, LL packets, put to all peers and port channels")
 	_ = measure(r.BenchPingPong(ctx, o.rounds, false)) &&
 		measure(r.BenchPingPong(ctx, o.rounds, true)) &&
 		measure(r.BenchPutGet(ctx, o.sizes, o.pairSMs, o.threads, o.iters)) &&

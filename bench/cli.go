@@ -47,10 +47,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	// After the first signal a second one ends the process at once: the
 	// first asks the work loops to stop, the second is for when they do not.
-	go func() { <-ctx.Done(); stop() }()
+	restored := make(chan struct{})
+	go func() { defer close(restored); <-ctx.Done(); stop() }()
+	defer func() { stop(); <-restored }()
 	return runCommand(ctx, cmd, args, stdout, stderr)
 }
 

@@ -73,11 +73,11 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if o.kind, _, err = device.ParseKind(*backend); err != nil {
 		return err
 	}
+	set := given(fs)
 	if o.kind == device.Host {
 		// The host backend checks the same things with far fewer timed
 		// calls: its timings only show that timing works, and DeepEP's
-		// shape then runs in well under a minute on two cores.
-		set := given(fs)
+		// shape then runs in about a minute on two cores.
 		if !set["warmup"] {
 			o.warmup = 2
 		}
@@ -88,7 +88,6 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			o.flushMiB = 0
 		}
 	}
-	set := given(fs)
 	o.showLaunch = o.kind == device.CUDA || o.tune || set["sms"] || set["dispatch-threads"] || set["combine-threads"]
 	if err := o.parseLists(*tokens, *copyMode, *sms, *tuneSMs); err != nil {
 		return err

@@ -164,6 +164,19 @@ func TestNewcomerPlanUnderALauncher(t *testing.T) {
 	require.Empty(t, stdout)
 	require.True(t, strings.HasPrefix(stderr, "ep-bench plan: plan runs every rank of the plan in this one process"), stderr)
 	require.Contains(t, stderr, "launched by torchrun")
+
+	// A batch script of a Slurm allocation looks like rank 0 of its tasks;
+	// GOEP_LAUNCHER=none says it is one process.
+	noLauncher(t, "SLURM_PROCID", "0", "SLURM_NTASKS", "8", "SLURM_LOCALID", "0", "SLURM_TASKS_PER_NODE", "8",
+		"MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "1")
+	code, _, stderr = run(t, "plan", "--plan", reducePlan, "--backend", "host", "--size", "4K", "--iters", "1")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "launched by slurm")
+	require.Contains(t, stderr, "GOEP_LAUNCHER=none")
+	t.Setenv("GOEP_LAUNCHER", "none")
+	code, stdout, stderr = run(t, "plan", "--plan", reducePlan, "--backend", "host", "--size", "4K", "--iters", "1")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, " ok ")
 }
 
 // cancelOn is a writer that cancels a context once what it was written

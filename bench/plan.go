@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/collectives/plan/gpu"
 	"github.com/goep-dev/goep/internal/device"
@@ -65,8 +66,8 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	if env.Size > 1 {
-		return fmt.Errorf("plan runs every rank of the plan in this one process (goroutine ranks); it cannot be one of %d processes (%s): run `ep-bench plan` without a launcher",
-			env.Size, launchedBy(env))
+		return fmt.Errorf("plan runs every rank of the plan in this one process (goroutine ranks); it cannot be one of %d processes (%s): "+
+			"run `ep-bench plan` without a launcher (in a batch script of an allocation: %s=none)", env.Size, launchedBy(env), bootstrap.EnvLauncher)
 	}
 	p, err := plan.Load(*path)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register("route", "load a topk_idx .npy file and print per-rank/per-expert load, imbalance and rank-to-rank traffic", runRoute)
+	register("route", "read a routing (topk_idx .npy: --file, or --generate one) and print per-rank/per-expert load, imbalance and rank-to-rank traffic", runRoute)
 }
 
 // routeReport is the JSON form of ep-bench route's output.

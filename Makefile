@@ -3,6 +3,9 @@
 
 GO        ?= go
 DEVBIN    ?= .devbin
+# What `make run` runs: an ep-bench command and its flags, e.g.
+# make run BENCH_ARGS="collectives --sizes 1K,1M". Without a GPU, intranode
+# runs the host backend with fewer timed calls (about a minute on 2 cores).
 BENCH_ARGS ?= intranode
 # Never NVLink multicast: it can take shared GPUs out of service.
 export NCCL_NVLS_ENABLE := 0

@@ -48,12 +48,15 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *mib < 1 {
-		return fmt.Errorf("--mib must be at least 1")
+	if *mib < 1 || *mib > 1<<20 {
+		return fmt.Errorf("--mib %d: want 1..%d", *mib, 1<<20)
 	}
-	env, err := bootstrap.FromEnv()
+	if err := checkOutput("json", *jsonPath); err != nil {
+		return err
+	}
+	env, err := launcherEnv("doctor", device.Host)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	kind, why, err := device.ParseKind(*backend)
 	if err != nil {
@@ -66,16 +69,37 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer d.bs.Close()
 	}
-	d.r.info("ranks", "launcher", "%s: rank %d of %d (local %d of %d)", env.Launcher, env.Rank, env.Size, env.LocalRank, env.LocalSize)
+	d.r.info("ranks", "launcher", "%s: rank %d of %d (local %d of %d)", launchedBy(env), env.Rank, env.Size, env.LocalRank, env.LocalSize)
 
-	d.checkDriver(why)
-	d.checkNVRTC()
-	if env.LocalRank == 0 {
-		d.listGPUs()
+	var prog *progress
+	if env.Rank == 0 {
+		prog = newProgress(stderr)
 	}
-	d.checkJIT()
-	d.checkRanks(ctx)
-	d.checkHostBackend(ctx)
+	steps := []struct {
+		what string
+		run  func()
+	}{
+		{"driver", func() { d.checkDriver(why) }},
+		{"NVRTC", d.checkNVRTC},
+		{"GPUs", func() {
+			if env.LocalRank == 0 {
+				d.listGPUs()
+			}
+		}},
+		{"kernel compilation (the first run compiles every module: minutes)", d.checkJIT},
+		{"ranks", func() { d.checkRanks(ctx) }},
+		{"host backend", func() { d.checkHostBackend(ctx) }},
+	}
+	for i, st := range steps {
+		if err := interrupted(ctx); err != nil {
+			return err
+		}
+		prog.printf("checking %s (%d/%d)", st.what, i+1, len(steps))
+		st.run()
+	}
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
 
 	return d.finish(ctx, stdout, *jsonPath)
 }

@@ -1,9 +1,9 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/collectives/plan/dsl"
 	"github.com/goep-dev/goep/collectives/plan/gpu"
@@ -61,10 +62,22 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Usage()
 		return errUsage
 	}
-	explicit := false
-	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "inplace" })
+	set := given(fs)
+	if set["iters"] && *iters < 1 {
+		return fmt.Errorf("--iters %d: want at least 1", *iters)
+	}
+	// The plan runs its whole world of ranks as goroutines of this process;
+	// several launched copies would each run all of it, independently.
+	env, err := launcherEnv("plan", device.CUDA)
+	if err != nil {
+		return err
+	}
+	if env.Size > 1 {
+		return fmt.Errorf("plan runs every rank of the plan in this one process (goroutine ranks); it cannot be one of %d processes (%s): "+
+			"run `ep-bench plan` without a launcher (in a batch script of an allocation: %s=none)", env.Size, launchedBy(env), bootstrap.EnvLauncher)
+	}
+	explicit := set["inplace"]
 	var p *plan.Plan
-	var err error
 	if *program != "" {
 		p, err = compileProgram(*program, dsl.Options{Ranks: *ranks, Instances: *instances, InPlace: explicit && *inplace}, *emit)
 	} else {
@@ -100,38 +113,62 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case "LL8":
 		cfg.Packet = plan.LL8
 	default:
-		return fmt.Errorf("--packet %q: want LL16 or LL8", *packet)
+		return fmt.Errorf("--packet %q: want LL16 or LL8", clip(*packet, 100))
 	}
 	mode := p.InPlace
-	if explicit {
+	if set["inplace"] {
 		mode = *inplace
 	}
 	if *iters == 0 {
 		*iters = pick(gpu, 20, 3)
 	}
+	// Every size is checked before any runs: a whole number of elements,
+	// and one the plan takes in this mode.
+	for _, size := range list {
+		if size%dt.Size() != 0 {
+			return fmt.Errorf("--size: %d bytes is not a whole number of %s elements (%d bytes each)", size, dt, dt.Size())
+		}
+		if _, err := plan.Resolve(p, 0, uint64(size), mode); err != nil {
+			return fmt.Errorf("--size %d: %w", size, err)
+		}
+	}
 	fmt.Fprintf(stdout, "plan %s: %s, %s, %d GPUs, %s, backend %s", p.Name, p.Collective, p.Protocol, p.World(),
 		map[bool]string{true: "in place", false: "out of place"}[mode], kind)
 	if why != "" {
-		fmt.Fprintf(stdout, " (%s)", why)
+		fmt.Fprintf(stdout, " (%s)", firstClause(why))
 	}
 	fmt.Fprintln(stdout)
+	prog := newProgress(stderr)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "bytes/rank\tcheck\tlaunches\tmean us\tmin us\talg GB/s\t")
 	var failed []string
-	for _, size := range list {
+	for i, size := range list {
+		prog.printf("size %s (%d/%d): checking, then %d timed launches", human(size), i+1, len(list), *iters)
 		row, err := planSize(ctx, kind, p, uint64(size), mode, dt, cfg, *iters)
+		if ierr := interrupted(ctx); ierr != nil {
+			return ierr
+		}
 		if err != nil {
 			failed = append(failed, fmt.Sprintf("size %d: %v", size, err))
 			fmt.Fprintf(tw, "%d\tFAIL\t\t\t\t\t\n", size)
 			continue
 		}
-		fmt.Fprintf(tw, "%d\tok\t%d\t%.1f\t%.1f\t%.3f\t\n", size, *iters, row.mean, row.min, row.gbps)
+		fmt.Fprintf(tw, "%d\tok\t%d\t%.1f\t%.1f\t%s\t\n", size, *iters, row.mean, row.min, gbps(row.gbps))
 	}
 	tw.Flush()
 	if len(failed) > 0 {
 		return errors.New(strings.Join(failed, "\n"))
 	}
 	return nil
+}
+
+// firstClause is the part of a message before its first ": ", for a header
+// that should not repeat a long chain of causes.
+func firstClause(s string) string {
+	if i := strings.Index(s, ": "); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 // compileProgram compiles a builtin DSL program (in place when asked)
@@ -177,25 +214,35 @@ func planSize(ctx context.Context, kind device.Kind, p *plan.Plan, size uint64, 
 		return planRow{}, err
 	}
 	for launch := 0; launch < 2; launch++ {
-		in, out, orig := planBuffers(ex, dt, size*7+uint64(launch))
+		if err := interrupted(ctx); err != nil {
+			return planRow{}, err
+		}
+		in, out, orig, err := planBuffers(ctx, ex, dt, size*7+uint64(launch))
+		if err != nil {
+			return planRow{}, err
+		}
 		if err := ex.Run(ctx, dt, in, out); err != nil {
 			return planRow{}, err
 		}
-		want, err := plan.Expected(p.Collective, dt, plan.ReduceSum, orig, len(out[0]))
+		want, err := planExpected(ctx, p.Collective, dt, orig, len(out[0]))
 		if err != nil {
 			return planRow{}, err
 		}
 		for r := range out {
-			for i := range out[r] {
-				if out[r][i] != want[r][i] {
-					return planRow{}, fmt.Errorf("launch %d: rank %d: output byte %d of %d is %#x, want %#x", launch, r, i, len(out[r]), out[r][i], want[r][i])
-				}
+			if err := compareOutput(ctx, out[r], want[r]); err != nil {
+				return planRow{}, fmt.Errorf("launch %d: rank %d: %w", launch, r, err)
 			}
 		}
 	}
-	in, out, _ := planBuffers(ex, dt, 1)
+	in, out, _, err := planBuffers(ctx, ex, dt, 1)
+	if err != nil {
+		return planRow{}, err
+	}
 	var total, best time.Duration
 	for i := 0; i < iters; i++ {
+		if err := interrupted(ctx); err != nil {
+			return planRow{}, err
+		}
 		start := time.Now()
 		if err := ex.Run(ctx, dt, in, out); err != nil {
 			return planRow{}, err
@@ -216,7 +263,7 @@ func planSize(ctx context.Context, kind device.Kind, p *plan.Plan, size uint64, 
 
 // planBuffers makes every rank's buffers with rank-dependent small-integer
 // inputs (aliased in place) and returns the inputs' original contents.
-func planBuffers(ex planExecutor, dt plan.DataType, seed uint64) (in, out, orig [][]byte) {
+func planBuffers(ctx context.Context, ex planExecutor, dt plan.DataType, seed uint64) (in, out, orig [][]byte, err error) {
 	W := ex.World()
 	in, out, orig = make([][]byte, W), make([][]byte, W), make([][]byte, W)
 	for r := 0; r < W; r++ {
@@ -231,8 +278,84 @@ func planBuffers(ex planExecutor, dt plan.DataType, seed uint64) (in, out, orig 
 		default:
 			in[r], out[r] = make([]byte, res.InputBytes), make([]byte, res.OutputBytes)
 		}
-		plan.FillSmallInt(dt, r, seed, in[r])
+		if err := fillChunks(ctx, dt, r, seed, in[r]); err != nil {
+			return nil, nil, nil, err
+		}
 		orig[r] = append([]byte(nil), in[r]...)
 	}
-	return in, out, orig
+	return in, out, orig, nil
+}
+
+// planChunk is how much host work runs between two looks at the context:
+// large sizes take seconds per pass on the host, and Ctrl-C must not wait.
+var planChunk = 4 << 20
+
+// fillChunks fills buf with small integers chunk by chunk (each chunk its
+// own stream of the seed), stopping when ctx is cancelled.
+func fillChunks(ctx context.Context, dt plan.DataType, rank int, seed uint64, buf []byte) error {
+	for off, i := 0, uint64(0); off < len(buf); off, i = off+planChunk, i+1 {
+		if err := interrupted(ctx); err != nil {
+			return err
+		}
+		plan.FillSmallInt(dt, rank, seed^(i*0x9e3779b97f4a7c15), buf[off:min(off+planChunk, len(buf))])
+	}
+	return nil
+}
+
+// planExpected is plan.Expected with the reductions, the slow part, done
+// chunk by chunk (a reduction is element-wise, so chunks of the inputs give
+// the same chunks of the result) and stopped when ctx is cancelled.
+func planExpected(ctx context.Context, collective string, dt plan.DataType, inputs [][]byte, outBytes int) ([][]byte, error) {
+	if collective != "allreduce" && collective != "reducescatter" {
+		return plan.Expected(collective, dt, plan.ReduceSum, inputs, outBytes)
+	}
+	in := len(inputs[0])
+	sum := make([]byte, in)
+	parts := make([][]byte, len(inputs))
+	for off := 0; off < in; off += planChunk {
+		if err := interrupted(ctx); err != nil {
+			return nil, err
+		}
+		end := min(off+planChunk, in)
+		for r := range inputs {
+			parts[r] = inputs[r][off:end]
+		}
+		got, err := plan.Expected("allreduce", dt, plan.ReduceSum, parts, end-off)
+		if err != nil {
+			return nil, err
+		}
+		copy(sum[off:end], got[0])
+	}
+	out := make([][]byte, len(inputs))
+	for r := range out {
+		if collective == "allreduce" {
+			out[r] = sum
+			continue
+		}
+		if in != len(inputs)*outBytes {
+			return nil, fmt.Errorf("reducescatter: input %d bytes, want %d x %d", in, len(inputs), outBytes)
+		}
+		out[r] = sum[r*outBytes : (r+1)*outBytes]
+	}
+	return out, nil
+}
+
+// compareOutput compares a rank's output with the expected one chunk by
+// chunk and names the first differing byte.
+func compareOutput(ctx context.Context, got, want []byte) error {
+	for off := 0; off < len(want); off += planChunk {
+		if err := interrupted(ctx); err != nil {
+			return err
+		}
+		end := min(off+planChunk, len(want))
+		if bytes.Equal(got[off:end], want[off:end]) {
+			continue
+		}
+		for i := off; i < end; i++ {
+			if got[i] != want[i] {
+				return fmt.Errorf("output byte %d of %d is %#x, want %#x", i, len(want), got[i], want[i])
+			}
+		}
+	}
+	return nil
 }

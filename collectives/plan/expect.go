@@ -44,6 +44,7 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 	n := len(out) / dt.Size()
 	rop := [...]ref.Op{ReduceSum: ref.Sum, ReduceMin: ref.Min, ReduceMax: ref.Max}[op]
 	vals := make([]uint32, len(parts))
+	rdt := map[DataType]ref.DataType{BF16: ref.BF16, FP16: ref.FP16, FP32: ref.FP32}[dt] // once, not per element
 	for i := 0; i < n; i++ {
 		if dt == Int32 {
 			acc := int32(binary.LittleEndian.Uint32(parts[0][4*i:]))
@@ -61,7 +62,6 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 			binary.LittleEndian.PutUint32(out[4*i:], uint32(acc))
 			continue
 		}
-		rdt := map[DataType]ref.DataType{BF16: ref.BF16, FP16: ref.FP16, FP32: ref.FP32}[dt]
 		for r, p := range parts {
 			vals[r] = ref.Elem(p, rdt, i)
 		}
@@ -145,7 +145,7 @@ func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outB
 			copy(out[r], inputs[(r-1+W)%W])
 		}
 	default:
-		return nil, fmt.Errorf("no definition of collective %q to check against", collective)
+		return nil, fmt.Errorf("no definition of collective %q to check against", clip(collective))
 	}
 	return out, nil
 }

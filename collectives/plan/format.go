@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"os"
+	"reflect"
+	"unicode/utf8"
 )
 
 // The structs below mirror the MSCCL++ execution-plan JSON field for field
@@ -211,12 +213,58 @@ func describeJSONError(data []byte, err error) error {
 	}
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return fmt.Errorf("field %q at line %d: JSON %s where %s is expected", te.Field, lineOf(data, te.Offset), te.Value, te.Type)
+		where := "the plan"
+		if te.Field != "" {
+			where = fmt.Sprintf("field %q", clip(te.Field))
+		}
+		return fmt.Errorf("%s at line %d: JSON %s where %s is expected", where, lineOf(data, te.Offset), te.Value, jsonKind(te.Type))
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return fmt.Errorf("truncated JSON: %w", err)
 	}
 	return err
+}
+
+// jsonKind names what JSON a Go type is decoded from, so that errors speak
+// of the file's format rather than of our types.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	switch t.Kind() {
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "a whole number"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "another value"
+}
+
+// maxEcho bounds how much of a string read from a plan an error repeats.
+const maxEcho = 200
+
+// clip shortens s, read from the input, for an error message.
+func clip(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	cut := maxEcho
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes in all)", s[:cut], len(s))
 }
 
 func lineOf(data []byte, off int64) int {
@@ -232,9 +280,9 @@ func lineOf(data []byte, off int64) int {
 // label names the plan in errors.
 func (p *Plan) label() string {
 	if p.Source != "" && p.Source != p.Name {
-		return fmt.Sprintf("plan %q (%s)", p.Name, p.Source)
+		return fmt.Sprintf("plan %q (%s)", clip(p.Name), p.Source)
 	}
-	return fmt.Sprintf("plan %q", p.Name)
+	return fmt.Sprintf("plan %q", clip(p.Name))
 }
 
 // World is the number of ranks the plan is written for.

@@ -74,7 +74,8 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	rounds := fs.Int("rounds", 0, "in-kernel round trips for signal/wait and LL (default 100000 on GPU, 1000 on host)")
 	portRounds := fs.Int("port-rounds", 0, "rounds of the port channel put/signal/flush check (default 100000 with --check on GPU, 1000 on GPU, 200 on host)")
 	portAdds := fs.Int("port-adds", 0, "atomic adds per rank in the port channel check (default 100000 with --check on GPU, 10000 on GPU, 3000 on host)")
-	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks)")
+	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks); more ranks than GPUs share them")
+	gpus := addGPUsFlag(fs)
 	timeout := fs.Duration("timeout", 0, "device-side wait timeout (default $"+channels.TimeoutEnv+" or 60s)")
 	jsonPath := fs.String("json", "", "also write checks and results as JSON to this file (rank 0)")
 	if err := parse(fs, args); err != nil {
@@ -82,6 +83,9 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	kind, _, err := device.ParseKind(*backend)
 	if err != nil {
+		return err
+	}
+	if err := gpus.apply(kind); err != nil {
 		return err
 	}
 	o := chanOpts{kind: kind, check: *check, bench: *bench, pairSMs: *pairSMs, threads: *threads, iters: *iters,
@@ -211,13 +215,16 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 		n = 4
 		if o.kind == device.CUDA {
 			var err error
-			if n, err = device.CUDADeviceCount(); err != nil {
+			if n, err = device.GPUsInUse(); err != nil {
 				return err
 			}
 		}
 	}
 	if n < 2 {
-		return fmt.Errorf("channels needs at least 2 ranks (have %d); run on a machine with 2+ GPUs or with --backend host", n)
+		return fmt.Errorf("channels needs at least 2 ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", n)
+	}
+	if note := sharedGPUNote(o.kind, n); note != "" {
+		fmt.Fprintln(stdout, "note:", note)
 	}
 	outcomes := make([]chanOutcome, n)
 	var info device.Info
@@ -250,7 +257,7 @@ func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, std
 		return err
 	}
 	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(o.kind, env.LocalRank)
+	dev, err := openProcessDevice(o.kind, env.LocalRank)
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,8 @@ type collOpts struct {
 func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("collectives", stderr)
 	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present)")
-	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks)")
+	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks); more ranks than GPUs share them")
+	gpus := addGPUsFlag(fs)
 	colls := fs.String("colls", "allreduce,allgather,reducescatter", "collectives to run")
 	dtype := fs.String("dtype", "bf16", "element type: bf16, fp16, fp32 (fp8_e4m3 for allgather)")
 	op := fs.String("op", "sum", "reduction: sum, min, max")
@@ -78,6 +79,9 @@ func runCollectives(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	kind, _, err := device.ParseKind(*backend)
 	if err != nil {
+		return err
+	}
+	if err := gpus.apply(kind); err != nil {
 		return err
 	}
 	gpu := kind == device.CUDA

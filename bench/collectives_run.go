@@ -31,15 +31,18 @@ func collGoroutines(ctx context.Context, o collOpts, stdout io.Writer) error {
 		n = 4
 		if o.kind == device.CUDA {
 			var err error
-			if n, err = device.CUDADeviceCount(); err != nil {
+			if n, err = device.GPUsInUse(); err != nil {
 				return err
 			}
 		}
 	}
 	if n < 2 {
-		return fmt.Errorf("collectives needs at least 2 ranks (have %d)", n)
+		return fmt.Errorf("collectives needs at least 2 ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", n)
 	}
 	o.progress.printf("%d goroutine ranks, %s backend: connecting", n, o.kind)
+	if note := sharedGPUNote(o.kind, n); note != "" {
+		fmt.Fprintln(stdout, "note:", note)
+	}
 	outs := make([]collOutcome, n)
 	errs := colltest.RunLocal(ctx, o.kind, n, bootstrap.Config{}, o.config(), func(ctx context.Context, c *collectives.Communicator) error {
 		outs[c.Rank()] = collRank(ctx, c, o)
@@ -65,7 +68,7 @@ func collProcess(ctx context.Context, env bootstrap.EnvInfo, o collOpts, stdout 
 		return err
 	}
 	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(o.kind, env.LocalRank)
+	dev, err := openProcessDevice(o.kind, env.LocalRank)
 	if err != nil {
 		return err
 	}

@@ -62,7 +62,8 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	tuneSMs := fs.String("tune-sms", "8,12,16,20,24,28,32", "SM counts the tuning sweeps")
 	fs.IntVar(&o.tuneWarmup, "tune-warmup", 10, "warm-ups per tuning point")
 	fs.IntVar(&o.tuneIters, "tune-iters", 20, "timed calls per tuning point")
-	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks when run without a launcher (default: every GPU up to 8, or 4 host ranks)")
+	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks when run without a launcher (default: every GPU up to 8, or 4 host ranks); more ranks than GPUs share them")
+	gpus := addGPUsFlag(fs)
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
 	fs.StringVar(&o.plotPrefix, "plot", "", "write GB/s vs tokens as PREFIX.png and PREFIX.svg (with a --tokens sweep)")
@@ -71,6 +72,9 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	var err error
 	if o.kind, _, err = device.ParseKind(*backend); err != nil {
+		return err
+	}
+	if err := gpus.apply(o.kind); err != nil {
 		return err
 	}
 	set := given(fs)

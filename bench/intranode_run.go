@@ -52,7 +52,7 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 	if n == 0 {
 		n = 4
 		if o.kind == device.CUDA {
-			gpus, err := device.CUDADeviceCount()
+			gpus, err := device.GPUsInUse()
 			if err != nil {
 				return err
 			}
@@ -67,6 +67,9 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 		return err
 	}
 	o.progress.printf("%d goroutine ranks, %s backend: setting up buffers", n, o.kind)
+	if note := sharedGPUNote(o.kind, n); note != "" {
+		fmt.Fprintln(stdout, "note:", note)
+	}
 	cache := &inputCache{o: o, ranks: n}
 	outs := make([]inOutcome, n)
 	var wg sync.WaitGroup
@@ -75,7 +78,7 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 		go func() {
 			defer wg.Done()
 			defer boots[r].Close()
-			dev, err := device.Open(o.kind, r)
+			dev, err := device.OpenRank(o.kind, r)
 			if err != nil {
 				outs[r].Err = err.Error()
 				_ = boots[r].Close() // the others fail fast
@@ -106,7 +109,7 @@ func intranodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdo
 		return err
 	}
 	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(o.kind, env.LocalRank)
+	dev, err := openProcessDevice(o.kind, env.LocalRank)
 	if err != nil {
 		return err
 	}

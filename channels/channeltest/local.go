@@ -13,18 +13,18 @@ import (
 
 // RunLocal runs fn on n goroutine ranks of this process, each with its own
 // in-process bootstrap, and returns each rank's error: rank r on
-// host-backend rank r, or on GPU r mod the GPUs present (ranks share GPUs
-// when there are fewer GPUs than ranks). A rank whose fn fails closes its
+// device.RankOrdinal(kind, r), so ranks share GPUs when there are fewer
+// GPUs than ranks. A rank whose fn fails closes its
 // bootstrap at once, so the others fail fast at their next exchange instead
 // of waiting out the bootstrap timeout.
 func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
-	gpus := n
-	if kind == device.CUDA {
-		if c, err := device.CUDADeviceCount(); err == nil && c > 0 {
-			gpus = c
+	return RunLocalOn(ctx, kind, n, func(r int) int {
+		o, err := device.RankOrdinal(kind, r)
+		if err != nil {
+			return r // device.Open then says why
 		}
-	}
-	return RunLocalOn(ctx, kind, n, func(r int) int { return r % gpus }, cfg, fn)
+		return o
+	}, cfg, fn)
 }
 
 // RunLocalOn is RunLocal with rank r on device (kind, ordinal(r)): several

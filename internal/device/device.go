@@ -3,6 +3,7 @@ package device
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -174,19 +175,77 @@ func Open(kind Kind, ordinal int) (Device, error) {
 	return nil, fmt.Errorf("device: unknown backend %q", kind)
 }
 
-// OpenRank opens rank r's device when ranks are spread over this machine's
-// GPUs: GPU r mod the GPUs present (several ranks share a GPU when there
-// are fewer GPUs than ranks), or host-backend rank r.
+// OpenRank opens rank r's device when goroutine ranks are spread over this
+// machine's GPUs (RankOrdinal).
 func OpenRank(kind Kind, r int) (Device, error) {
-	if kind != CUDA {
-		return Open(kind, r)
-	}
-	n, err := CUDADeviceCount()
+	o, err := RankOrdinal(kind, r)
 	if err != nil {
 		return nil, err
 	}
-	if n == 0 {
-		return nil, errors.New("device: no CUDA GPU")
+	return Open(kind, o)
+}
+
+// rankGPUs are the GPUs goroutine ranks spread over (UseGPUs; nil: all).
+var rankGPUs struct {
+	sync.Mutex
+	ordinals []int
+}
+
+// UseGPUs limits the GPUs that RankOrdinal spreads ranks over to these
+// ordinals, in this order (nil or empty: every GPU). Each must exist.
+func UseGPUs(ordinals []int) error {
+	if len(ordinals) > 0 {
+		n, err := CUDADeviceCount()
+		if err != nil {
+			return err
+		}
+		seen := map[int]bool{}
+		for _, o := range ordinals {
+			switch {
+			case o < 0 || o >= n:
+				return fmt.Errorf("device: GPU %d: %d GPUs are visible (0..%d)", o, n, n-1)
+			case seen[o]:
+				return fmt.Errorf("device: GPU %d listed twice", o)
+			}
+			seen[o] = true
+		}
 	}
-	return OpenCUDA(r % n)
+	rankGPUs.Lock()
+	rankGPUs.ordinals = append([]int(nil), ordinals...)
+	rankGPUs.Unlock()
+	return nil
+}
+
+// RankOrdinal is the device of goroutine rank r: host-backend rank r, or
+// GPU r mod the GPUs in use (every GPU, or those UseGPUs chose), so that
+// several ranks share a GPU when there are fewer GPUs than ranks.
+func RankOrdinal(kind Kind, r int) (int, error) {
+	if kind != CUDA {
+		return r, nil
+	}
+	rankGPUs.Lock()
+	chosen := rankGPUs.ordinals
+	rankGPUs.Unlock()
+	if len(chosen) > 0 {
+		return chosen[r%len(chosen)], nil
+	}
+	n, err := CUDADeviceCount()
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, errors.New("device: no CUDA GPU")
+	}
+	return r % n, nil
+}
+
+// GPUsInUse is how many GPUs RankOrdinal spreads ranks over.
+func GPUsInUse() (int, error) {
+	rankGPUs.Lock()
+	n := len(rankGPUs.ordinals)
+	rankGPUs.Unlock()
+	if n > 0 {
+		return n, nil
+	}
+	return CUDADeviceCount()
 }

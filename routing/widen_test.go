@@ -1,4 +1,4 @@
-package twins_test
+package routing_test
 
 import (
 	"encoding/binary"
@@ -7,9 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
+	"github.com/goep-dev/goep/routing"
 )
 
 // goep_ep_widen_i32 sign-extends: -1 stays -1, out-of-range ids keep their

@@ -14,7 +14,6 @@ import (
 	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 // gpuCount is how many CUDA GPUs this machine has (0 without a driver).

@@ -24,7 +24,6 @@ import (
 	"github.com/goep-dev/goep/collectives/colltest"
 	"github.com/goep-dev/goep/collectives/ref"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func init() {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"sync/atomic"
 
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -124,7 +125,7 @@ func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value ui
 	}
 	args := device.NewArgs(2).Ptr(dst.Ptr() + uintptr(dstOff)).U64(value)
 	k.enqueued.Add(1)
-	if err := k.c.dev.Launch("goep_proxy_atomic_add", device.D1(1), device.D1(1), 0, k.stream, args); err != nil {
+	if err := k.c.dev.Launch(devapi.KernelProxyAtomicAdd, device.D1(1), device.D1(1), 0, k.stream, args); err != nil {
 		return k.errorf("atomic add: %w", err)
 	}
 	return nil

@@ -97,7 +97,7 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if fn, ok := c.dev.(interface {
 		Function(string) (*cuda.Function, error)
 	}); ok {
-		_, _ = fn.Function("goep_proxy_atomic_add")
+		_, _ = fn.Function(devapi.KernelProxyAtomicAdd)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

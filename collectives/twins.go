@@ -131,9 +131,11 @@ func init() {
 		a := l.Args
 		dt := DataType(a.GetU32(2))
 		buf, count, fill, seed, rank, first := a.GetPtr(0), a.GetU64(1), a.GetU32(3), a.GetU32(4), a.GetU32(5), a.GetU64(6)
-		for i := range count {
-			twinStElem(buf, i, dt, twinFillValue(dt, fill, seed, rank, first+i))
+		v := make([]uint32, count)
+		for i := range v {
+			v[i] = twinFillValue(dt, fill, seed, rank, first+uint64(i))
 		}
+		twinStoreAll(dt, buf, v)
 		return nil
 	})
 	// goep_coll_check(buf, u64 count, u32 dtype, u32 op, u32 fill, u32 seed, u32 kind, u32 world, u32 rank, u64 n, u64* out)
@@ -618,35 +620,83 @@ func (c twinCtx) arZC(b, nb uint32, ins, outs []uintptr, count uint64, dt DataTy
 // twinReduceRange is goep_coll_reduce_range: dsts[d][k] = reduce over
 // srcs in rank order, for n elements. The sources are read in full before
 // the first store, which is what the kernel's threads do for every element
-// they own (a destination may be a source: in-place calls).
+// they own (a destination may be a source: in-place calls). The loops run
+// rank by rank over all elements, which combines each element in rank
+// order as the kernel does.
 func twinReduceRange(dt DataType, op Op, srcs, dsts []uintptr, n uint64) {
 	if n == 0 {
 		return
 	}
-	e := uint64(dt.Size())
-	res := make([]byte, n*e)
-	acc := make([]float32, n)
-	for k := range acc {
-		acc[k] = twinToF32(dt, twinLdElem(srcs[0], uint64(k), dt))
-	}
+	acc, x := make([]float32, n), make([]float32, n)
+	twinWiden(dt, srcs[0], acc)
 	for _, s := range srcs[1:] {
-		for k := range acc {
-			acc[k] = twinCombine(op, acc[k], twinToF32(dt, twinLdElem(s, uint64(k), dt)))
+		twinWiden(dt, s, x)
+		for k, v := range x {
+			acc[k] = twinCombine(op, acc[k], v)
 		}
 	}
+	res := make([]uint32, n)
 	for k, v := range acc {
-		r := twinFromF32(dt, v)
-		switch e {
-		case 1:
-			res[k] = byte(r)
-		case 2:
-			binary.LittleEndian.PutUint16(res[2*k:], uint16(r))
-		default:
-			binary.LittleEndian.PutUint32(res[4*k:], r)
-		}
+		res[k] = twinFromF32(dt, v)
 	}
 	for _, d := range dsts {
-		copy(devapi.Bytes(d, n*e), res)
+		twinStoreAll(dt, d, res)
+	}
+}
+
+// twinWiden is goep_coll_to_f32 over len(dst) elements at p.
+func twinWiden(dt DataType, p uintptr, dst []float32) {
+	switch dt {
+	case BF16:
+		for k, h := range device.HostSlice[uint16](p, len(dst)) {
+			dst[k] = kernels.BF16ToFloat32(h)
+		}
+	case FP16:
+		for k, h := range device.HostSlice[uint16](p, len(dst)) {
+			dst[k] = ref.FP16ToFloat32(h)
+		}
+	case FP8E4M3:
+		for k, b := range device.HostSlice[uint8](p, len(dst)) {
+			dst[k] = kernels.FP8E4M3ToFloat32(b)
+		}
+	default:
+		copy(dst, device.HostSlice[float32](p, len(dst)))
+	}
+}
+
+// twinLoadAll reads n elements at p as bits (goep_coll_ld_elem).
+func twinLoadAll(dt DataType, p uintptr, n uint64) []uint32 {
+	out := make([]uint32, n)
+	switch dt.Size() {
+	case 1:
+		for k, v := range device.HostSlice[uint8](p, int(n)) {
+			out[k] = uint32(v)
+		}
+	case 2:
+		for k, v := range device.HostSlice[uint16](p, int(n)) {
+			out[k] = uint32(v)
+		}
+	default:
+		copy(out, device.HostSlice[uint32](p, int(n)))
+	}
+	return out
+}
+
+// twinStoreAll writes elements (bits) at p (goep_coll_st_elem).
+func twinStoreAll(dt DataType, p uintptr, v []uint32) {
+	switch dt.Size() {
+	case 1:
+		d := device.HostSlice[uint8](p, len(v))
+		for k := range d {
+			d[k] = uint8(v[k])
+		}
+	case 2:
+		d := device.HostSlice[uint16](p, len(v))
+		for k := range d {
+			d[k] = uint16(v[k])
+		}
+	default:
+		copy(device.HostSlice[uint32](p, len(v)), v)
 	}
 }
 
@@ -693,28 +743,6 @@ func twinFromF32(dt DataType, f float32) uint32 {
 	return math.Float32bits(f)
 }
 
-// twinLdElem and twinStElem are goep_coll_ld_elem and goep_coll_st_elem.
-func twinLdElem(p uintptr, k uint64, dt DataType) uint32 {
-	switch dt.Size() {
-	case 1:
-		return uint32(device.HostSlice[uint8](p+uintptr(k), 1)[0])
-	case 2:
-		return uint32(device.HostSlice[uint16](p+uintptr(2*k), 1)[0])
-	}
-	return device.HostSlice[uint32](p+uintptr(4*k), 1)[0]
-}
-
-func twinStElem(p uintptr, k uint64, dt DataType, v uint32) {
-	switch dt.Size() {
-	case 1:
-		device.HostSlice[uint8](p+uintptr(k), 1)[0] = uint8(v)
-	case 2:
-		device.HostSlice[uint16](p+uintptr(2*k), 1)[0] = uint16(v)
-	default:
-		device.HostSlice[uint32](p+uintptr(4*k), 1)[0] = v
-	}
-}
-
 // twinFillValue is goep_coll_fill_value: element i of rank's generated
 // data.
 func twinFillValue(dt DataType, fill, seed, rank uint32, i uint64) uint32 {
@@ -751,6 +779,7 @@ func twinCheck(l *device.HostLaunch) error {
 	world, rank, n, out := a.GetU32(7), a.GetU32(8), a.GetU64(9), a.GetPtr(10)
 	var bad uint64
 	first := uint64(math.MaxUint64)
+	got := twinLoadAll(dt, buf, count)
 	for i := range count {
 		var want uint32
 		switch kind {
@@ -761,7 +790,7 @@ func twinCheck(l *device.HostLaunch) error {
 		default:
 			want = twinExpectedReduce(dt, op, fill, seed, world, i)
 		}
-		if twinLdElem(buf, i, dt) != want {
+		if got[i] != want {
 			bad++
 			first = min(first, i)
 		}

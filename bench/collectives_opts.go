@@ -14,7 +14,6 @@ import (
 	"github.com/goep-dev/goep/collectives"
 	"github.com/goep-dev/goep/collectives/ref"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func init() {

@@ -18,7 +18,6 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internal/nvrtc"
 	"github.com/goep-dev/goep/kernels"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func init() {
@@ -205,6 +204,13 @@ func (d *doctor) listGPUs() {
 // checkJIT compiles every module cold into a scratch cache and loads it back
 // warm (rank 0 only), then runs the pattern kernels on this rank's device.
 func (d *doctor) checkJIT() {
+	// The packages that launch the kernels register their modules: this
+	// binary must link every one of them.
+	if err := kernels.CheckRegistry(); err != nil {
+		d.r.fail("jit", "modules", "%v", err)
+	} else {
+		d.r.ok("jit", "modules", "%d modules, every embedded source registered", len(kernels.Modules()))
+	}
 	if !d.haveJIT {
 		d.r.skip("jit", "compile", "no NVRTC")
 		return
@@ -314,7 +320,7 @@ func fillAndCheck(dev device.Device, n int, seed uint32) (uint64, error) {
 }
 
 func fill(dev device.Device, p uintptr, n int, seed uint32) error {
-	if err := dev.Launch("goep_fill_pattern", device.D1(264), device.D1(512), 0, nil,
+	if err := dev.Launch(device.KernelFillPattern, device.D1(264), device.D1(512), 0, nil,
 		device.NewArgs(3).Ptr(p).U64(uint64(n)).U32(seed)); err != nil {
 		return err
 	}
@@ -331,7 +337,7 @@ func countMismatches(dev device.Device, p uintptr, n int, seed uint32) (uint64, 
 	if err := dev.CopyIn(cnt.Ptr, make([]byte, 8)); err != nil {
 		return 0, err
 	}
-	if err := dev.Launch("goep_check_pattern", device.D1(264), device.D1(512), 0, nil,
+	if err := dev.Launch(device.KernelCheckPattern, device.D1(264), device.D1(512), 0, nil,
 		device.NewArgs(4).Ptr(p).U64(uint64(n)).U32(seed).Ptr(cnt.Ptr)); err != nil {
 		return 0, err
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/collectives/plan/dsl"
-	"github.com/goep-dev/goep/collectives/plan/gpu"
+	"github.com/goep-dev/goep/collectives/plan/plantest"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -23,7 +23,7 @@ func init() {
 }
 
 // planExecutor is what `ep-bench plan` drives on the host backend (the
-// host interpreter); on GPUs planSize runs collectives/plan/gpu.Check.
+// host interpreter); on GPUs planSize runs collectives/plan/plantest.Check.
 type planExecutor interface {
 	World() int
 	Resolved(rank int) *plan.Resolved
@@ -201,7 +201,7 @@ func planSize(ctx context.Context, kind device.Kind, p *plan.Plan, size uint64, 
 		if err != nil {
 			return planRow{}, err
 		}
-		res, err := gpu.Check(ctx, p, size, dt, cfg.Packet, iters)
+		res, err := plantest.Check(ctx, p, size, dt, cfg.Packet, iters)
 		if err != nil {
 			return planRow{}, err
 		}

@@ -11,7 +11,6 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func TestSizeHints(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -185,7 +186,7 @@ func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value ui
 	}
 	args := device.NewArgs(2).Ptr(dst.Ptr() + uintptr(dstOff)).U64(value)
 	k.enqueued.Add(1)
-	if err := k.c.dev.Launch("goep_proxy_atomic_add", device.D1(1), device.D1(1), 0, stream, args); err != nil {
+	if err := k.c.dev.Launch(devapi.KernelProxyAtomicAdd, device.D1(1), device.D1(1), 0, stream, args); err != nil {
 		return k.errorf("atomic add: %w", err)
 	}
 	return nil

@@ -93,7 +93,7 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	// Load the atomic-add kernel now rather than at the first atomic add,
 	// which would otherwise wait for NVRTC (or the kernel cache) inside the
 	// proxy loop. A failure here shows again, with context, at that launch.
-	_ = c.dev.Preload("goep_proxy_atomic_add")
+	_ = c.dev.Preload(devapi.KernelProxyAtomicAdd)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(); err != nil {

@@ -19,5 +19,5 @@
 // rank of an allreduce holds the same bits.
 //
 // On the host backend (no GPU) the same code runs with the kernels' Go
-// twins (kernels/twins): import kernels/twins there.
+// twins (twins.go), which this package registers with its kernel modules.
 package collectives

@@ -18,7 +18,6 @@ import (
 	"github.com/goep-dev/goep/collectives/internal/fakenccl"
 	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 // world is a set of goroutine ranks: the host backend always (CI), GPUs

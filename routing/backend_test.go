@@ -16,7 +16,6 @@ import (
 
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/kernels"
-	_ "github.com/goep-dev/goep/kernels/twins"
 	"github.com/goep-dev/goep/routing"
 )
 

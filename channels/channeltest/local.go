@@ -30,34 +30,15 @@ func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config
 // RunLocalOn is RunLocal with rank r on device (kind, ordinal(r)): several
 // ranks may share a GPU (their kernels then run side by side on it).
 func RunLocalOn(ctx context.Context, kind device.Kind, n int, ordinal func(rank int) int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
-	errs := make([]error, n)
-	bss, err := bootstrap.NewInProcess(n, cfg)
-	if err != nil {
-		for r := range errs {
-			errs[r] = err
+	return bootstrap.RunInProcess(ctx, n, cfg, func(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
+		r := bs.Rank()
+		dev, err := device.Open(kind, ordinal(r))
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
 		}
-		return errs
-	}
-	var wg sync.WaitGroup
-	for r, bs := range bss {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = runRank(ctx, kind, r, ordinal(r), bs, fn)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
-func runRank(ctx context.Context, kind device.Kind, r, ordinal int, bs bootstrap.Bootstrap, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) (err error) {
-	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(kind, ordinal)
-	if err != nil {
-		return fmt.Errorf("rank %d: %w", r, err)
-	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
-	return fn(ctx, bs, dev)
+		defer func() { err = errors.Join(err, dev.Close()) }()
+		return fn(ctx, bs, dev)
+	})
 }
 
 // RunRanks runs fn on n goroutine ranks, each with a communicator (ccfg)

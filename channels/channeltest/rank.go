@@ -4,8 +4,8 @@
 // or one process per GPU). Every check is collective: all ranks call it with
 // the same arguments, in the same order, and each returns what it found
 // wrong on its side. The kernels it launches are in
-// kernels/channel_kernels.cu; import kernels/twins to run on the host
-// backend.
+// kernels/channel_kernels.cu and port_kernels.cu; package channels registers
+// them and their host-backend twins.
 package channeltest
 
 import (
@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -232,7 +233,7 @@ func (r *Rank) readOut(words int) ([]uint64, error) {
 // bytes of the source region (rounded up to whole words).
 func (r *Rank) fill(seed uint32, bytes int) error {
 	words := uint64(bytes+3) / 4
-	return r.launch("goep_fill_pattern", 132, 512, device.NewArgs(3).Ptr(r.Buf.Ptr).U64(words).U32(seed))
+	return r.launch(device.KernelFillPattern, 132, 512, device.NewArgs(3).Ptr(r.Buf.Ptr).U64(words).U32(seed))
 }
 
 // poison sets [off, off+n) of the buffer to the guard byte.
@@ -246,7 +247,7 @@ func (r *Rank) compare(got, want uintptr, n, before, after int) (bad, trampled u
 	if err := r.clearOut(2); err != nil {
 		return 0, 0, err
 	}
-	if err := r.launch("goep_chan_compare", 264, 512, device.NewArgs(7).Ptr(got).Ptr(want).U64(uint64(n)).
+	if err := r.launch(devapi.KernelChanCompare, 264, 512, device.NewArgs(7).Ptr(got).Ptr(want).U64(uint64(n)).
 		U32(guardByte).U64(uint64(before)).U64(uint64(after)).Ptr(r.out.Ptr)); err != nil {
 		return 0, 0, err
 	}

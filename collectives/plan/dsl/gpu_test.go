@@ -9,7 +9,7 @@ import (
 
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/collectives/plan/dsl"
-	"github.com/goep-dev/goep/collectives/plan/gpu"
+	"github.com/goep-dev/goep/collectives/plan/plantest"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -48,7 +48,7 @@ func TestBuiltinsGPU(t *testing.T) {
 						dt = plan.FP32
 					}
 					ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-					res, err := gpu.CheckOn(ctx, pl, size, dt, plan.LL16, *gpuIters, gpus)
+					res, err := plantest.CheckOn(ctx, pl, size, dt, plan.LL16, *gpuIters, gpus)
 					cancel()
 					if err != nil {
 						t.Fatalf("size %d %s: %v", size, dt, err)

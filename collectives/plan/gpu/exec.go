@@ -10,6 +10,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
 )
 
 // Executor runs plans on this rank's GPU over a channels communicator. All
@@ -161,9 +162,19 @@ func (lc *launchContext) free() error {
 	return errors.Join(errs...)
 }
 
+// kernelByType names the interpreter of each element type
+// (kernels/plan_exec.cu, module "plan").
 var kernelByType = map[plan.DataType]string{
 	plan.BF16: "goep_plan_exec_bf16", plan.FP16: "goep_plan_exec_fp16",
 	plan.FP32: "goep_plan_exec_fp32", plan.Int32: "goep_plan_exec_int32",
+}
+
+func init() {
+	var names []string
+	for _, dt := range []plan.DataType{plan.BF16, plan.FP16, plan.FP32, plan.Int32} {
+		names = append(names, kernelByType[dt])
+	}
+	kernels.Register(kernels.Module{Name: "plan", File: "plan_exec.cu", Kernels: names})
 }
 
 func (lc *launchContext) launch(dt plan.DataType, s device.Stream) error {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/goep-dev/goep/collectives/plan"
-	"github.com/goep-dev/goep/collectives/plan/gpu"
+	"github.com/goep-dev/goep/collectives/plan/plantest"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -103,7 +103,7 @@ func runPlanOn(t *testing.T, p *plan.Plan, size uint64, dt plan.DataType, pk pla
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := gpu.CheckOn(ctx, p, size, dt, pk, *planIters, gpus)
+	res, err := plantest.CheckOn(ctx, p, size, dt, pk, *planIters, gpus)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package twins
+package channels
 
 import (
 	"time"
@@ -10,7 +10,7 @@ import (
 
 // Twins of kernels/port_kernels.cu and kernels/proxy_kernels.cu, written in
 // devapi's port channel API. Blocks run one after another and threads of a
-// block collapse into one loop, as in channels.go.
+// block collapse into one loop, as in twins.go.
 
 func portAt(base uintptr, i uint32) devapi.PortChannel {
 	p := base + uintptr(i)*devapi.PortChannelSize
@@ -22,33 +22,30 @@ func portSeed(seed, rank, i uint32) uint32 {
 	return seed ^ (rank * 0x9e3779b9) ^ (i * 0x85ebca6b) ^ 0x27d4eb2f
 }
 
-// PortByte is goep_port_byte: byte j of the port checks' pattern with seed s.
-func PortByte(s uint32, j uint64) byte { return byte(kernels.PatternValue(j>>2, s) >> (8 * (j & 3))) }
+// portByte is goep_port_byte: byte j of the port checks' pattern with seed s.
+func portByte(s uint32, j uint64) byte { return byte(kernels.PatternValue(j>>2, s) >> (8 * (j & 3))) }
 
-// PortSeed is goep_port_seed, for checks that compute expected values.
-func PortSeed(seed, rank, i uint32) uint32 { return portSeed(seed, rank, i) }
-
-// PortAddValue is goep_port_add_value.
-func PortAddValue(s uint32, i uint64) uint64 {
+// portAddValue is goep_port_add_value.
+func portAddValue(s uint32, i uint64) uint64 {
 	return uint64(kernels.PatternValue(2*i, s)) | uint64(kernels.PatternValue(2*i+1, s))<<32
 }
 
 func init() {
 	// goep_proxy_atomic_add(u64* p, u64 v)
-	device.RegisterHostKernel("goep_proxy_atomic_add", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelProxyAtomicAdd, func(l *device.HostLaunch) error {
 		devapi.U64(l.Args.GetPtr(0)).Add(l.Args.GetU64(1))
 		return nil
 	})
-	device.RegisterHostKernel("goep_port_stream", portStreamTwin)
+	device.RegisterHostKernel(devapi.KernelPortStream, portStreamTwin)
 	// goep_port_atomic_storm(chans, u32 n, u32 me, u64 adds, u64 counter_off, u32 ncounters, u32 seed, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_port_atomic_storm", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelPortAtomicStorm, func(l *device.HostLaunch) error {
 		a := l.Args
 		n, me, adds, off, nc, stage, out := a.GetU32(1), a.GetU32(2), a.GetU64(3), a.GetU64(4), uint64(a.GetU32(5)), a.GetU32(7), a.GetPtr(8)
 		s := portSeed(a.GetU32(6), me, 0)
 		for i := uint64(0); i < adds; i++ {
 			peer := (me + 1 + uint32(i%uint64(n-1))) % n
 			ch := portAt(a.GetPtr(0), peer)
-			if !devapi.PortAtomicAdd(ch, ch.Dst, off+8*((i/uint64(n-1))%nc), PortAddValue(s, i), stage) {
+			if !devapi.PortAtomicAdd(ch, ch.Dst, off+8*((i/uint64(n-1))%nc), portAddValue(s, i), stage) {
 				devapi.U64(out).Add(1)
 				return nil
 			}
@@ -56,7 +53,7 @@ func init() {
 		return nil
 	})
 	// goep_port_flush_all(chans, u32 n, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_port_flush_all", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelPortFlushAll, func(l *device.HostLaunch) error {
 		a := l.Args
 		for t := range min(a.GetU32(1), uint32(blocks(l.Grid)*max(l.Block.X, 1))) {
 			ch := portAt(a.GetPtr(0), t)
@@ -67,7 +64,7 @@ func init() {
 		return nil
 	})
 	// goep_port_pingpong(chans, u32 idx, u64 iters, u32 initiator, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_port_pingpong", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelPortPingPong, func(l *device.HostLaunch) error {
 		a := l.Args
 		ch, iters, initiator, stage, out := portAt(a.GetPtr(0), a.GetU32(1)), a.GetU64(2), a.GetU32(3) != 0, a.GetU32(4), a.GetPtr(5)
 		var done uint64
@@ -89,7 +86,7 @@ func init() {
 		return nil
 	})
 	// goep_port_put_bench(chans, u32 idx, u64 dst_off, u64 src_off, u64 bytes, u32 iters, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_port_put_bench", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelPortPutBench, func(l *device.HostLaunch) error {
 		a := l.Args
 		ch, dst, src, n, iters, stage, out := portAt(a.GetPtr(0), a.GetU32(1)), a.GetU64(2), a.GetU64(3), a.GetU64(4), a.GetU32(5), a.GetU32(6), a.GetPtr(7)
 		start := time.Now()
@@ -103,7 +100,7 @@ func init() {
 		return nil
 	})
 	// goep_port_atomic_rate(chans, u32 idx, u64 adds, u64 counter_off, u32 ncounters, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_port_atomic_rate", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelPortAtomicRate, func(l *device.HostLaunch) error {
 		a := l.Args
 		ch, adds, off, nc, stage, out := portAt(a.GetPtr(0), a.GetU32(1)), a.GetU64(2), a.GetU64(3), uint64(a.GetU32(4)), a.GetU32(5), a.GetPtr(6)
 		start := time.Now()
@@ -118,7 +115,7 @@ func init() {
 		return nil
 	})
 	// goep_port_signal_burst(chans, u32 idx, u32 count, u32 flush, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_port_signal_burst", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelPortSignalBurst, func(l *device.HostLaunch) error {
 		a := l.Args
 		ch, count, flush, stage, out := portAt(a.GetPtr(0), a.GetU32(1)), a.GetU32(2), a.GetU32(3) != 0, a.GetU32(4), a.GetPtr(5)
 		var pushed uint64
@@ -153,7 +150,7 @@ func portStreamTwin(l *device.HostLaunch) error {
 		mine, theirs := portSeed(seed, me, i), portSeed(seed, from, i)
 		src := devapi.Bytes(local+uintptr(soff), size)
 		for j := range src {
-			src[j] = PortByte(mine, uint64(j))
+			src[j] = portByte(mine, uint64(j))
 		}
 		var ok bool
 		switch flavour {
@@ -173,7 +170,7 @@ func portStreamTwin(l *device.HostLaunch) error {
 			break
 		}
 		for j, b := range devapi.Bytes(local+uintptr(doff), size) {
-			if b != PortByte(theirs, uint64(j)) {
+			if b != portByte(theirs, uint64(j)) {
 				bad++
 			}
 		}

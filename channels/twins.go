@@ -1,4 +1,4 @@
-package twins
+package channels
 
 import (
 	"bytes"
@@ -9,8 +9,9 @@ import (
 	"github.com/goep-dev/goep/kernels"
 )
 
-// Twins of kernels/channel_kernels.cu, written in devapi, the Go mirror of
-// the channel device API. A twin runs the whole grid in one goroutine:
+// The channel modules this package registers (kernel names in devapi), and
+// the host twins of kernels/channel_kernels.cu, written in devapi, the Go
+// mirror of the channel device API. A twin runs the whole grid in one goroutine:
 // block b's work follows block a's for a < b, which is one of the orders the
 // GPU may pick; every kernel here is correct under any order of its blocks.
 
@@ -27,8 +28,21 @@ func semAt(base uintptr, stride, i uint32) devapi.Semaphore {
 }
 
 func init() {
+	kernels.Register(kernels.Module{Name: "channels", File: "channel_kernels.cu", Kernels: []string{
+		devapi.KernelChanPut, devapi.KernelChanGet, devapi.KernelChanSemSignal, devapi.KernelChanSemWait,
+		devapi.KernelChanPingPong, devapi.KernelChanLLExchange, devapi.KernelChanLLPattern, devapi.KernelChanPutAll,
+		devapi.KernelChanCompare, devapi.KernelChanWaitValue,
+	}})
+	kernels.Register(kernels.Module{Name: "port", File: "port_kernels.cu", Kernels: []string{
+		devapi.KernelPortStream, devapi.KernelPortAtomicStorm, devapi.KernelPortFlushAll, devapi.KernelPortPingPong,
+		devapi.KernelPortPutBench, devapi.KernelPortAtomicRate, devapi.KernelPortSignalBurst,
+	}})
+	kernels.Register(kernels.Module{Name: "proxy", File: "proxy_kernels.cu", Kernels: []string{devapi.KernelProxyAtomicAdd}})
+	// sem_lab.cu has no twin: it measures GPU latencies (TestSemaphoreLatencyLab).
+	kernels.Register(kernels.Module{Name: "semlab", File: "sem_lab.cu", Kernels: []string{devapi.KernelSemLabPingPong}})
+
 	// goep_chan_put(chans, u32 idx, u64 dst_off, u64 src_off, u64 bytes, u32 signal)
-	device.RegisterHostKernel("goep_chan_put", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelChanPut, func(l *device.HostLaunch) error {
 		a := l.Args
 		ch := channelAt(a.GetPtr(0), a.GetU32(1))
 		devapi.Copy(ch.Remote+uintptr(a.GetU64(2)), ch.Local+uintptr(a.GetU64(3)), a.GetU64(4))
@@ -40,14 +54,14 @@ func init() {
 		return nil
 	})
 	// goep_chan_get(chans, u32 idx, u64 remote_off, u64 local_off, u64 bytes)
-	device.RegisterHostKernel("goep_chan_get", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelChanGet, func(l *device.HostLaunch) error {
 		a := l.Args
 		ch := channelAt(a.GetPtr(0), a.GetU32(1))
 		devapi.Copy(ch.Local+uintptr(a.GetU64(3)), ch.Remote+uintptr(a.GetU64(2)), a.GetU64(4))
 		return nil
 	})
 	// goep_chan_sem_signal(handles, u32 stride, u32 first, u32 count, u32 relaxed)
-	device.RegisterHostKernel("goep_chan_sem_signal", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelChanSemSignal, func(l *device.HostLaunch) error {
 		a := l.Args
 		for b := range blocks(l.Grid) {
 			s := semAt(a.GetPtr(0), a.GetU32(1), a.GetU32(2)+uint32(b))
@@ -58,17 +72,17 @@ func init() {
 		return nil
 	})
 	// goep_chan_sem_wait(handles, u32 stride, u32 first, u32 count, u32 mode, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_chan_sem_wait", semWaitTwin)
+	device.RegisterHostKernel(devapi.KernelChanSemWait, semWaitTwin)
 	// goep_chan_pingpong(chans, u32 idx, u64 iters, u32 initiator, u32 with_data, u32 relaxed, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_chan_pingpong", pingpongTwin)
+	device.RegisterHostKernel(devapi.KernelChanPingPong, pingpongTwin)
 	// goep_chan_ll_exchange(chans, u32 send_idx, u32 recv_idx, u32 proto, u64 src_off, u64 dst_off, u64 bytes,
 	//                       u64 pkt_half, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_chan_ll_exchange", llExchangeTwin)
+	device.RegisterHostKernel(devapi.KernelChanLLExchange, llExchangeTwin)
 	// goep_chan_ll_pattern(chans, u32 send_idx, u32 recv_idx, u32 proto, u32 me, u64 words, u64 pkt_off,
 	//                      u64 pkt_half, u32 seed, u32 iters, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_chan_ll_pattern", llPatternTwin)
+	device.RegisterHostKernel(devapi.KernelChanLLPattern, llPatternTwin)
 	// goep_chan_put_all(chans, u32 nchans, u64 bytes, u64 src_stride, u64 dst_off)
-	device.RegisterHostKernel("goep_chan_put_all", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelChanPutAll, func(l *device.HostLaunch) error {
 		a := l.Args
 		n, stride, dstOff := a.GetU64(2), a.GetU64(3), a.GetU64(4)
 		for p := range a.GetU32(1) {
@@ -80,9 +94,9 @@ func init() {
 		return nil
 	})
 	// goep_chan_compare(const u8* got, const u8* want, u64 n, u32 guard, u64 before, u64 after, u64* out)
-	device.RegisterHostKernel("goep_chan_compare", compareTwin)
+	device.RegisterHostKernel(devapi.KernelChanCompare, compareTwin)
 	// goep_chan_wait_value(const u64* p, u64 target, goep_watchdog* wd, u32 id, u32 peer, u32 stage, u64* out)
-	device.RegisterHostKernel("goep_chan_wait_value", func(l *device.HostLaunch) error {
+	device.RegisterHostKernel(devapi.KernelChanWaitValue, func(l *device.HostLaunch) error {
 		a := l.Args
 		ok := devapi.WaitGE64(a.GetPtr(0), a.GetU64(1), a.GetPtr(2), a.GetU32(3), a.GetU32(4), a.GetU32(5))
 		devapi.U64(a.GetPtr(6)).Store(b2u(ok))

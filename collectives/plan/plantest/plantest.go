@@ -1,8 +1,13 @@
-package gpu
+// Package plantest runs execution plans on GPUs as the tests and `ep-bench
+// plan` do: every rank's output checked against the collective's
+// definition, then timed. It is test support, imported by no product
+// package.
+package plantest
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,8 +15,8 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
-	"github.com/goep-dev/goep/channels/channeltest"
 	"github.com/goep-dev/goep/collectives/plan"
+	"github.com/goep-dev/goep/collectives/plan/gpu"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -53,15 +58,20 @@ func CheckOn(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, p
 	got := make([][]byte, W)
 	orig := make([][]byte, W)
 	times := make([]time.Duration, W)
-	errs := channeltest.RunLocalOn(ctx, device.CUDA, W, func(r int) int { return r % gpus }, bootstrap.Config{Timeout: time.Minute},
-		func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) (err error) {
+	errs := bootstrap.RunInProcess(ctx, W, bootstrap.Config{Timeout: time.Minute},
+		func(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
 			me := bs.Rank()
+			dev, err := device.Open(device.CUDA, me%gpus)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, dev.Close()) }()
 			comm, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: 20 * time.Second}})
 			if err != nil {
 				return err
 			}
 			defer comm.Close()
-			x := NewExecutor(comm)
+			x := gpu.NewExecutor(comm)
 			defer x.Close()
 			r := res[me]
 			var send, recv device.Buffer
@@ -98,7 +108,7 @@ func CheckOn(ctx context.Context, p *plan.Plan, size uint64, dt plan.DataType, p
 			} else {
 				in, out = make([]byte, r.InputBytes), whole[:r.OutputBytes]
 			}
-			a := Args{Plan: p, Bytes: size, InPlace: p.InPlace, Send: send, Recv: recv, DType: dt, Packet: pk}
+			a := gpu.Args{Plan: p, Bytes: size, InPlace: p.InPlace, Send: send, Recv: recv, DType: dt, Packet: pk}
 			for launch := 0; launch < 2; launch++ {
 				plan.FillSmallInt(dt, me, size*7+uint64(launch), in)
 				mu.Lock()

@@ -1,9 +1,8 @@
-package twins
+package intranode
 
 import (
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
-	"github.com/goep-dev/goep/intranode"
 	"github.com/goep-dev/goep/kernels"
 )
 
@@ -14,31 +13,31 @@ import (
 // visible after the matching acquire, as on the GPU), and waits bounded by
 // the same goep_watchdog (devapi). A twin whose wait gives up returns nil
 // after the record is written, like the kernel, which just exits; the host
-// reads the record (intranode.Rank.Check).
+// reads the record (Rank.Check).
 //
-// A launch's blocks add shares summing to intranode.ArrivalUnit to each
+// A launch's blocks add shares summing to ArrivalUnit to each
 // peer's counter; a twin adds the whole unit at once.
 func init() {
-	device.RegisterHostKernel(intranode.KernelNotify, notifyTwin)
-	device.RegisterHostKernel(intranode.KernelDispatch, dispatchTwin)
-	device.RegisterHostKernel(intranode.KernelDispatchWide, dispatchTwin)
-	device.RegisterHostKernel(intranode.KernelDispatchTMA, dispatchTMATwin)
-	device.RegisterHostKernel(intranode.KernelCombine, combineTwin)
-	device.RegisterHostKernel(intranode.KernelCopyRows, copyRowsTwin)
+	device.RegisterHostKernel(KernelNotify, notifyTwin)
+	device.RegisterHostKernel(KernelDispatch, dispatchTwin)
+	device.RegisterHostKernel(KernelDispatchWide, dispatchTwin)
+	device.RegisterHostKernel(KernelDispatchTMA, dispatchTMATwin)
+	device.RegisterHostKernel(KernelCombine, combineTwin)
+	device.RegisterHostKernel(KernelCopyRows, copyRowsTwin)
 }
 
 // inCtrl addresses the control block of one workspace.
 type inCtrl uintptr
 
-func (c inCtrl) epoch(kind int) uintptr { return uintptr(c) + uintptr(intranode.EpochOffset(kind)) }
+func (c inCtrl) epoch(kind int) uintptr { return uintptr(c) + uintptr(EpochOffset(kind)) }
 func (c inCtrl) arrive(kind, src int) uintptr {
-	return uintptr(c) + uintptr(intranode.ArriveOffset(kind, src))
+	return uintptr(c) + uintptr(ArriveOffset(kind, src))
 }
 func (c inCtrl) entered(kind, src int) uintptr {
-	return uintptr(c) + uintptr(intranode.EnteredOffset(kind, src))
+	return uintptr(c) + uintptr(EnteredOffset(kind, src))
 }
 func (c inCtrl) combineInput(src int) uintptr {
-	return uintptr(c) + uintptr(intranode.CombineInputOffset(src))
+	return uintptr(c) + uintptr(CombineInputOffset(src))
 }
 
 // inGroup is what every twin needs: the peer workspaces and this rank.
@@ -94,10 +93,10 @@ func (g inGroup) waitEntered(kind int, e uint64, stage uint32) bool {
 // every rank's.
 func (g inGroup) arrive(kind int, e uint64, stage uint32) bool {
 	for d := range g.peers {
-		devapi.U64(g.ctrl(d).arrive(kind, g.rank)).Add(intranode.ArrivalUnit)
+		devapi.U64(g.ctrl(d).arrive(kind, g.rank)).Add(ArrivalUnit)
 	}
 	for s := range g.peers {
-		if !devapi.WaitGE64(g.own().arrive(kind, s), e*intranode.ArrivalUnit, g.wd, g.waitID, uint32(s), stage) {
+		if !devapi.WaitGE64(g.own().arrive(kind, s), e*ArrivalUnit, g.wd, g.waitID, uint32(s), stage) {
 			return false
 		}
 	}
@@ -118,7 +117,7 @@ func notifyTwin(l *device.HostLaunch) error {
 	ranks, rank, align := int(a.GetI32(8)), int(a.GetI32(9)), int(a.GetI32(10))
 	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(18), a.GetU32(19))
 	le := experts / ranks
-	e := g.nextEpoch(intranode.KindNotify)
+	e := g.nextEpoch(KindNotify)
 	parity := int(e & 1)
 
 	ids := device.HostSlice[int64](a.GetPtr(4), t*k)
@@ -149,7 +148,7 @@ func notifyTwin(l *device.HostLaunch) error {
 		copy(device.HostSlice[int32](p+offCounts, 2*ranks*ranks)[(parity*ranks+rank)*ranks:], row)
 		copy(device.HostSlice[int32](p+offEC, 2*ranks*le)[(parity*ranks+rank)*le:], perExpert[d*le:(d+1)*le])
 	}
-	if !g.arrive(intranode.KindNotify, e, intranode.StageNotifyBarrier) {
+	if !g.arrive(KindNotify, e, StageNotifyBarrier) {
 		return nil
 	}
 	m := device.HostSlice[int32](g.peers[rank]+offCounts, 2*ranks*ranks)[parity*ranks*ranks:]
@@ -186,7 +185,7 @@ func notifyTwin(l *device.HostLaunch) error {
 	if p := a.GetPtr(15); p != 0 {
 		devapi.U32(p).Store(uint32(total)) // last: the host polls it
 	}
-	g.finish(intranode.KindNotify, e)
+	g.finish(KindNotify, e)
 	return nil
 }
 
@@ -215,9 +214,9 @@ func dispatchRows(a *device.Args, wdArg int) error {
 	le, rowBytes, ns := int64(a.GetI32(17)), int(a.GetI32(18)), int(a.GetI32(19))
 	skipEntry := a.GetI32(21) != 0
 	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(wdArg), a.GetU32(wdArg+1))
-	e := g.nextEpoch(intranode.KindDispatch)
-	g.announce(intranode.KindDispatch, e)
-	if !skipEntry && !g.waitEntered(intranode.KindDispatch, e, intranode.StageDispatchEntry) {
+	e := g.nextEpoch(KindDispatch)
+	g.announce(KindDispatch, e)
+	if !skipEntry && !g.waitEntered(KindDispatch, e, StageDispatchEntry) {
 		return nil
 	}
 	x := device.HostSlice[byte](a.GetPtr(7), t*rowBytes)
@@ -265,10 +264,10 @@ func dispatchRows(a *device.Args, wdArg int) error {
 			}
 		}
 	}
-	if !g.arrive(intranode.KindDispatch, e, intranode.StageDispatchArrival) {
+	if !g.arrive(KindDispatch, e, StageDispatchArrival) {
 		return nil
 	}
-	g.finish(intranode.KindDispatch, e)
+	g.finish(KindDispatch, e)
 	return nil
 }
 
@@ -289,13 +288,13 @@ func combineTwin(l *device.HostLaunch) error {
 	offY, offW := a.GetU64(2), a.GetU64(3)
 	t, k, ranks, rank, h := int(a.GetI32(10)), int(a.GetI32(11)), int(a.GetI32(12)), int(a.GetI32(13)), int(a.GetI32(14))
 	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(16), a.GetU32(17))
-	e := g.nextEpoch(intranode.KindCombine)
+	e := g.nextEpoch(KindCombine)
 	for d := range g.peers {
 		desc := g.ctrl(d).combineInput(rank)
 		devapi.U64(desc).Store(offY)
 		devapi.U64(desc + 8).Store(offW)
 	}
-	if !g.enter(intranode.KindCombine, e, intranode.StageCombineEntry) {
+	if !g.enter(KindCombine, e, StageCombineEntry) {
 		return nil
 	}
 	ys := make([]uintptr, ranks)
@@ -303,7 +302,7 @@ func combineTwin(l *device.HostLaunch) error {
 	for d, p := range g.peers {
 		desc := g.own().combineInput(d)
 		ys[d] = p + uintptr(devapi.U64(desc).Load())
-		if o := devapi.U64(desc + 8).Load(); o != intranode.NoOffset {
+		if o := devapi.U64(desc + 8).Load(); o != NoOffset {
 			ws[d] = p + uintptr(o)
 		}
 	}
@@ -355,10 +354,10 @@ func combineTwin(l *device.HostLaunch) error {
 	}
 	// Done reading every peer's input; wait until every rank is done with
 	// this rank's.
-	if !g.arrive(intranode.KindCombine, e, intranode.StageCombineArrival) {
+	if !g.arrive(KindCombine, e, StageCombineArrival) {
 		return nil
 	}
-	g.finish(intranode.KindCombine, e)
+	g.finish(KindCombine, e)
 	return nil
 }
 

@@ -1,4 +1,4 @@
-package twins_test
+package routing_test
 
 import (
 	"encoding/binary"
@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 	"github.com/goep-dev/goep/routing"
 )
 

@@ -1,5 +1,6 @@
 // Package bench is the ep-bench command line: every subcommand checks its
 // results against a reference before it times anything.
+
 package bench
 
 import (

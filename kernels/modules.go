@@ -17,6 +17,7 @@
 // wants it says so in Module.Options) and -default-device (every device
 // function is annotated; an unannotated helper should fail to compile rather
 // than silently become device code).
+
 package kernels
 
 import (

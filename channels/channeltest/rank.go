@@ -6,6 +6,7 @@
 // wrong on its side. The kernels it launches are in
 // kernels/channel_kernels.cu and port_kernels.cu; package channels registers
 // them and their host-backend twins.
+
 package channeltest
 
 import (

@@ -4,6 +4,7 @@
 // stage numbers of timeout records, and the kernel names. The launchers in
 // package collectives and its host-backend twins (twins.go) both use
 // it; a test compiles these constants against the header with NVRTC.
+
 package abi
 
 import "encoding/binary"

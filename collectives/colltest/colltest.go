@@ -9,6 +9,7 @@
 // goep_coll_fill, outputs are compared with the plain-Go reference on the
 // host (every element up to HostLimit bytes, a sample beyond) and by
 // goep_coll_check on the device (every element, any size).
+
 package colltest
 
 import (

@@ -20,6 +20,7 @@
 // the given CUDA context (a primary context, as internal/cuda uses) current
 // on the calling thread inside the same C call, so goroutines may move
 // between threads; NCCL's runtime then uses that context's device.
+
 package nccl
 
 /*

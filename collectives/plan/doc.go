@@ -1,6 +1,5 @@
-// Package plan loads, validates and runs MSCCL++ execution plans: the JSON
-// the MSCCL++ DSL writes (format notes: /work/shared/reference/plan-format.md
-// in the project's shared tree).
+// Package plan loads MSCCL++ execution plans, validates and resolves them, runs
+// them on the host interpreter, and picks one per call (Registry).
 //
 // Layers, each in its own files:
 //

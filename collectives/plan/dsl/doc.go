@@ -1,16 +1,5 @@
-// Package dsl writes MSCCL++ execution plans in Go: a program names a
-// collective, its ranks and protocol, cuts the input, output and scratch
-// buffers into chunks, creates channels between rank pairs explicitly and
-// records operations on threadblocks (put, get, copy, reduce, packets,
-// signal, wait, flush, barriers, semaphores, pipelines). Compile replicates
-// the program into instances, checks that every chunk written is never read
-// or written again by another threadblock or rank without a synchronisation
-// in between (and that every wait has its signal), fuses adjacent
-// operations the format can express as one, inserts the block barriers the
-// GPU interpreter needs, and writes the plan JSON that plan.Parse accepts
-// (and MSCCL++'s executor reads). Builtin programs cover the classic
-// algorithms; Register puts compiled programs into a plan.Registry with a
-// selector, as MSCCL++'s register_plan and set_selector do.
+// Package dsl writes execution plans in Go: programs of chunks, channels and
+// operations, checked for races and compiled to the MSCCL++ plan format.
 //
 // Ops also carry what the GPU interpreter needs and a program should not
 // have to say: block barriers (nop) between ops of a block that depend on

@@ -2,6 +2,7 @@
 // plan` do: every rank's output checked against the collective's
 // definition, then timed. It is test support, imported by no product
 // package.
+
 package plantest
 
 import (

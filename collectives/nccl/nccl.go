@@ -24,7 +24,6 @@ package nccl
 
 /*
 #cgo CFLAGS: -O2
-#cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -34,11 +33,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 // EnvLibrary pins the library to one file.
@@ -54,6 +53,16 @@ var ErrNotFound = errors.New("NCCL not found")
 type Library struct {
 	Path    string // what was dlopened
 	Version int    // ncclGetVersion, e.g. 22809 for 2.28.9
+	dl      *dl.Library
+}
+
+// Sym resolves another entry point of the loaded library (for callers that
+// forward NCCL calls goep does not wrap).
+func (l *Library) Sym(name string) (unsafe.Pointer, error) {
+	if l == nil {
+		return nil, errors.New("nccl: no library")
+	}
+	return l.dl.Sym(name)
 }
 
 // VersionString formats Version as major.minor.patch.
@@ -74,8 +83,19 @@ var (
 // Load finds and opens NCCL once per process; later calls return the first
 // result.
 func Load() (*Library, error) {
-	loadOnce.Do(func() { loaded, loadErr = load(os.Getenv, filepath.Glob, os.UserHomeDir) })
+	loadOnce.Do(func() { loaded, loadErr = load(searchSpec, dl.OSEnv()) })
 	return loaded, loadErr
+}
+
+// searchSpec is where Load looks after $GOEP_NCCL: the dynamic loader's
+// search path first (a system installation), then CUDA_HOME/CUDA_PATH,
+// /usr/local/cuda and pip wheels (nvidia-nccl-cu12, -cu13).
+var searchSpec = dl.Spec{
+	EnvVar:       EnvLibrary,
+	File:         Soname,
+	Sonames:      []string{Soname},
+	SonamesFirst: true,
+	WheelDirs:    []string{"nvidia/nccl/lib"},
 }
 
 // GuardNVLS enforces the no-multicast rule on the process environment (see
@@ -97,94 +117,53 @@ func GuardNVLS() error {
 	return nil
 }
 
-func load(getenv func(string) string, glob func(string) ([]string, error), home func() (string, error)) (*Library, error) {
+func load(spec dl.Spec, env dl.Env) (*Library, error) {
 	if err := GuardNVLS(); err != nil {
 		return nil, err
 	}
-	var tried []string
-	try := func(path string) (*Library, bool) {
-		cpath := C.CString(path)
-		defer C.free(unsafe.Pointer(cpath))
-		var buf [512]C.char
-		switch C.gn_load(cpath, &buf[0], C.int(len(buf))) {
-		case 0:
-			var v C.int
-			if r := C.gn_version(&v); r != 0 {
-				tried = append(tried, path+": ncclGetVersion failed")
-				return nil, false
-			}
-			return &Library{Path: path, Version: int(v)}, true
-		case 2:
-			tried = append(tried, path+": not an NCCL library (no "+C.GoString(&buf[0])+")")
-		default:
-			tried = append(tried, path+": "+C.GoString(&buf[0]))
-		}
-		return nil, false
+	lib, err := dl.Search(spec, env, open)
+	var nf *dl.NotFoundError
+	switch {
+	case err == nil:
+		return lib, nil
+	case errors.As(err, &nf):
+		return nil, fmt.Errorf("nccl: no usable %s (set %s to its path; tried %s): %w", Soname, EnvLibrary, strings.Join(nf.Tried, "; "), ErrNotFound)
 	}
-	if p := strings.TrimSpace(getenv(EnvLibrary)); p != "" {
-		if l, ok := try(p); ok {
-			return l, nil
-		}
-		return nil, fmt.Errorf("nccl: %s=%s cannot be used: %s: %w", EnvLibrary, p, strings.Join(tried, "; "), ErrNotFound)
-	}
-	for _, p := range candidates(getenv, glob, home) {
-		if l, ok := try(p); ok {
-			return l, nil
-		}
-	}
-	return nil, fmt.Errorf("nccl: no usable %s (set %s to its path; tried %s): %w", Soname, EnvLibrary, strings.Join(tried, "; "), ErrNotFound)
+	return nil, fmt.Errorf("nccl: %w: %w", err, ErrNotFound)
 }
 
-// pythonBases are globbed for python3.X directories holding pip wheels.
-var pythonBases = []string{
-	"$VIRTUAL_ENV/lib/python3*",
-	"/usr/lib/python3*",
-	"/usr/local/lib/python3*",
-	"~/.local/lib/python3*",
-	"/opt/*/.venv/lib/python3*",
-	"/opt/*/lib/python3*",
-}
-
-// candidates lists what Load tries, in order, after $GOEP_NCCL.
-func candidates(getenv func(string) string, glob func(string) ([]string, error), home func() (string, error)) []string {
-	out := []string{Soname}
-	seen := map[string]bool{}
-	add := func(pattern string) {
-		m, _ := glob(pattern)
-		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newer python3.X first
-		for _, f := range m {
-			if !seen[f] {
-				seen[f] = true
-				out = append(out, f)
-			}
-		}
+// open loads path, resolves every entry point and installs them. The
+// first library installed stays in use: a later one must be the same file.
+func open(path string) (*Library, error) {
+	h, err := dl.Open(path)
+	if err != nil {
+		return nil, err
 	}
-	for _, v := range []string{"CUDA_HOME", "CUDA_PATH"} {
-		if d := getenv(v); d != "" {
-			add(filepath.Join(d, "lib64", Soname))
+	n := int(C.gn_symbol_count())
+	arr := (*unsafe.Pointer)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	defer C.free(unsafe.Pointer(arr))
+	fns := unsafe.Slice(arr, n)
+	for i := range fns {
+		name := C.GoString(C.gn_symbol_name(C.int(i)))
+		p, err := h.Sym(name)
+		if err != nil && C.gn_symbol_required(C.int(i)) != 0 {
+			h.Close()
+			return nil, fmt.Errorf("not an NCCL library (no %s)", name)
 		}
+		fns[i] = p
 	}
-	add(filepath.Join("/usr/local/cuda/lib64", Soname))
-	h, herr := home()
-	for _, base := range pythonBases {
-		switch {
-		case strings.HasPrefix(base, "$VIRTUAL_ENV"):
-			venv := getenv("VIRTUAL_ENV")
-			if venv == "" {
-				continue
-			}
-			base = venv + strings.TrimPrefix(base, "$VIRTUAL_ENV")
-		case strings.HasPrefix(base, "~"):
-			if herr != nil || h == "" {
-				continue
-			}
-			base = h + strings.TrimPrefix(base, "~")
-		}
-		for _, pkgs := range []string{"site-packages", "dist-packages"} {
-			add(filepath.Join(base, pkgs, "nvidia", "nccl", "lib", Soname))
-		}
+	// Ask the version before installing, so that a library that fails
+	// here leaves nothing behind for the next candidate.
+	var v C.int
+	if r := C.gn_version_of(fns[0], &v); r != 0 {
+		h.Close()
+		return nil, fmt.Errorf("ncclGetVersion failed (%d)", int(r))
 	}
-	return out
+	if C.gn_install(arr) != 0 {
+		h.Close()
+		return nil, errors.New("another NCCL library is installed already")
+	}
+	return &Library{Path: path, Version: int(v), dl: h}, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -276,19 +255,28 @@ var cudaOnce sync.Once
 var cudaErr error
 
 // loadCUDA opens the driver for the context binding (the same library
-// internal/cuda opened: $GOEP_LIBCUDA or libcuda.so.1).
+// internal/cuda opened: $GOEP_LIBCUDA or libcuda.so.1). cuCtxGetCurrent and
+// cuCtxSetCurrent have never had versioned variants, so their plain names
+// are the only ABI.
 func loadCUDA() error {
 	cudaOnce.Do(func() {
 		path := os.Getenv("GOEP_LIBCUDA")
 		if path == "" {
 			path = "libcuda.so.1"
 		}
-		cpath := C.CString(path)
-		defer C.free(unsafe.Pointer(cpath))
-		var buf [512]C.char
-		if C.gn_load_cuda(cpath, &buf[0], C.int(len(buf))) != 0 {
-			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %s", path, C.GoString(&buf[0]))
+		h, err := dl.Open(path)
+		if err != nil {
+			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %w", path, err)
+			return
 		}
+		get, err1 := h.Sym("cuCtxGetCurrent")
+		set, err2 := h.Sym("cuCtxSetCurrent")
+		if err := errors.Join(err1, err2); err != nil {
+			h.Close()
+			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %w", path, err)
+			return
+		}
+		C.gn_install_cuda(get, set)
 	})
 	return cudaErr
 }
@@ -317,6 +305,14 @@ func InitRank(ctx uintptr, nranks int, id UniqueID, rank int) (*Comm, error) {
 		return nil, err
 	}
 	return &Comm{h: uintptr(r.v), ctx: ctx, rank: rank, size: nranks}, nil
+}
+
+// Handle is the ncclComm_t (0 after Destroy or Abort).
+func (c *Comm) Handle() uintptr {
+	if c == nil {
+		return 0
+	}
+	return c.h
 }
 
 // Rank and Size are the communicator's.

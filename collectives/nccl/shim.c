@@ -1,6 +1,5 @@
 // Copyright the goep authors. See doc.go for the design.
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,63 +23,43 @@ typedef int (*gnCtxSet)(void *ctx);
 static gnCtxGet gn_ctx_get;
 static gnCtxSet gn_ctx_set;
 
-static void set_err(char *err, int errlen, const char *msg) {
-	if (err == NULL || errlen <= 0) return;
-	snprintf(err, (size_t)errlen, "%s", msg ? msg : "");
-}
+// The entry points in table order: those of GN_API (required), then the
+// optional ones. Go resolves each name (internal/dl) and hands the pointers
+// to gn_install.
+static const char *const gn_names[] = {
+#define GN_NAME(name, params) #name,
+	GN_API(GN_NAME)
+#undef GN_NAME
+	"ncclGetErrorString",
+	"ncclGetLastError",
+};
+#define GN_REQUIRED ((int)(sizeof gn_names / sizeof gn_names[0]) - 1)
 
-int gn_load(const char *path, char *err, int errlen) {
+int gn_symbol_count(void) { return (int)(sizeof gn_names / sizeof gn_names[0]); }
+const char *gn_symbol_name(int i) { return (i >= 0 && i < gn_symbol_count()) ? gn_names[i] : NULL; }
+int gn_symbol_required(int i) { return i < GN_REQUIRED; }
+
+int gn_install(void *const *fns) {
 	gn_api t;
-	void *lib;
-	dlerror();
-	lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (lib == NULL) {
-		set_err(err, errlen, dlerror());
-		return 1;
-	}
+	int i = 0;
+	if (__atomic_load_n(&gn_ready, __ATOMIC_ACQUIRE)) return 1; // the first library stays in use
 	memset(&t, 0, sizeof t);
-#define GN_RESOLVE(name, params)                           \
-	*(void **)(&t.name) = dlsym(lib, #name);               \
-	if (t.name == NULL) {                                  \
-		set_err(err, errlen, #name);                       \
-		dlclose(lib);                                      \
-		return 2;                                          \
-	}
-	GN_API(GN_RESOLVE)
-	GN_RESOLVE(ncclGetErrorString, ())
-#undef GN_RESOLVE
-	*(void **)(&t.ncclGetLastError) = dlsym(lib, "ncclGetLastError");
-	if (gn_ready) { // the first library loaded stays in use
-		dlclose(lib);
-		return 0;
-	}
+#define GN_SET(name, params) *(void **)(&t.name) = fns[i++];
+	GN_API(GN_SET)
+#undef GN_SET
+	*(void **)(&t.ncclGetErrorString) = fns[i++];
+	*(void **)(&t.ncclGetLastError) = fns[i++];
 	gn = t;
-	gn_ready = 1;
+	__atomic_store_n(&gn_ready, 1, __ATOMIC_RELEASE);
 	return 0;
 }
 
-int gn_load_cuda(const char *path, char *err, int errlen) {
-	void *lib;
-	if (gn_ctx_set != NULL) return 0;
-	dlerror();
-	lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (lib == NULL) {
-		set_err(err, errlen, dlerror());
-		return 1;
-	}
-	*(void **)(&gn_ctx_get) = dlsym(lib, "cuCtxGetCurrent");
-	*(void **)(&gn_ctx_set) = dlsym(lib, "cuCtxSetCurrent");
-	if (gn_ctx_get == NULL || gn_ctx_set == NULL) {
-		gn_ctx_get = NULL;
-		gn_ctx_set = NULL;
-		set_err(err, errlen, "cuCtxGetCurrent/cuCtxSetCurrent not found");
-		dlclose(lib);
-		return 1;
-	}
-	return 0;
+void gn_install_cuda(void *get, void *set) {
+	*(void **)(&gn_ctx_get) = get;
+	*(void **)(&gn_ctx_set) = set;
 }
 
-int gn_loaded(void) { return gn_ready; }
+int gn_loaded(void) { return __atomic_load_n(&gn_ready, __ATOMIC_ACQUIRE); }
 
 // bind makes ctx current on this thread unless it already is.
 static int bind(uintptr_t ctx) {
@@ -99,6 +78,11 @@ const char *gn_error_string(int r) {
 const char *gn_last_error(uintptr_t comm) {
 	if (!gn_ready || gn.ncclGetLastError == NULL) return NULL;
 	return gn.ncclGetLastError((gnComm)comm);
+}
+
+int gn_version_of(void *fn, int *v) {
+	// ncclGetVersion is the first entry of GN_API.
+	return ((gnResult(*)(int *))fn)(v);
 }
 
 int gn_version(int *v) {

@@ -46,17 +46,23 @@ typedef struct {
 	uintptr_t v;
 } gnRet;
 
-// Loader: 0 ok; 1 dlopen failed (err: dlerror); 2 a symbol is missing (err:
-// its name). After a success, a later successful load keeps the first
-// library in use (and closes the new one).
-int gn_load(const char *path, char *err, int errlen);
-// Loads libcuda (path) for the context binding; 0 ok, else 1 (err set).
-int gn_load_cuda(const char *path, char *err, int errlen);
+// Loader: the Go side opens the library (internal/dl) and resolves, in
+// order, gn_symbol_name(0 .. gn_symbol_count()-1) (gn_symbol_required says
+// which may be NULL), then installs the pointers. gn_install returns 1 and
+// keeps the table when a library was installed before (the first stays in
+// use), else 0.
+int gn_symbol_count(void);
+const char *gn_symbol_name(int i);
+int gn_symbol_required(int i);
+int gn_install(void *const *fns);
+// The driver's cuCtxGetCurrent and cuCtxSetCurrent, for the context binding.
+void gn_install_cuda(void *get, void *set);
 int gn_loaded(void);
 
 const char *gn_error_string(int r);
 const char *gn_last_error(uintptr_t comm); // NULL when NCCL lacks ncclGetLastError
 int gn_version(int *v);
+int gn_version_of(void *ncclGetVersion, int *v);
 int gn_unique_id(unsigned char *out);
 
 // Calls with a context bind it on the calling thread first (ctx 0: none, for

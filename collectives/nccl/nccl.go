@@ -230,6 +230,8 @@ func check(op string, r C.int, comm uintptr) error {
 		e.Msg = "NCCL is not loaded"
 	case C.GN_ERR_BIND:
 		e.Msg = "cannot make the CUDA context current (libcuda's cuCtxSetCurrent)"
+	case C.GN_ERR_MISSING:
+		e.Msg = "the loaded NCCL does not export this entry point"
 	default:
 		e.Msg = C.GoString(C.gn_error_string(r))
 		if comm != 0 {
@@ -374,3 +376,35 @@ func (c *Comm) ReduceScatter(send, recv uintptr, count int, dt DataType, op RedO
 	return check("ncclReduceScatter", C.gn_reduce_scatter(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv),
 		C.size_t(count), C.int(dt), C.int(op), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
+
+// Broadcast enqueues ncclBroadcast of count elements from root.
+func (c *Comm) Broadcast(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	return check("ncclBroadcast", C.gn_broadcast(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
+		C.int(dt), C.int(root), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Reduce enqueues ncclReduce of count elements into root's recv.
+func (c *Comm) Reduce(send, recv uintptr, count int, dt DataType, op RedOp, root int, stream uintptr) error {
+	return check("ncclReduce", C.gn_reduce(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
+		C.int(dt), C.int(op), C.int(root), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Send enqueues ncclSend of count elements to peer.
+func (c *Comm) Send(send uintptr, count int, dt DataType, peer int, stream uintptr) error {
+	return check("ncclSend", C.gn_send(C.uintptr_t(c.ctx), C.uint64_t(send), C.size_t(count), C.int(dt), C.int(peer),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Recv enqueues ncclRecv of count elements from peer.
+func (c *Comm) Recv(recv uintptr, count int, dt DataType, peer int, stream uintptr) error {
+	return check("ncclRecv", C.gn_recv(C.uintptr_t(c.ctx), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(peer),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// GroupStart opens an NCCL group on the calling thread (ncclGroupStart):
+// the calls up to GroupEnd are issued together. NCCL's groups are per
+// thread: call both on one OS thread (runtime.LockOSThread).
+func GroupStart() error { return check("ncclGroupStart", C.gn_group_start(), 0) }
+
+// GroupEnd closes the group (ncclGroupEnd).
+func GroupEnd() error { return check("ncclGroupEnd", C.gn_group_end(), 0) }

@@ -10,6 +10,7 @@ typedef struct {
 	GN_API(GN_FIELD)
 	const char *(*ncclGetErrorString)(gnResult);
 	const char *(*ncclGetLastError)(gnComm); // optional (NCCL 2.13+)
+	GN_OPT_API(GN_FIELD)                     // optional
 } gn_api;
 #undef GN_FIELD
 
@@ -32,8 +33,12 @@ static const char *const gn_names[] = {
 #undef GN_NAME
 	"ncclGetErrorString",
 	"ncclGetLastError",
+#define GN_NAME(name, params) #name,
+	GN_OPT_API(GN_NAME)
+#undef GN_NAME
 };
-#define GN_REQUIRED ((int)(sizeof gn_names / sizeof gn_names[0]) - 1)
+#define GN_OPT_COUNT(name, params) +1
+#define GN_REQUIRED ((int)(sizeof gn_names / sizeof gn_names[0]) - 1 - (0 GN_OPT_API(GN_OPT_COUNT)))
 
 int gn_symbol_count(void) { return (int)(sizeof gn_names / sizeof gn_names[0]); }
 const char *gn_symbol_name(int i) { return (i >= 0 && i < gn_symbol_count()) ? gn_names[i] : NULL; }
@@ -46,9 +51,10 @@ int gn_install(void *const *fns) {
 	memset(&t, 0, sizeof t);
 #define GN_SET(name, params) *(void **)(&t.name) = fns[i++];
 	GN_API(GN_SET)
-#undef GN_SET
 	*(void **)(&t.ncclGetErrorString) = fns[i++];
 	*(void **)(&t.ncclGetLastError) = fns[i++];
+	GN_OPT_API(GN_SET)
+#undef GN_SET
 	gn = t;
 	__atomic_store_n(&gn_ready, 1, __ATOMIC_RELEASE);
 	return 0;
@@ -158,4 +164,43 @@ int gn_reduce_scatter(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count,
 	if ((r = bind(ctx)) != 0) return r;
 	return gn.ncclReduceScatter((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, dt, op, (gnComm)comm,
 	                            (gnStream)stream);
+}
+
+#define GN_CALL(fn, args)                                 \
+	do {                                                  \
+		int r_;                                           \
+		if (!gn_ready) return GN_ERR_NOT_LOADED;          \
+		if (gn.fn == NULL) return GN_ERR_MISSING;         \
+		if ((r_ = bind(ctx)) != 0) return r_;             \
+		return gn.fn args;                                \
+	} while (0)
+
+int gn_broadcast(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt, int root, uintptr_t comm,
+                 uintptr_t stream) {
+	GN_CALL(ncclBroadcast, ((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, dt, root, (gnComm)comm,
+	                        (gnStream)stream));
+}
+
+int gn_reduce(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt, int op, int root, uintptr_t comm,
+              uintptr_t stream) {
+	GN_CALL(ncclReduce, ((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, dt, op, root, (gnComm)comm,
+	                     (gnStream)stream));
+}
+
+int gn_send(uintptr_t ctx, uint64_t send, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream) {
+	GN_CALL(ncclSend, ((const void *)(uintptr_t)send, count, dt, peer, (gnComm)comm, (gnStream)stream));
+}
+
+int gn_recv(uintptr_t ctx, uint64_t recv, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream) {
+	GN_CALL(ncclRecv, ((void *)(uintptr_t)recv, count, dt, peer, (gnComm)comm, (gnStream)stream));
+}
+
+int gn_group_start(void) {
+	uintptr_t ctx = 0;
+	GN_CALL(ncclGroupStart, ());
+}
+
+int gn_group_end(void) {
+	uintptr_t ctx = 0;
+	GN_CALL(ncclGroupEnd, ());
 }

@@ -37,9 +37,25 @@ typedef void *gnStream;                // cudaStream_t (a CUstream)
 	X(ncclReduceScatter, (const void *sendbuff, void *recvbuff, size_t recvcount,        \
 	                      gnDataType datatype, gnRedOp op, gnComm comm, gnStream stream))
 
+// Entry points goep's collectives do not need but forwarders do; a library
+// without them (the test stand-in) still loads, and calling one is
+// GN_ERR_MISSING: X(name, params).
+#define GN_OPT_API(X)                                                                     \
+	X(ncclBroadcast, (const void *sendbuff, void *recvbuff, size_t count,                \
+	                  gnDataType datatype, int root, gnComm comm, gnStream stream))      \
+	X(ncclReduce, (const void *sendbuff, void *recvbuff, size_t count,                   \
+	               gnDataType datatype, gnRedOp op, int root, gnComm comm, gnStream stream)) \
+	X(ncclSend, (const void *sendbuff, size_t count, gnDataType datatype, int peer,      \
+	             gnComm comm, gnStream stream))                                          \
+	X(ncclRecv, (void *recvbuff, size_t count, gnDataType datatype, int peer,            \
+	             gnComm comm, gnStream stream))                                          \
+	X(ncclGroupStart, (void))                                                            \
+	X(ncclGroupEnd, (void))
+
 // Status codes of the shim itself (negative, never NCCL's).
 #define GN_ERR_NOT_LOADED (-1)
 #define GN_ERR_BIND (-2) // cuCtxSetCurrent failed or libcuda is missing
+#define GN_ERR_MISSING (-3) // the library lacks the entry point (see GN_OPT_API)
 
 typedef struct {
 	int r;
@@ -76,5 +92,14 @@ int gn_all_reduce(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int
 int gn_all_gather(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt, uintptr_t comm, uintptr_t stream);
 int gn_reduce_scatter(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt, int op, uintptr_t comm,
                       uintptr_t stream);
+
+int gn_broadcast(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt, int root, uintptr_t comm,
+                 uintptr_t stream);
+int gn_reduce(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt, int op, int root, uintptr_t comm,
+              uintptr_t stream);
+int gn_send(uintptr_t ctx, uint64_t send, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream);
+int gn_recv(uintptr_t ctx, uint64_t recv, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream);
+int gn_group_start(void);
+int gn_group_end(void);
 
 #endif // GOEP_NCCL_SHIM_H

@@ -1,0 +1,81 @@
+package core
+
+import (
+	"fmt"
+	"log"
+	"os"
+	"sync"
+)
+
+// Result is an ncclResult_t.
+type Result int
+
+// NCCL's result codes (nccl.h; values checked by the ABI test).
+const (
+	Success            Result = 0
+	UnhandledCudaError Result = 1
+	SystemError        Result = 2
+	InternalError      Result = 3
+	InvalidArgument    Result = 4
+	InvalidUsage       Result = 5
+	RemoteError        Result = 6
+	InProgress         Result = 7
+	Timeout            Result = 8
+)
+
+// Error is a failed call: the code NCCL would return and what went wrong.
+type Error struct {
+	Code Result
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+func errorf(code Result, format string, a ...any) *Error {
+	return &Error{Code: code, Msg: fmt.Sprintf(format, a...)}
+}
+
+// logger writes the shim's lines to stderr, prefixed so users see where
+// they come from.
+var logger = log.New(os.Stderr, "goep-nccl: ", 0)
+
+// Logf writes one line to stderr.
+func Logf(format string, a ...any) { logger.Printf(format, a...) }
+
+var (
+	lastMu  sync.Mutex
+	lastErr string
+)
+
+// fail records err as the last error (ncclGetLastError) and returns its
+// code. Invalid usage is also logged: NCCL programs often print only the
+// code.
+func fail(err error) Result {
+	if err == nil {
+		return Success
+	}
+	e, ok := err.(*Error)
+	if !ok {
+		e = &Error{Code: InternalError, Msg: err.Error()}
+	}
+	lastMu.Lock()
+	lastErr = e.Msg
+	lastMu.Unlock()
+	if e.Code == InvalidUsage || os.Getenv(EnvDebug) != "" {
+		Logf("%s", e.Msg)
+	}
+	return e.Code
+}
+
+// LastError is the message of the last failed call in this process.
+func LastError() string {
+	lastMu.Lock()
+	defer lastMu.Unlock()
+	return lastErr
+}
+
+// Unsupported is the answer to an NCCL call goep neither implements nor
+// forwards: ncclInvalidUsage, with a line naming the call.
+func Unsupported(call string) Result {
+	return fail(errorf(InvalidUsage, "%s is not supported by goep's NCCL shim (and has no fallback)", call))
+}

@@ -401,6 +401,13 @@ func (c *Comm) Recv(recv uintptr, count int, dt DataType, peer int, stream uintp
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
+// IsMissing reports whether err is a call the loaded NCCL does not export
+// (an optional entry point; the test stand-in lacks them).
+func IsMissing(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == C.GN_ERR_MISSING
+}
+
 // GroupStart opens an NCCL group on the calling thread (ncclGroupStart):
 // the calls up to GroupEnd are issued together. NCCL's groups are per
 // thread: call both on one OS thread (runtime.LockOSThread).

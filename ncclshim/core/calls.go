@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/goep-dev/goep/collectives"
+	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
@@ -238,6 +239,9 @@ func (c *Comm) run(ctx context.Context, x Call, d decision) error {
 		return errorf(InvalidUsage, "%s needs NCCL%s, which is unavailable: %v", x, why, err)
 	}
 	if err := c.forward(x); err != nil {
+		if nccl.IsMissing(err) && (x.Kind == Broadcast || p2p) {
+			return c.runStaged(ctx, x, err.Error())
+		}
 		return errorf(InternalError, "rank %d: %s: %v", c.rank, x, err)
 	}
 	c.counts[x.Kind][PathNCCL].Add(1)

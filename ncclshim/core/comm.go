@@ -319,9 +319,10 @@ func (c *Comm) AsyncError() error {
 	return nil
 }
 
-// Finalize flushes the communicator (ncclCommFinalize): it waits for every
-// rank (bounded by the bootstrap's timeout), so none frees memory a peer
-// still uses, and prints the per-path counts with GOEP_NCCL_DEBUG=1.
+// Finalize flushes the communicator (ncclCommFinalize): it waits for this
+// rank's work and for every rank to finalize (bounded by the bootstrap's
+// timeout), so that none frees memory a peer still uses, and prints the
+// per-path counts with GOEP_NCCL_DEBUG=1.
 func (c *Comm) Finalize() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -356,16 +357,26 @@ func (c *Comm) finalizeLocked() error {
 	return nil
 }
 
-// Destroy frees the communicator (ncclCommDestroy), finalizing it first
-// when the program did not.
+// Destroy frees the communicator (ncclCommDestroy) after this rank's work
+// is done. Like NCCL's, it does not wait for the other ranks (one thread
+// may destroy the communicators of several ranks in turn): peers that
+// still map this rank's GPU memory keep it alive until they unmap it.
 func (c *Comm) Destroy() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return nil
 	}
-	ferr := c.finalizeLocked()
-	return errors.Join(ferr, c.free())
+	var serr error
+	if !c.finalized {
+		if os.Getenv(EnvDebug) != "" {
+			Logf("%s", c.CountsString())
+		}
+		if c.cuCtx != nil {
+			serr = c.cuCtx.Synchronize()
+		}
+	}
+	return errors.Join(serr, c.free())
 }
 
 // Abort frees the communicator without waiting for peers

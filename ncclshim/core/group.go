@@ -40,6 +40,14 @@ func GroupStart(tid uint64) {
 	g.depth++
 }
 
+// InGroup reports whether thread tid has a group open.
+func InGroup(tid uint64) bool {
+	groups.mu.Lock()
+	defer groups.mu.Unlock()
+	g := groups.m[tid]
+	return g != nil && g.depth > 0
+}
+
 // queue adds x to thread tid's open group; false when none is open.
 func queue(tid uint64, c *Comm, x Call) bool {
 	groups.mu.Lock()
@@ -165,9 +173,9 @@ func forwardGroup(ctx context.Context, comms []*Comm, byComm map[*Comm][]Call) (
 		return nil
 	}
 	if err := nccl.GroupStart(); err != nil {
-		// An NCCL without groups (the test stand-in): each communicator's
-		// calls in order, communicators concurrently.
-		return true, eachComm(comms, issue)
+		// An NCCL without groups (the test stand-in): each call on its
+		// own, as the caller does when NCCL is missing.
+		return false, nil
 	}
 	var errs []error
 	for _, c := range comms {

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -47,15 +48,15 @@ var (
 	lastErr string
 )
 
-// fail records err as the last error (ncclGetLastError) and returns its
-// code. Invalid usage is also logged: NCCL programs often print only the
-// code.
-func fail(err error) Result {
+// Fail records err as the last error (ncclGetLastError) and returns its
+// code (Success for nil). Invalid usage is also logged: NCCL programs often
+// print only the code.
+func Fail(err error) Result {
 	if err == nil {
 		return Success
 	}
-	e, ok := err.(*Error)
-	if !ok {
+	var e *Error
+	if !errors.As(err, &e) {
 		e = &Error{Code: InternalError, Msg: err.Error()}
 	}
 	lastMu.Lock()
@@ -77,5 +78,5 @@ func LastError() string {
 // Unsupported is the answer to an NCCL call goep neither implements nor
 // forwards: ncclInvalidUsage, with a line naming the call.
 func Unsupported(call string) Result {
-	return fail(errorf(InvalidUsage, "%s is not supported by goep's NCCL shim (and has no fallback)", call))
+	return Fail(errorf(InvalidUsage, "%s is not supported by goep's NCCL shim (and has no fallback)", call))
 }

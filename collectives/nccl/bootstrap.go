@@ -37,7 +37,7 @@ func InitOverBootstrap(ctx context.Context, bs bootstrap.Bootstrap, cuCtx uintpt
 		}
 	}
 	if len(bad) > 0 {
-		return nil, nil, fmt.Errorf("NCCL unavailable: %s: %w", strings.Join(bad, "; "), ErrNotFound)
+		return nil, nil, fmt.Errorf("NCCL unavailable: %s", strings.Join(bad, "; "))
 	}
 	if len(all[0]) != 1+UniqueIDSize {
 		return nil, nil, fmt.Errorf("NCCL setup: rank 0 sent a %d-byte unique id", len(all[0])-1)

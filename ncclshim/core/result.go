@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"sync"
+	"syscall"
 )
 
 // Result is an ncclResult_t.
@@ -43,9 +44,11 @@ var logger = log.New(os.Stderr, "goep-nccl: ", 0)
 // Logf writes one line to stderr.
 func Logf(format string, a ...any) { logger.Printf(format, a...) }
 
+// The last error of each OS thread: C callers of the shim run its Go code
+// on their own thread, so a thread sees its own calls' errors.
 var (
 	lastMu  sync.Mutex
-	lastErr string
+	lastErr = map[int]string{}
 )
 
 // Fail records err as the last error (ncclGetLastError) and returns its
@@ -60,7 +63,7 @@ func Fail(err error) Result {
 		e = &Error{Code: InternalError, Msg: err.Error()}
 	}
 	lastMu.Lock()
-	lastErr = e.Msg
+	lastErr[syscall.Gettid()] = e.Msg
 	lastMu.Unlock()
 	if e.Code == InvalidUsage || os.Getenv(EnvDebug) != "" {
 		Logf("%s", e.Msg)
@@ -68,11 +71,11 @@ func Fail(err error) Result {
 	return e.Code
 }
 
-// LastError is the message of the last failed call in this process.
+// LastError is the message of the calling OS thread's last failed call.
 func LastError() string {
 	lastMu.Lock()
 	defer lastMu.Unlock()
-	return lastErr
+	return lastErr[syscall.Gettid()]
 }
 
 // Unsupported is the answer to an NCCL call goep neither implements nor

@@ -44,10 +44,10 @@ func (x Call) reduces() bool { return x.Kind == AllReduce || x.Kind == ReduceSca
 
 // validate checks x against NCCL's rules, with NCCL's codes.
 func (c *Comm) validate(x *Call) *Error {
-	if x.Type < 0 || x.Type >= numTypes {
+	if x.Type < 0 || x.Type >= NumTypes {
 		return errorf(InvalidArgument, "%s: invalid data type %d", x, int(x.Type))
 	}
-	if x.reduces() && (x.Op < 0 || x.Op >= numOps) {
+	if x.reduces() && (x.Op < 0 || x.Op >= NumOps) {
 		return errorf(InvalidArgument, "%s: invalid reduction %d (goep's shim has no custom reductions)", x, int(x.Op))
 	}
 	switch x.Kind {

@@ -28,14 +28,14 @@ const (
 	Bfloat16   DataType = 9
 	Float8e4m3 DataType = 10
 	Float8e5m2 DataType = 11
-	numTypes            = 12
+	NumTypes            = 12
 
 	Sum    RedOp = 0
 	Prod   RedOp = 1
 	Max    RedOp = 2
 	Min    RedOp = 3
 	Avg    RedOp = 4
-	numOps       = 5
+	NumOps       = 5
 )
 
 // Size is the element size in bytes (0 for an unknown type).

@@ -12,8 +12,8 @@ import (
 	"unsafe"
 
 	"github.com/goep-dev/goep/collectives/nccl"
-	"github.com/goep-dev/goep/ncclshim/core"
 	_ "github.com/goep-dev/goep/kernels/twins" // the host backend's kernels
+	"github.com/goep-dev/goep/ncclshim/core"
 )
 
 // comms maps the C handles' ids to communicators.

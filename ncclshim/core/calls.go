@@ -40,7 +40,9 @@ func (x Call) String() string {
 	return s + ")"
 }
 
-func (x Call) reduces() bool { return x.Kind == AllReduce || x.Kind == ReduceScatter || x.Kind == Reduce }
+func (x Call) reduces() bool {
+	return x.Kind == AllReduce || x.Kind == ReduceScatter || x.Kind == Reduce
+}
 
 // validate checks x against NCCL's rules, with NCCL's codes.
 func (c *Comm) validate(x *Call) *Error {

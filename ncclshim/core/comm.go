@@ -60,7 +60,7 @@ type Comm struct {
 	kind    device.Kind
 	bs      bootstrap.Bootstrap
 	dev     device.Device
-	cuCtx   *cuda.Context         // nil on the host backend
+	cuCtx   *cuda.Context             // nil on the host backend
 	coll    *collectives.Communicator // nil when goep's could not be made: all to NCCL
 	collErr error
 	plans   *plan.Registry

@@ -109,4 +109,4 @@ func bytesOf(count uint64, d DataType, mult int) (int, *Error) {
 }
 
 func ncclType(d DataType) nccl.DataType { return nccl.DataType(d) }
-func ncclOp(o RedOp) nccl.RedOp        { return nccl.RedOp(o) }
+func ncclOp(o RedOp) nccl.RedOp         { return nccl.RedOp(o) }

@@ -8,6 +8,7 @@ package main
 import "C"
 
 import (
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -244,4 +245,26 @@ func goepNcclCounts(id C.uint64_t, out *C.int64_t, n C.int) C.int {
 		}
 	}
 	return 0
+}
+
+// goepNcclPrintCounts prints every live communicator's per-path counts to
+// stderr (what GOEP_NCCL_DEBUG=1 prints at finalize), for tools that want
+// them earlier (scripts/torch_shim_check.py calls it through ctypes).
+//
+//export goepNcclPrintCounts
+func goepNcclPrintCounts() {
+	comms.Lock()
+	live := make([]*core.Comm, 0, len(comms.m))
+	ids := make([]uint64, 0, len(comms.m))
+	for id := range comms.m {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		live = append(live, comms.m[id])
+	}
+	comms.Unlock()
+	for _, c := range live {
+		core.Logf("%s", c.CountsString())
+	}
 }

@@ -320,9 +320,15 @@ func (c *Comm) AsyncError() error {
 }
 
 // Finalize flushes the communicator (ncclCommFinalize): it waits for this
-// rank's work and for every rank to finalize (bounded by the bootstrap's
-// timeout), so that none frees memory a peer still uses, and prints the
-// per-path counts with GOEP_NCCL_DEBUG=1.
+// rank's work and prints the per-path counts with GOEP_NCCL_DEBUG=1. It
+// does not wait for the other ranks on GPUs: programs finalize their
+// communicators in orders that differ between ranks (PyTorch walks a hash
+// map), and once this rank's kernels are done no peer touches its memory
+// for them any more (the zero-copy kernels, which read peers' buffers,
+// end with an exit barrier; the others write into a peer only what that
+// peer waits for). On the host backend, where a
+// rank's goroutine may still be in a call's Go twin, it waits for every
+// rank (bounded).
 func (c *Comm) Finalize() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -340,18 +346,15 @@ func (c *Comm) finalizeLocked() error {
 	if os.Getenv(EnvDebug) != "" {
 		Logf("%s", c.CountsString())
 	}
-	var errs []error
+	var err error
 	if c.cuCtx != nil {
-		if err := c.cuCtx.Synchronize(); err != nil {
-			errs = append(errs, err)
-		}
+		err = c.cuCtx.Synchronize()
+	} else {
+		ctx, cancel := background()
+		defer cancel()
+		err = c.bs.Barrier(ctx)
 	}
-	ctx, cancel := background()
-	defer cancel()
-	if err := c.bs.Barrier(ctx); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return errorf(InternalError, "ncclCommFinalize: rank %d: %v", c.rank, err)
 	}
 	return nil
@@ -359,8 +362,8 @@ func (c *Comm) finalizeLocked() error {
 
 // Destroy frees the communicator (ncclCommDestroy) after this rank's work
 // is done. Like NCCL's, it does not wait for the other ranks (one thread
-// may destroy the communicators of several ranks in turn): peers that
-// still map this rank's GPU memory keep it alive until they unmap it.
+// may destroy the communicators of several ranks in turn); see Finalize
+// for why that is safe on GPUs.
 func (c *Comm) Destroy() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

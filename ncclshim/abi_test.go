@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/internal/dl"
 	"github.com/goep-dev/goep/ncclshim/core"
 )
@@ -51,12 +52,12 @@ func TestABIAgainstHeader(t *testing.T) {
 		{"SystemError", int(core.SystemError)}, {"InternalError", int(core.InternalError)},
 		{"InvalidArgument", int(core.InvalidArgument)}, {"InvalidUsage", int(core.InvalidUsage)},
 		{"RemoteError", int(core.RemoteError)}, {"InProgress", int(core.InProgress)},
-		{"Int8", int(core.Int8)}, {"Uint8", int(core.Uint8)}, {"Int32", int(core.Int32)}, {"Uint32", int(core.Uint32)},
-		{"Int64", int(core.Int64)}, {"Uint64", int(core.Uint64)}, {"Float16", int(core.Float16)},
-		{"Float32", int(core.Float32)}, {"Float64", int(core.Float64)}, {"Bfloat16", int(core.Bfloat16)},
-		{"Float8e4m3", int(core.Float8e4m3)}, {"Float8e5m2", int(core.Float8e5m2)}, {"numTypes", core.NumTypes},
-		{"Sum", int(core.Sum)}, {"Prod", int(core.Prod)}, {"Max", int(core.Max)}, {"Min", int(core.Min)},
-		{"Avg", int(core.Avg)}, {"numOps", core.NumOps},
+		{"Int8", int(nccl.Int8)}, {"Uint8", int(nccl.Uint8)}, {"Int32", int(nccl.Int32)}, {"Uint32", int(nccl.Uint32)},
+		{"Int64", int(nccl.Int64)}, {"Uint64", int(nccl.Uint64)}, {"Float16", int(nccl.Float16)},
+		{"Float32", int(nccl.Float32)}, {"Float64", int(nccl.Float64)}, {"Bfloat16", int(nccl.Bfloat16)},
+		{"Float8e4m3", int(nccl.Float8e4m3)}, {"Float8e5m2", int(nccl.Float8e5m2)}, {"numTypes", nccl.NumTypes},
+		{"Sum", int(nccl.Sum)}, {"Prod", int(nccl.Prod)}, {"Max", int(nccl.Max)}, {"Min", int(nccl.Min)},
+		{"Avg", int(nccl.Avg)}, {"numOps", nccl.NumOps},
 	} {
 		fmt.Fprintf(&b, "#define GO_%s %d\n", v.name, v.val)
 	}

@@ -184,7 +184,33 @@ const (
 	Float64    DataType = 8
 	Bfloat16   DataType = 9
 	Float8e4m3 DataType = 10 // NCCL 2.24 and later
+	Float8e5m2 DataType = 11 // NCCL 2.24 and later
+	// NumTypes bounds the valid types (ncclNumTypes).
+	NumTypes = 12
 )
+
+// Size is the element size in bytes (0 for an unknown type).
+func (d DataType) Size() int {
+	switch d {
+	case Int8, Uint8, Float8e4m3, Float8e5m2:
+		return 1
+	case Float16, Bfloat16:
+		return 2
+	case Int32, Uint32, Float32:
+		return 4
+	case Int64, Uint64, Float64:
+		return 8
+	}
+	return 0
+}
+
+func (d DataType) String() string {
+	names := [...]string{"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"}
+	if d >= 0 && int(d) < len(names) {
+		return names[d]
+	}
+	return fmt.Sprintf("datatype(%d)", int(d))
+}
 
 // RedOp is ncclRedOp_t.
 type RedOp int
@@ -195,7 +221,17 @@ const (
 	Max  RedOp = 2
 	Min  RedOp = 3
 	Avg  RedOp = 4
+	// NumOps bounds the built-in reductions (ncclNumOps).
+	NumOps = 5
 )
+
+func (o RedOp) String() string {
+	names := [...]string{"sum", "prod", "max", "min", "avg"}
+	if o >= 0 && int(o) < len(names) {
+		return names[o]
+	}
+	return fmt.Sprintf("redop(%d)", int(o))
+}
 
 // UniqueIDSize is sizeof(ncclUniqueId).
 const UniqueIDSize = C.GN_UNIQUE_ID_BYTES

@@ -46,10 +46,10 @@ func (x Call) reduces() bool {
 
 // validate checks x against NCCL's rules, with NCCL's codes.
 func (c *Comm) validate(x *Call) *Error {
-	if x.Type < 0 || x.Type >= NumTypes {
+	if x.Type < 0 || x.Type >= nccl.NumTypes {
 		return errorf(InvalidArgument, "%s: invalid data type %d", x, int(x.Type))
 	}
-	if x.reduces() && (x.Op < 0 || x.Op >= NumOps) {
+	if x.reduces() && (x.Op < 0 || x.Op >= nccl.NumOps) {
 		return errorf(InvalidArgument, "%s: invalid reduction %d (goep's shim has no custom reductions)", x, int(x.Op))
 	}
 	switch x.Kind {
@@ -134,7 +134,7 @@ func (c *Comm) decide(x Call) decision {
 		return decision{path: PathNCCL, reason: "goep's collectives are unavailable: " + c.collErr.Error()}
 	}
 	d := decision{count: int(x.Count)}
-	dt, ok := x.Type.native()
+	dt, ok := nativeType(x.Type)
 	switch {
 	case ok:
 		d.dt = dt
@@ -154,7 +154,7 @@ func (c *Comm) decide(x Call) decision {
 		d.path = PathPlan
 		return d
 	}
-	algo, err := c.coll.Select(k, d.count, d.dt, x.Op.native(), registered, graph)
+	algo, err := c.coll.Select(k, d.count, d.dt, nativeOp(x.Op), registered, graph)
 	if err != nil || algo == collectives.AlgoNCCL {
 		d.path = PathNCCL
 		if err != nil {
@@ -188,11 +188,11 @@ func (c *Comm) planMatches(x Call, d decision) bool {
 	}
 	if x.Kind != AllGather {
 		switch x.Op {
-		case Sum:
+		case nccl.Sum:
 			q.Op = plan.ReduceSum
-		case Min:
+		case nccl.Min:
 			q.Op = plan.ReduceMin
-		case Max:
+		case nccl.Max:
 			q.Op = plan.ReduceMax
 		default:
 			return false
@@ -260,7 +260,7 @@ func (c *Comm) runNative(ctx context.Context, x Call, d decision) error {
 		opts = append(opts, collectives.WithAlgorithm(d.algo))
 	}
 	var w *collectives.Work
-	op := x.Op.native()
+	op := nativeOp(x.Op)
 	switch x.Kind {
 	case AllReduce:
 		w, err = c.coll.AllReduce(ctx, s, x.Send, x.Recv, d.count, d.dt, op, opts...)
@@ -282,18 +282,18 @@ func (c *Comm) runNative(ctx context.Context, x Call, d decision) error {
 
 // forward issues x on the real NCCL.
 func (c *Comm) forward(x Call) error {
-	n, dt, s := int(x.Count), ncclType(x.Type), x.Stream
+	n, dt, s := int(x.Count), x.Type, x.Stream
 	switch x.Kind {
 	case AllReduce:
-		return c.ncclComm.AllReduce(x.Send, x.Recv, n, dt, ncclOp(x.Op), s)
+		return c.ncclComm.AllReduce(x.Send, x.Recv, n, dt, x.Op, s)
 	case AllGather:
 		return c.ncclComm.AllGather(x.Send, x.Recv, n, dt, s)
 	case ReduceScatter:
-		return c.ncclComm.ReduceScatter(x.Send, x.Recv, n, dt, ncclOp(x.Op), s)
+		return c.ncclComm.ReduceScatter(x.Send, x.Recv, n, dt, x.Op, s)
 	case Broadcast:
 		return c.ncclComm.Broadcast(x.Send, x.Recv, n, dt, x.Root, s)
 	case Reduce:
-		return c.ncclComm.Reduce(x.Send, x.Recv, n, dt, ncclOp(x.Op), x.Root, s)
+		return c.ncclComm.Reduce(x.Send, x.Recv, n, dt, x.Op, x.Root, s)
 	case Send:
 		return c.ncclComm.Send(x.Send, n, dt, x.Root, s)
 	case Recv:

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/internal/device"
 	_ "github.com/goep-dev/goep/kernels/twins"
 )
@@ -33,7 +34,7 @@ func TestUniqueIDRoundTrip(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	c := &Comm{rank: 1, size: 4}
-	ok := Call{Kind: AllReduce, Send: 8, Recv: 8, Count: 10, Type: Float32, Op: Sum}
+	ok := Call{Kind: AllReduce, Send: 8, Recv: 8, Count: 10, Type: nccl.Float32, Op: nccl.Sum}
 	require.Nil(t, c.validate(&ok))
 	for _, tc := range []struct {
 		name string
@@ -41,23 +42,23 @@ func TestValidate(t *testing.T) {
 	}{
 		{"bad type", Call{Kind: AllReduce, Send: 8, Recv: 8, Count: 1, Type: 12}},
 		{"negative type", Call{Kind: AllReduce, Send: 8, Recv: 8, Count: 1, Type: -1}},
-		{"bad op", Call{Kind: ReduceScatter, Send: 8, Recv: 8, Count: 1, Type: Float32, Op: 5}},
-		{"null send", Call{Kind: AllGather, Recv: 8, Count: 1, Type: Float32}},
-		{"null recv", Call{Kind: AllReduce, Send: 8, Count: 1, Type: Float32}},
-		{"root out of range", Call{Kind: Broadcast, Send: 8, Recv: 8, Count: 1, Type: Float32, Root: 4}},
-		{"peer out of range", Call{Kind: Recv, Recv: 8, Count: 1, Type: Float32, Root: -1}},
-		{"overflow", Call{Kind: AllGather, Send: 8, Recv: 8, Count: 1 << 61, Type: Float64}},
+		{"bad op", Call{Kind: ReduceScatter, Send: 8, Recv: 8, Count: 1, Type: nccl.Float32, Op: 5}},
+		{"null send", Call{Kind: AllGather, Recv: 8, Count: 1, Type: nccl.Float32}},
+		{"null recv", Call{Kind: AllReduce, Send: 8, Count: 1, Type: nccl.Float32}},
+		{"root out of range", Call{Kind: Broadcast, Send: 8, Recv: 8, Count: 1, Type: nccl.Float32, Root: 4}},
+		{"peer out of range", Call{Kind: Recv, Recv: 8, Count: 1, Type: nccl.Float32, Root: -1}},
+		{"overflow", Call{Kind: AllGather, Send: 8, Recv: 8, Count: 1 << 61, Type: nccl.Float64}},
 	} {
 		err := c.validate(&tc.x)
 		require.NotNil(t, err, tc.name)
 		require.Equal(t, InvalidArgument, err.Code, tc.name)
 	}
 	// NCCL ignores the buffers a rank does not use.
-	require.Nil(t, c.validate(&Call{Kind: Broadcast, Recv: 8, Count: 1, Type: Float32, Root: 0}), "non-root broadcast without send")
-	require.Nil(t, c.validate(&Call{Kind: Reduce, Send: 8, Count: 1, Type: Float32, Root: 0}), "non-root reduce without recv")
-	require.Nil(t, c.validate(&Call{Kind: AllReduce, Count: 0, Type: Float32}), "count 0")
+	require.Nil(t, c.validate(&Call{Kind: Broadcast, Recv: 8, Count: 1, Type: nccl.Float32, Root: 0}), "non-root broadcast without send")
+	require.Nil(t, c.validate(&Call{Kind: Reduce, Send: 8, Count: 1, Type: nccl.Float32, Root: 0}), "non-root reduce without recv")
+	require.Nil(t, c.validate(&Call{Kind: AllReduce, Count: 0, Type: nccl.Float32}), "count 0")
 	// An op is not checked where none is used.
-	require.Nil(t, c.validate(&Call{Kind: AllGather, Send: 8, Recv: 8, Count: 1, Type: Int8, Op: 99}))
+	require.Nil(t, c.validate(&Call{Kind: AllGather, Send: 8, Recv: 8, Count: 1, Type: nccl.Int8, Op: 99}))
 }
 
 // TestInitAllRandom runs ncclCommInitAll's communicators on the host
@@ -105,7 +106,7 @@ func TestInitAllRandom(t *testing.T) {
 			}
 		}
 		each(func(r int) error {
-			return comms[r].Do(uint64(100+r), Call{Kind: AllReduce, Send: ptr(send[r]), Recv: ptr(recv[r]), Count: uint64(n), Type: Float32, Op: Sum})
+			return comms[r].Do(uint64(100+r), Call{Kind: AllReduce, Send: ptr(send[r]), Recv: ptr(recv[r]), Count: uint64(n), Type: nccl.Float32, Op: nccl.Sum})
 		})
 		for r := 0; r < W; r++ {
 			for i := 0; i < n; i++ {
@@ -116,7 +117,7 @@ func TestInitAllRandom(t *testing.T) {
 		// One goroutine, one group, every rank.
 		GroupStart(7)
 		for r := 0; r < W; r++ {
-			require.NoError(t, comms[r].Do(7, Call{Kind: AllGather, Send: ptr(send[r]), Recv: ptr(recv[r]), Count: uint64(n), Type: Float32}))
+			require.NoError(t, comms[r].Do(7, Call{Kind: AllGather, Send: ptr(send[r]), Recv: ptr(recv[r]), Count: uint64(n), Type: nccl.Float32}))
 		}
 		require.NoError(t, GroupEnd(7))
 		for r := 0; r < W; r++ {
@@ -126,7 +127,7 @@ func TestInitAllRandom(t *testing.T) {
 		}
 		root := rng.Intn(W)
 		each(func(r int) error {
-			return comms[r].Do(uint64(100+r), Call{Kind: Broadcast, Send: ptr(send[r]), Recv: ptr(recv[r]), Count: uint64(n), Type: Float32, Root: root})
+			return comms[r].Do(uint64(100+r), Call{Kind: Broadcast, Send: ptr(send[r]), Recv: ptr(recv[r]), Count: uint64(n), Type: nccl.Float32, Root: root})
 		})
 		for r := 0; r < W; r++ {
 			require.Equal(t, send[root][:n], recv[r][:n], "broadcast rank %d", r)

@@ -111,6 +111,7 @@ func (c *Comm) Do(tid uint64, x Call) error {
 type decision struct {
 	path   Path
 	algo   string // native: the algorithm collectives' selector chose
+	copy   bool   // native on one rank: every collective is a copy
 	dt     collectives.DataType
 	count  int
 	reason string // why not native (for the NCCL path's errors)
@@ -119,6 +120,9 @@ type decision struct {
 // decide picks the path of x: a matching plan, else a native algorithm
 // (by collectives' selector and tuning), else NCCL. The caller holds c.mu.
 func (c *Comm) decide(x Call) decision {
+	if c.size == 1 && x.Kind != Send && x.Kind != Recv {
+		return decision{path: PathNative, copy: true}
+	}
 	var k collectives.Kind
 	switch x.Kind {
 	case AllReduce:
@@ -254,6 +258,17 @@ func (c *Comm) runNative(ctx context.Context, x Call, d decision) error {
 	s, err := c.stream(x.Stream)
 	if err != nil {
 		return errorf(UnhandledCudaError, "%s: %v", x, err)
+	}
+	if d.copy {
+		// One rank: the result is the input (a reduction of one value,
+		// whatever the type and operation).
+		if x.Count > 0 && x.Send != x.Recv {
+			if err := c.dev.CopyAsync(x.Recv, x.Send, int(x.Count)*x.Type.Size(), s); err != nil {
+				return errorf(UnhandledCudaError, "%s: %v", x, err)
+			}
+		}
+		c.counts[x.Kind][PathNative].Add(1)
+		return nil
 	}
 	var opts []collectives.CallOption
 	if d.path == PathNative && d.algo != "" {

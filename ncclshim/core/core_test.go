@@ -140,3 +140,30 @@ func TestInitAllRandom(t *testing.T) {
 	require.Contains(t, comms[0].CountsString(), "rank 0/3 (host): allreduce: native 4; allgather: native 4; broadcast: staged 4")
 	require.Error(t, GroupEnd(7), "no group is open")
 }
+
+// TestOneRank: every collective of one rank is a copy, for any type and
+// reduction, with no NCCL.
+func TestOneRank(t *testing.T) {
+	t.Setenv(EnvBackend, "host")
+	comms, err := InitAll(1, nil)
+	require.NoError(t, err)
+	c := comms[0]
+	d := device.OpenHost(0)
+	defer d.Close()
+	a, err := d.Alloc(64)
+	require.NoError(t, err)
+	b, err := d.Alloc(64)
+	require.NoError(t, err)
+	in, out := device.HostSlice[int32](a.Ptr, 16), device.HostSlice[int32](b.Ptr, 16)
+	for i := range in {
+		in[i] = int32(i*7 - 20)
+	}
+	for _, k := range []Kind{AllReduce, AllGather, ReduceScatter, Broadcast, Reduce} {
+		clear(out)
+		require.NoError(t, c.Do(1, Call{Kind: k, Send: a.Ptr, Recv: b.Ptr, Count: 16, Type: nccl.Int32, Op: nccl.Prod}), k.String())
+		require.Equal(t, in, out, k.String())
+	}
+	require.EqualValues(t, 1, c.Counts()[Reduce][PathNative])
+	require.NoError(t, c.Destroy())
+	require.Error(t, c.Do(1, Call{Kind: AllReduce, Send: a.Ptr, Recv: b.Ptr, Count: 1, Type: nccl.Int32}), "after destroy")
+}

@@ -154,7 +154,7 @@ func (c *Comm) decide(x Call) decision {
 	}
 	graph := c.capturing(x.Stream)
 	registered := c.registered(x)
-	if c.planMatches(x, d) && (c.kind == device.Host || registered) {
+	if c.planMatches(x, d) && (c.kind == device.Host || c.planBuffers(x)) {
 		d.path = PathPlan
 		return d
 	}

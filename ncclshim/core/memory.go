@@ -148,3 +148,27 @@ func (c *Comm) registered(x Call) bool {
 	}
 	return in(x.Send) && in(x.Recv)
 }
+
+// planBuffers reports whether a plan can run x on the GPU: collectives runs
+// plans on whole registrations (the larger buffer's, in place; both,
+// otherwise), and would otherwise pass the call on to its own selector.
+func (c *Comm) planBuffers(x Call) bool {
+	start := func(p uintptr) bool {
+		for _, r := range c.regs {
+			if r.reg != nil && p == r.ptr {
+				return true
+			}
+		}
+		return false
+	}
+	part := uintptr(uint64(c.rank) * x.Count * uint64(x.Type.Size()))
+	switch {
+	case x.Send == x.Recv:
+		return start(x.Send)
+	case x.Kind == AllGather && x.Send == x.Recv+part:
+		return start(x.Recv) // in place: send lies in recv
+	case x.Kind == ReduceScatter && x.Recv == x.Send+part:
+		return start(x.Send) // in place: recv lies in send
+	}
+	return start(x.Send) && start(x.Recv)
+}

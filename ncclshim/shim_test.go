@@ -18,8 +18,10 @@ import (
 // buildShim builds libgoep_nccl.so as `make nccl-shim` does, into dir.
 func buildShim(t *testing.T, dir string) string {
 	t.Helper()
-	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("no gcc")
+	for _, tool := range []string{"gcc", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s (the test builds the library)", tool)
+		}
 	}
 	so := filepath.Join(dir, "libgoep_nccl.so")
 	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", so, ".")
@@ -74,4 +76,15 @@ func TestCProgram(t *testing.T) {
 	require.Contains(t, out1, "ncclCommSplit is not supported")
 	out2 := run("nonccl", "GOEP_NCCL=/nonexistent/libnccl.so.2", "GOEP_NCCL_PLANS="+plans)
 	require.True(t, strings.Contains(out2, "/nonexistent/libnccl.so.2"), "the missing library is named")
+
+	// As under PyTorch: the program links NCCL (here the stand-in, first;
+	// the shim after it only for what the stand-in lacks) and the shim is
+	// preloaded. Its symbols win, and it finds the NCCL the program loaded
+	// by its soname, without GOEP_NCCL.
+	linked := filepath.Join(dir, "shimtest-linked")
+	out, err = exec.Command("gcc", "-O1", "-o", linked, filepath.Join("testdata", "shimtest.c"),
+		"-L"+filepath.Dir(fake), "-l:libnccl.so.2", "-Wl,-rpath,"+filepath.Dir(fake), "-L"+dir, "-lgoep_nccl", "-Wl,-rpath,"+dir, "-lpthread").CombinedOutput()
+	require.NoError(t, err, "gcc:\n%s", out)
+	bin = linked
+	run("fake", "LD_PRELOAD="+so, "GOEP_NCCL_PLANS="+plans)
 }

@@ -97,6 +97,9 @@ func (c *Comm) Do(tid uint64, x Call) error {
 	if verr != nil {
 		return verr
 	}
+	if x.Count == 0 {
+		return nil // nothing moves (NCCL's calls of count 0 are no-ops too)
+	}
 	if queue(tid, c, x) {
 		return nil
 	}
@@ -104,6 +107,9 @@ func (c *Comm) Do(tid uint64, x Call) error {
 	defer cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.closed { // destroyed by another thread meanwhile
+		return errorf(InvalidArgument, "%s: the communicator is destroyed", x)
+	}
 	return c.run(ctx, x, c.decide(x))
 }
 

@@ -160,7 +160,8 @@ func InitAll(ndev int, devlist []int) ([]*Comm, error) {
 	return comms, nil
 }
 
-// newComm builds this rank's communicator over bs (collective).
+// newComm builds this rank's communicator over bs (collective). On error
+// the caller still owns bs.
 func newComm(ctx context.Context, bs bootstrap.Bootstrap, kind device.Kind, ordinal int) (*Comm, error) {
 	c := &Comm{rank: bs.Rank(), size: bs.Size(), ordinal: ordinal, kind: kind, bs: bs, regs: map[uint64]*registration{}}
 	var err error
@@ -186,7 +187,7 @@ func newComm(ctx context.Context, bs bootstrap.Bootstrap, kind device.Kind, ordi
 			Logf("rank %d: %s: %v (no plans used)", c.rank, EnvPlans, err)
 		} else if reg != nil {
 			if err := coll.UsePlans(ctx, reg); err != nil {
-				return nil, errors.Join(errorf(InternalError, "ncclCommInitRank: rank %d: plans: %v", c.rank, err), c.free())
+				return nil, errors.Join(errorf(InternalError, "ncclCommInitRank: rank %d: plans: %v", c.rank, err), c.release())
 			}
 			c.plans = reg
 		}
@@ -404,6 +405,11 @@ func (c *Comm) Abort() error {
 }
 
 func (c *Comm) free() error {
+	return errors.Join(c.release(), c.bs.Close())
+}
+
+// release frees everything but the bootstrap.
+func (c *Comm) release() error {
 	c.closed = true
 	var errs []error
 	keep := func(err error) {
@@ -427,7 +433,6 @@ func (c *Comm) free() error {
 		}
 		c.dev = nil
 	}
-	keep(c.bs.Close())
 	if err := errors.Join(errs...); err != nil {
 		return errorf(InternalError, "rank %d: destroy: %v", c.rank, err)
 	}

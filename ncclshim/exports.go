@@ -127,6 +127,23 @@ func goepNcclCommInitAll(out *C.uint64_t, ndev C.int, devlist *C.int) C.int {
 	return 0
 }
 
+//export goepNcclCommSplit
+func goepNcclCommSplit(id C.uint64_t, color, key C.int, out *C.uint64_t) C.int {
+	*out = 0
+	c := getComm(id)
+	if c == nil {
+		return result(noComm)
+	}
+	n, err := c.Split(int(color), int(key))
+	if err != nil {
+		return result(err)
+	}
+	if n != nil {
+		*out = C.uint64_t(addComm(n))
+	}
+	return 0
+}
+
 // goepNcclCommEnd finalizes (how 0), destroys (1) or aborts (2).
 //
 //export goepNcclCommEnd

@@ -167,6 +167,26 @@ gsResult pncclCommDestroy(gsComm comm) GS_ALIAS(ncclCommDestroy);
 GS_API gsResult ncclCommAbort(gsComm comm) { return end("ncclCommAbort", comm, 2); }
 gsResult pncclCommAbort(gsComm comm) GS_ALIAS(ncclCommAbort);
 
+GS_API gsResult ncclCommSplit(gsComm comm, int color, int key, gsComm *newcomm, gsConfigHead *config) {
+	uint64_t h = 0;
+	gsResult r;
+	(void)config; // as in ncclCommInitRankConfig
+	COMM_OR_FAIL("ncclCommSplit", comm);
+	if (newcomm == NULL) return goepNcclFail(GS_INVALID_ARGUMENT, "ncclCommSplit: newcomm is NULL");
+	*newcomm = NULL;
+	r = goepNcclCommSplit(id_, color, key, &h);
+	if (r == GS_SUCCESS && h != 0) {
+		*newcomm = new_handle(h);
+		if (*newcomm == NULL) {
+			goepNcclCommEnd(h, 2);
+			return goepNcclFail(GS_SYSTEM_ERROR, "out of memory");
+		}
+	}
+	return r;
+}
+gsResult pncclCommSplit(gsComm comm, int color, int key, gsComm *newcomm, gsConfigHead *config)
+	GS_ALIAS(ncclCommSplit);
+
 #define QUERY(name, what, T, outname)                                                 \
 	GS_API gsResult name(gsComm comm, T *outname) {                                   \
 		COMM_OR_FAIL(#name, comm);                                                    \
@@ -288,7 +308,6 @@ gsResult pncclCommDeregister(gsComm comm, void *handle) GS_ALIAS(ncclCommDeregis
 	GS_API gsResult name params { return goepNcclUnsupported(#name); } \
 	gsResult p##name params GS_ALIAS(name);
 
-UNSUPPORTED(ncclCommSplit, (gsComm comm, int color, int key, gsComm *newcomm, gsConfigHead *config))
 UNSUPPORTED(ncclCommShrink, (gsComm comm, int *exclude, int n, gsComm *newcomm, gsConfigHead *config, int flags))
 UNSUPPORTED(ncclCommGrow, (gsComm comm, int nranks, const gsUniqueId *id, int rank, gsComm *newcomm,
                            gsConfigHead *config))

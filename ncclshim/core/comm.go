@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,6 +104,11 @@ func Init(id UniqueID, nranks, rank int) (*Comm, error) {
 	if kind == device.CUDA {
 		ordinal = currentOrdinal()
 	}
+	return connect(uid, addr, nranks, rank, kind, ordinal)
+}
+
+// connect joins the bootstrap at addr and builds the communicator on it.
+func connect(uid, addr string, nranks, rank int, kind device.Kind, ordinal int) (*Comm, error) {
 	ctx, cancel := background()
 	defer cancel()
 	bs, err := bootstrap.Connect(ctx, bootstrap.Config{Rank: rank, Size: nranks, RootAddr: addr, UniqueID: uid})
@@ -114,6 +120,84 @@ func Init(id UniqueID, nranks, rank int) (*Comm, error) {
 		return nil, errors.Join(err, bs.Close())
 	}
 	return c, nil
+}
+
+// NoColor is NCCL_SPLIT_NOCOLOR: the rank joins no new communicator.
+const NoColor = -1
+
+// Split makes the communicators of ncclCommSplit (collective over c's
+// ranks): the ranks of one color form one, ordered by key, then by their
+// rank in c, on the same GPUs. A rank with NoColor gets nil.
+func (c *Comm) Split(color, key int) (*Comm, error) {
+	if color < NoColor {
+		return nil, errorf(InvalidArgument, "ncclCommSplit: color %d", color)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errorf(InvalidArgument, "ncclCommSplit: the communicator is destroyed")
+	}
+	ctx, cancel := background()
+	defer cancel()
+	// Round 1: every rank's color and key.
+	mine := []byte(fmt.Sprintf("%d %d", color, key))
+	all, err := c.bs.AllGather(ctx, mine)
+	if err != nil {
+		c.mu.Unlock()
+		return nil, errorf(SystemError, "ncclCommSplit: rank %d: %v", c.rank, err)
+	}
+	type member struct{ rank, color, key int }
+	var group []member
+	for r, b := range all {
+		var m member
+		if _, err := fmt.Sscanf(string(b), "%d %d", &m.color, &m.key); err != nil {
+			c.mu.Unlock()
+			return nil, errorf(InternalError, "ncclCommSplit: rank %d sent %q", r, b)
+		}
+		m.rank = r
+		if m.color == color && color != NoColor {
+			group = append(group, m)
+		}
+	}
+	slices.SortStableFunc(group, func(a, b member) int {
+		if a.key != b.key {
+			return a.key - b.key
+		}
+		return a.rank - b.rank
+	})
+	// Round 2: each group's first rank makes the new id.
+	var id []byte
+	if len(group) > 0 && group[0].rank == c.rank {
+		uid, err := NewUniqueID()
+		if err != nil {
+			c.mu.Unlock()
+			return nil, err
+		}
+		id = uid[:]
+	}
+	ids, err := c.bs.AllGather(ctx, id)
+	kind, ordinal := c.kind, c.ordinal
+	c.mu.Unlock()
+	if err != nil {
+		return nil, errorf(SystemError, "ncclCommSplit: rank %d: %v", c.rank, err)
+	}
+	if color == NoColor {
+		return nil, nil
+	}
+	var newID UniqueID
+	if len(ids[group[0].rank]) != IDSize {
+		return nil, errorf(InternalError, "ncclCommSplit: rank %d sent no id", group[0].rank)
+	}
+	copy(newID[:], ids[group[0].rank])
+	uid, addr, err := newID.parse()
+	if err != nil {
+		return nil, err
+	}
+	newRank := slices.IndexFunc(group, func(m member) bool { return m.rank == c.rank })
+	if kind == device.Host {
+		ordinal = newRank
+	}
+	return connect(uid, addr, len(group), newRank, kind, ordinal)
 }
 
 // InitAll makes ndev communicators of one process (ncclCommInitAll): rank

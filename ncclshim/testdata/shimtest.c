@@ -55,6 +55,7 @@ int ncclMemFree(void *);
 int ncclCommRegister(ncclComm_t, void *, size_t, void **);
 int ncclCommDeregister(ncclComm_t, void *);
 int ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+int ncclAlltoAll(const void *, void *, size_t, int, ncclComm_t, void *);
 const char *ncclGetErrorString(int);
 const char *ncclGetLastError(ncclComm_t);
 int goepNcclCommCounts(ncclComm_t, int64_t *, int);
@@ -159,9 +160,29 @@ static void *run(void *arg) {
 	CHECK(ncclAllGather(send, recv, SIZE_MAX / 2, ncclFloat32, comm, NULL) == ncclInvalidArgument, "count overflow");
 	CHECK(ncclAllReduce(send, recv, N, ncclFloat32, ncclSum, NULL, NULL) == ncclInvalidArgument, "NULL comm");
 	CHECK(ncclAllReduce(send, recv, N, ncclFloat32, ncclSum, (ncclComm_t)send, NULL) == ncclInvalidArgument, "foreign comm");
+	CHECK(ncclAlltoAll(send, recv, N, ncclFloat32, comm, NULL) == ncclInvalidUsage, "ncclAlltoAll is not supported");
+	CHECK(strstr(ncclGetLastError(comm), "ncclAlltoAll") != NULL, "last error names the call: %s", ncclGetLastError(comm));
+
+	// Split: one color with the ranks reversed by key, then one rank alone.
 	ncclComm_t sub = NULL;
-	CHECK(ncclCommSplit(comm, 0, rank, &sub, NULL) == ncclInvalidUsage, "ncclCommSplit is not supported");
-	CHECK(strstr(ncclGetLastError(comm), "ncclCommSplit") != NULL, "last error names the call: %s", ncclGetLastError(comm));
+	CALL(ncclCommSplit(comm, 0, 1 - rank, &sub, NULL));
+	if (sub != NULL) {
+		CALL(ncclCommUserRank(sub, &x));
+		CHECK(x == 1 - rank, "split rank %d", x);
+		CALL(ncclAllReduce(send, recv, N, ncclFloat32, ncclSum, sub, NULL));
+		for (int i = 0; i < N; i++) CHECK(recv[i] == v(0, i) + v(1, i), "split allreduce [%d] = %g", i, recv[i]);
+		CALL(ncclCommDestroy(sub));
+	}
+	sub = comm;
+	CALL(ncclCommSplit(comm, rank == 0 ? 7 : -1, 0, &sub, NULL));
+	CHECK((sub != NULL) == (rank == 0), "NCCL_SPLIT_NOCOLOR gives NULL, a color a communicator");
+	if (sub != NULL) {
+		CALL(ncclCommCount(sub, &x));
+		CHECK(x == 1, "alone: count %d", x);
+		CALL(ncclAllReduce(send, recv, N, ncclFloat32, ncclProd, sub, NULL));
+		for (int i = 0; i < N; i++) CHECK(recv[i] == v(0, i), "one-rank allreduce [%d] = %g", i, recv[i]);
+		CALL(ncclCommDestroy(sub));
+	}
 	CALL(ncclCommGetAsyncError(comm, &x));
 	CHECK(x == ncclSuccess, "async error %d", x);
 

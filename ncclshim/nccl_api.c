@@ -261,6 +261,27 @@ GS_API gsResult ncclRecv(void *recv, size_t count, gsDataType dt, int peer, gsCo
 gsResult pncclRecv(void *recv, size_t count, gsDataType dt, int peer, gsComm comm, gsStream stream)
 	GS_ALIAS(ncclRecv);
 
+// NCCL 2.28's collectives: forwarded to the real NCCL.
+GS_API gsResult ncclAlltoAll(const void *send, void *recv, size_t count, gsDataType dt, gsComm comm, gsStream stream) {
+	return call("ncclAlltoAll", comm, GS_ALLTOALL, send, recv, count, dt, 0, 0, stream);
+}
+gsResult pncclAlltoAll(const void *send, void *recv, size_t count, gsDataType dt, gsComm comm, gsStream stream)
+	GS_ALIAS(ncclAlltoAll);
+
+GS_API gsResult ncclGather(const void *send, void *recv, size_t count, gsDataType dt, int root, gsComm comm,
+                           gsStream stream) {
+	return call("ncclGather", comm, GS_GATHER, send, recv, count, dt, 0, root, stream);
+}
+gsResult pncclGather(const void *send, void *recv, size_t count, gsDataType dt, int root, gsComm comm,
+                     gsStream stream) GS_ALIAS(ncclGather);
+
+GS_API gsResult ncclScatter(const void *send, void *recv, size_t count, gsDataType dt, int root, gsComm comm,
+                            gsStream stream) {
+	return call("ncclScatter", comm, GS_SCATTER, send, recv, count, dt, 0, root, stream);
+}
+gsResult pncclScatter(const void *send, void *recv, size_t count, gsDataType dt, int root, gsComm comm,
+                      gsStream stream) GS_ALIAS(ncclScatter);
+
 GS_API gsResult ncclGroupStart(void) { return goepNcclGroup(tid(), 1); }
 gsResult pncclGroupStart(void) GS_ALIAS(ncclGroupStart);
 
@@ -323,17 +344,12 @@ UNSUPPORTED(ncclCommWindowDeregister, (gsComm comm, void *win))
 UNSUPPORTED(ncclWinGetUserPtr, (gsComm comm, void *win, void **out))
 UNSUPPORTED(ncclRedOpCreatePreMulSum, (gsRedOp *op, void *scalar, gsDataType dt, int residence, gsComm comm))
 UNSUPPORTED(ncclRedOpDestroy, (gsRedOp op, gsComm comm))
-UNSUPPORTED(ncclAlltoAll, (const void *send, void *recv, size_t count, gsDataType dt, gsComm comm, gsStream s))
-UNSUPPORTED(ncclGather, (const void *send, void *recv, size_t count, gsDataType dt, int root, gsComm comm,
-                         gsStream s))
-UNSUPPORTED(ncclScatter, (const void *send, void *recv, size_t count, gsDataType dt, int root, gsComm comm,
-                          gsStream s))
 UNSUPPORTED(ncclGroupSimulateEnd, (void *simInfo))
 
 // ---- goep's own ---------------------------------------------------------------------
 
 // goepNcclCommCounts copies the communicator's per-path call counts:
-// out[kind * 4 + path] for kinds GS_ALLREDUCE..GS_RECV and paths plan,
+// out[kind * 4 + path] for kinds GS_ALLREDUCE..GS_SCATTER and paths plan,
 // native, nccl, staged (n entries at most). For tests and tools.
 GS_API gsResult goepNcclCommCounts(gsComm comm, int64_t *out, int n) {
 	COMM_OR_FAIL("goepNcclCommCounts", comm);

@@ -55,6 +55,9 @@ typedef struct {
 #define GS_REDUCE 4
 #define GS_SEND 5
 #define GS_RECV 6
+#define GS_ALLTOALL 7
+#define GS_GATHER 8
+#define GS_SCATTER 9
 
 // The version the shim reports: NCCL 2.21.5's API (what PyTorch 2.x
 // expects at least), with goep's own numbering kept out of the way.

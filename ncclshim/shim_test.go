@@ -73,7 +73,7 @@ func TestCProgram(t *testing.T) {
 	out1 := run("fake", "GOEP_NCCL="+fake, "GOEP_NCCL_PLANS="+plans)
 	// GOEP_NCCL_DEBUG=1: the counts at finalize, and the unsupported call.
 	require.Contains(t, out1, "goep-nccl: rank 0/2 (host): allreduce: plan 1, native 1, nccl 1")
-	require.Contains(t, out1, "ncclAlltoAll is not supported")
+	require.Contains(t, out1, "ncclRedOpDestroy is not supported")
 	out2 := run("nonccl", "GOEP_NCCL=/nonexistent/libnccl.so.2", "GOEP_NCCL_PLANS="+plans)
 	require.True(t, strings.Contains(out2, "/nonexistent/libnccl.so.2"), "the missing library is named")
 

@@ -437,6 +437,27 @@ func (c *Comm) Recv(recv uintptr, count int, dt DataType, peer int, stream uintp
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
+// AllToAll enqueues ncclAlltoAll (NCCL 2.28 and later) of count elements
+// per peer.
+func (c *Comm) AllToAll(send, recv uintptr, count int, dt DataType, stream uintptr) error {
+	return check("ncclAlltoAll", C.gn_all_to_all(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Gather enqueues ncclGather (NCCL 2.28 and later) of count elements per
+// rank into root's recv.
+func (c *Comm) Gather(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	return check("ncclGather", C.gn_gather(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Scatter enqueues ncclScatter (NCCL 2.28 and later) of count elements
+// per rank from root's send.
+func (c *Comm) Scatter(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	return check("ncclScatter", C.gn_scatter(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
 // IsMissing reports whether err is a call the loaded NCCL does not export
 // (an optional entry point; the test stand-in lacks them).
 func IsMissing(err error) bool {

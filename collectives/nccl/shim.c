@@ -204,3 +204,22 @@ int gn_group_end(void) {
 	uintptr_t ctx = 0;
 	GN_CALL(ncclGroupEnd, ());
 }
+
+// The NCCL 2.28 collectives, for forwarders; the caller's context is current.
+int gn_all_to_all(uint64_t send, uint64_t recv, size_t count, int dt, uintptr_t comm, uintptr_t stream) {
+	uintptr_t ctx = 0;
+	GN_CALL(ncclAlltoAll, ((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, dt, (gnComm)comm,
+	                       (gnStream)stream));
+}
+
+int gn_gather(uint64_t send, uint64_t recv, size_t count, int dt, int root, uintptr_t comm, uintptr_t stream) {
+	uintptr_t ctx = 0;
+	GN_CALL(ncclGather, ((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, dt, root, (gnComm)comm,
+	                     (gnStream)stream));
+}
+
+int gn_scatter(uint64_t send, uint64_t recv, size_t count, int dt, int root, uintptr_t comm, uintptr_t stream) {
+	uintptr_t ctx = 0;
+	GN_CALL(ncclScatter, ((const void *)(uintptr_t)send, (void *)(uintptr_t)recv, count, dt, root, (gnComm)comm,
+	                      (gnStream)stream));
+}

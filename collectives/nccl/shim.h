@@ -50,7 +50,13 @@ typedef void *gnStream;                // cudaStream_t (a CUstream)
 	X(ncclRecv, (void *recvbuff, size_t count, gnDataType datatype, int peer,            \
 	             gnComm comm, gnStream stream))                                          \
 	X(ncclGroupStart, (void))                                                            \
-	X(ncclGroupEnd, (void))
+	X(ncclGroupEnd, (void))                                                              \
+	X(ncclAlltoAll, (const void *sendbuff, void *recvbuff, size_t count, gnDataType datatype, \
+	                 gnComm comm, gnStream stream))                                      \
+	X(ncclGather, (const void *sendbuff, void *recvbuff, size_t count, gnDataType datatype, \
+	               int root, gnComm comm, gnStream stream))                              \
+	X(ncclScatter, (const void *sendbuff, void *recvbuff, size_t count, gnDataType datatype, \
+	                int root, gnComm comm, gnStream stream))
 
 // Status codes of the shim itself (negative, never NCCL's).
 #define GN_ERR_NOT_LOADED (-1)
@@ -99,6 +105,9 @@ int gn_reduce(uintptr_t ctx, uint64_t send, uint64_t recv, size_t count, int dt,
               uintptr_t stream);
 int gn_send(uintptr_t ctx, uint64_t send, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream);
 int gn_recv(uintptr_t ctx, uint64_t recv, size_t count, int dt, int peer, uintptr_t comm, uintptr_t stream);
+int gn_all_to_all(uint64_t send, uint64_t recv, size_t count, int dt, uintptr_t comm, uintptr_t stream);
+int gn_gather(uint64_t send, uint64_t recv, size_t count, int dt, int root, uintptr_t comm, uintptr_t stream);
+int gn_scatter(uint64_t send, uint64_t recv, size_t count, int dt, int root, uintptr_t comm, uintptr_t stream);
 int gn_group_start(void);
 int gn_group_end(void);
 

@@ -26,13 +26,14 @@ type Call struct {
 
 func (x Call) String() string {
 	s := fmt.Sprintf("nccl%s(count %d, %s", map[Kind]string{AllReduce: "AllReduce", AllGather: "AllGather",
-		ReduceScatter: "ReduceScatter", Broadcast: "Broadcast", Reduce: "Reduce", Send: "Send", Recv: "Recv"}[x.Kind], x.Count, x.Type)
+		ReduceScatter: "ReduceScatter", Broadcast: "Broadcast", Reduce: "Reduce", Send: "Send", Recv: "Recv",
+		AllToAll: "AlltoAll", Gather: "Gather", Scatter: "Scatter"}[x.Kind], x.Count, x.Type)
 	switch x.Kind {
 	case AllReduce, ReduceScatter:
 		s += ", " + x.Op.String()
 	case Reduce:
 		s += fmt.Sprintf(", %s, root %d", x.Op, x.Root)
-	case Broadcast:
+	case Broadcast, Gather, Scatter:
 		s += fmt.Sprintf(", root %d", x.Root)
 	case Send, Recv:
 		s += fmt.Sprintf(", peer %d", x.Root)
@@ -53,13 +54,13 @@ func (c *Comm) validate(x *Call) *Error {
 		return errorf(InvalidArgument, "%s: invalid reduction %d (goep's shim has no custom reductions)", x, int(x.Op))
 	}
 	switch x.Kind {
-	case Broadcast, Reduce, Send, Recv:
+	case Broadcast, Reduce, Send, Recv, Gather, Scatter:
 		if x.Root < 0 || x.Root >= c.size {
 			return errorf(InvalidArgument, "%s: rank %d is out of range [0, %d)", x, x.Root, c.size)
 		}
 	}
 	mult := 1
-	if x.Kind == AllGather || x.Kind == ReduceScatter {
+	if x.Kind == AllGather || x.Kind == ReduceScatter || x.Kind == AllToAll || x.Kind == Gather || x.Kind == Scatter {
 		mult = c.size
 	}
 	if _, err := bytesOf(x.Count, x.Type, mult); err != nil {
@@ -68,8 +69,8 @@ func (c *Comm) validate(x *Call) *Error {
 	if x.Count == 0 {
 		return nil
 	}
-	needSend := x.Kind != Recv && (x.Kind != Broadcast || x.Root == c.rank)
-	needRecv := x.Kind != Send && (x.Kind != Reduce || x.Root == c.rank)
+	needSend := x.Kind != Recv && ((x.Kind != Broadcast && x.Kind != Scatter) || x.Root == c.rank)
+	needRecv := x.Kind != Send && ((x.Kind != Reduce && x.Kind != Gather) || x.Root == c.rank)
 	if needSend && x.Send == 0 {
 		return errorf(InvalidArgument, "%s: sendbuff is NULL", x)
 	}
@@ -126,7 +127,7 @@ type decision struct {
 // decide picks the path of x: a matching plan, else a native algorithm
 // (by collectives' selector and tuning), else NCCL. The caller holds c.mu.
 func (c *Comm) decide(x Call) decision {
-	if c.size == 1 && x.Kind != Send && x.Kind != Recv {
+	if c.size == 1 && x.Kind != Send && x.Kind != Recv && x.Kind <= Reduce {
 		return decision{path: PathNative, copy: true}
 	}
 	var k collectives.Kind
@@ -251,8 +252,11 @@ func (c *Comm) run(ctx context.Context, x Call, d decision) error {
 		return errorf(InvalidUsage, "%s needs NCCL%s, which is unavailable: %v", x, why, err)
 	}
 	if err := c.forward(x); err != nil {
-		if nccl.IsMissing(err) && (x.Kind == Broadcast || p2p) {
-			return c.runStaged(ctx, x, err.Error())
+		if nccl.IsMissing(err) {
+			if x.Kind == Broadcast || p2p {
+				return c.runStaged(ctx, x, err.Error())
+			}
+			return errorf(InvalidUsage, "%s: the NCCL in use lacks it: %v", x, err)
 		}
 		return errorf(InternalError, "rank %d: %s: %v", c.rank, x, err)
 	}
@@ -319,6 +323,12 @@ func (c *Comm) forward(x Call) error {
 		return c.ncclComm.Send(x.Send, n, dt, x.Root, s)
 	case Recv:
 		return c.ncclComm.Recv(x.Recv, n, dt, x.Root, s)
+	case AllToAll:
+		return c.ncclComm.AllToAll(x.Send, x.Recv, n, dt, s)
+	case Gather:
+		return c.ncclComm.Gather(x.Send, x.Recv, n, dt, x.Root, s)
+	case Scatter:
+		return c.ncclComm.Scatter(x.Send, x.Recv, n, dt, x.Root, s)
 	}
 	return fmt.Errorf("no NCCL call for %s", x.Kind)
 }

@@ -45,11 +45,15 @@ const (
 	Reduce
 	Send
 	Recv
+	AllToAll // NCCL only (2.28 and later), as are Gather and Scatter
+	Gather
+	Scatter
 	numKinds
 )
 
 func (k Kind) String() string {
-	return [...]string{"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "send", "recv"}[k]
+	return [...]string{"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "send", "recv",
+		"alltoall", "gather", "scatter"}[k]
 }
 
 // Comm is one rank's communicator (an ncclComm_t).

@@ -56,6 +56,7 @@ int ncclCommRegister(ncclComm_t, void *, size_t, void **);
 int ncclCommDeregister(ncclComm_t, void *);
 int ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
 int ncclAlltoAll(const void *, void *, size_t, int, ncclComm_t, void *);
+int ncclRedOpDestroy(int, ncclComm_t);
 const char *ncclGetErrorString(int);
 const char *ncclGetLastError(ncclComm_t);
 int goepNcclCommCounts(ncclComm_t, int64_t *, int);
@@ -160,8 +161,13 @@ static void *run(void *arg) {
 	CHECK(ncclAllGather(send, recv, SIZE_MAX / 2, ncclFloat32, comm, NULL) == ncclInvalidArgument, "count overflow");
 	CHECK(ncclAllReduce(send, recv, N, ncclFloat32, ncclSum, NULL, NULL) == ncclInvalidArgument, "NULL comm");
 	CHECK(ncclAllReduce(send, recv, N, ncclFloat32, ncclSum, (ncclComm_t)send, NULL) == ncclInvalidArgument, "foreign comm");
-	CHECK(ncclAlltoAll(send, recv, N, ncclFloat32, comm, NULL) == ncclInvalidUsage, "ncclAlltoAll is not supported");
-	CHECK(strstr(ncclGetLastError(comm), "ncclAlltoAll") != NULL, "last error names the call: %s", ncclGetLastError(comm));
+	CHECK(ncclRedOpDestroy(5, comm) == ncclInvalidUsage, "ncclRedOpDestroy is not supported");
+	CHECK(strstr(ncclGetLastError(comm), "ncclRedOpDestroy") != NULL, "last error names the call: %s", ncclGetLastError(comm));
+	// NCCL 2.28's all-to-all goes to NCCL: the stand-in lacks it, and
+	// without NCCL it cannot run.
+	CHECK(ncclAlltoAll(send, recv, N, ncclFloat32, comm, NULL) == ncclInvalidUsage, "ncclAlltoAll without it");
+	CHECK(strstr(ncclGetLastError(comm), fake ? "lacks it" : "/nonexistent/libnccl.so.2") != NULL, "last error: %s",
+	      ncclGetLastError(comm));
 
 	// Split: one color with the ranks reversed by key, then one rank alone.
 	ncclComm_t sub = NULL;

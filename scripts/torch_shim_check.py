@@ -149,7 +149,7 @@ def worker(out_dir, bench):
     if bench:
         for shift in range(10, 29, 2):  # 1 KiB .. 256 MiB
             nbytes = 1 << shift
-            t = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=dev)
+            t = torch.zeros(nbytes // 2, dtype=torch.bfloat16, device=dev)
             for _ in range(5):
                 dist.all_reduce(t)
             torch.cuda.synchronize()

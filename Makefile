@@ -13,7 +13,7 @@ export NCCL_NVLS_ENABLE := 0
 # Packages whose test binaries hold GPU tests (they skip without a GPU).
 GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./routing ./bench ./channels ./intranode ./ep ./buffer ./collectives
 
-.PHONY: all build test vet run device-bin clean
+.PHONY: all build test vet run device-bin nccl-shim clean
 
 all: build
 
@@ -41,6 +41,14 @@ device-bin:
 		GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/$$n.test $$p || exit 1; \
 	done
 	@ls -la $(DEVBIN)
+
+# libgoep_nccl.so: the NCCL C API on goep, for LD_PRELOAD under NCCL programs
+# (README: "The NCCL API from goep"). Stripped; about 5 MiB.
+nccl-shim:
+	@mkdir -p $(DEVBIN)
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(DEVBIN)/libgoep_nccl.so ./ncclshim
+	@rm -f $(DEVBIN)/libgoep_nccl.h
+	@ls -la $(DEVBIN)/libgoep_nccl.so
 
 clean:
 	rm -rf $(DEVBIN)

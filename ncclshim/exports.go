@@ -13,7 +13,6 @@ import (
 	"unsafe"
 
 	"github.com/goep-dev/goep/collectives/nccl"
-	_ "github.com/goep-dev/goep/kernels/twins" // the host backend's kernels
 	"github.com/goep-dev/goep/ncclshim/core"
 )
 

@@ -3,6 +3,7 @@
 // backend="nccl"). Each call goes to a registered execution plan, else
 // goep's native algorithm, else the real NCCL ($GOEP_NCCL); see
 // ncclshim/core and the README's section on the shim.
+
 package main
 
 func main() {}

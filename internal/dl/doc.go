@@ -1,5 +1,4 @@
-// Package dl opens shared libraries at run time (dlopen, dlsym, dlerror in
-// one small C layer) and searches for them the way goep's loaders agree on:
-// an environment variable naming one file, then CUDA_HOME/CUDA_PATH,
-// /usr/local/cuda, the dynamic loader's path, and pip's nvidia-* wheels.
+// Package dl opens shared libraries at run time (dlopen, dlsym) and searches
+// for them in one agreed order: an override variable, CUDA_HOME, /usr/local/cuda,
+// the loader's path, pip's nvidia-* wheels.
 package dl

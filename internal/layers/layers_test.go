@@ -48,7 +48,7 @@ var layerTable = []struct {
 
 // testSupport are packages only tests (and bench) may import.
 var testSupport = []string{"channels/channeltest", "collectives/colltest", "collectives/plan/plantest",
-	"intranode/intranodetest", "collectives/internal/fakenccl"}
+	"intranode/intranodetest", "collectives/internal/fakenccl", "collectives/nccl/nccltest"}
 
 // mayImportTestSupport are product packages allowed to use test support:
 // the CLI checks and benchmarks with the same harnesses the tests use.

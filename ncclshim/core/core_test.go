@@ -10,7 +10,6 @@ import (
 
 	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func TestUniqueIDRoundTrip(t *testing.T) {

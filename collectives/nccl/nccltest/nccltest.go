@@ -1,6 +1,7 @@
 // Package nccltest gives tests outside collectives/ the host-memory NCCL
 // stand-in (collectives/internal/fakenccl): ranks are threads of one
 // process, buffers host memory.
+
 package nccltest
 
 import "github.com/goep-dev/goep/collectives/internal/fakenccl"

@@ -90,12 +90,19 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	gpus := 0
 	if kind == device.CUDA {
-		if n, err := device.CUDADeviceCount(); err != nil || n < p.World() {
+		// Fewer GPUs than the plan's ranks: ranks share GPUs (checked the
+		// same way; timed, but not NVLink figures).
+		if gpus, err = device.CUDADeviceCount(); err != nil || gpus == 0 {
 			if *backend != "auto" {
-				return fmt.Errorf("plan %s needs %d GPUs; this machine has %d (%v)", p.Name, p.World(), n, err)
+				return fmt.Errorf("plan %s: no CUDA GPU (%v)", p.Name, err)
 			}
-			kind, why = device.Host, fmt.Sprintf("%d GPUs here, the plan needs %d", n, p.World())
+			kind, why = device.Host, "no CUDA GPU"
+		}
+		gpus = min(gpus, p.World())
+		if note := sharedGPUNote(kind, p.World()); note != "" {
+			fmt.Fprintln(stdout, "note:", note)
 		}
 	}
 	gpu := kind == device.CUDA
@@ -144,7 +151,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var failed []string
 	for i, size := range list {
 		prog.printf("size %s (%d/%d): checking, then %d timed launches", human(size), i+1, len(list), *iters)
-		row, err := planSize(ctx, kind, p, uint64(size), mode, dt, cfg, *iters)
+		row, err := planSize(ctx, kind, p, uint64(size), mode, dt, cfg, *iters, gpus)
 		if ierr := interrupted(ctx); ierr != nil {
 			return ierr
 		}
@@ -194,14 +201,14 @@ type planRow struct{ mean, min, gbps float64 }
 
 // planSize checks one size (two launches: the second runs on the other
 // scratch half and flag parity), then times iters launches.
-func planSize(ctx context.Context, kind device.Kind, p *plan.Plan, size uint64, inPlace bool, dt plan.DataType, cfg plan.HostConfig, iters int) (planRow, error) {
+func planSize(ctx context.Context, kind device.Kind, p *plan.Plan, size uint64, inPlace bool, dt plan.DataType, cfg plan.HostConfig, iters, gpus int) (planRow, error) {
 	if kind == device.CUDA {
 		// Resolving first refuses a size or mode the plan does not take.
 		r0, err := plan.Resolve(p, 0, size, inPlace)
 		if err != nil {
 			return planRow{}, err
 		}
-		res, err := plantest.Check(ctx, p, size, dt, cfg.Packet, iters)
+		res, err := plantest.CheckOn(ctx, p, size, dt, cfg.Packet, iters, gpus)
 		if err != nil {
 			return planRow{}, err
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
@@ -189,19 +190,13 @@ func (b *Buffer) placeLaunches(ctx context.Context) error {
 	return nil
 }
 
-// Barrier kernels (channels' device API).
-const (
-	kernelSemSignal = "goep_chan_sem_signal"
-	kernelSemWait   = "goep_chan_sem_wait"
-)
-
 // preload loads every kernel a call may launch before the ranks meet for
 // the last time in New: a first launch must never load code while a peer's
 // kernel spins waiting for this rank (ranks sharing a GPU share its
 // context, and a module load waits for the kernels running there).
 func (b *Buffer) preload() error {
 	if err := b.dev.Preload(intranode.KernelNotify, routing.KernelWidenIDs, routing.KernelLayoutInt64,
-		kernelSemSignal); err != nil {
+		devapi.KernelChanSemSignal); err != nil {
 		return b.errorf("%w", err)
 	}
 	// The TMA dispatch is its own module, so that a toolchain that rejects
@@ -479,11 +474,11 @@ func (b *Buffer) Barrier(s device.Stream) error {
 	n := b.sems.Len()
 	stride := uint32(b.sems.Stride())
 	sig := device.NewArgs(5).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0)
-	if err := b.dev.Launch(kernelSemSignal, device.D1(n), device.D1(32), 0, s, sig); err != nil {
+	if err := b.dev.Launch(devapi.KernelChanSemSignal, device.D1(n), device.D1(32), 0, s, sig); err != nil {
 		return b.Fail(b.errorf("barrier signal: %w", err))
 	}
 	wait := device.NewArgs(7).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0).U32(StageBarrier).Ptr(b.barrier.Ptr)
-	if err := b.dev.Launch(kernelSemWait, device.D1(n), device.D1(32), 0, s, wait); err != nil {
+	if err := b.dev.Launch(devapi.KernelChanSemWait, device.D1(n), device.D1(32), 0, s, wait); err != nil {
 		return b.Fail(b.errorf("barrier wait: %w", err))
 	}
 	return nil

@@ -50,6 +50,11 @@ type Communicator struct {
 
 	placeMu   sync.Mutex // held through Placement's exchange
 	placement *Placement
+
+	// sharedConnStream carries every connection's copies when this rank's
+	// GPU runs several ranks (connStream).
+	sharedConnMu     sync.Mutex
+	sharedConnStream device.Stream
 }
 
 // tokenSlotSize is the room of one inbound token: 128 bytes, because peers
@@ -266,6 +271,12 @@ func (c *Communicator) Close() error {
 	for _, conn := range c.conns {
 		keep(conn.closeLocked())
 	}
+	c.sharedConnMu.Lock()
+	if c.sharedConnStream != nil {
+		keep(c.sharedConnStream.Close())
+		c.sharedConnStream = nil
+	}
+	c.sharedConnMu.Unlock()
 	for _, p := range c.packets {
 		keep(p.freeLocked())
 	}

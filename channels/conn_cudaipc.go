@@ -22,8 +22,9 @@ type cudaIPCConnection struct {
 	// sharing a GPU has a connection per pair of ranks, mostly unused, and
 	// every stream beyond the GPU's hardware queues shares one with others
 	// (in order: a spinning kernel ahead would hold a copy queued behind).
-	streamMu sync.Mutex
-	stream   device.Stream
+	streamMu     sync.Mutex
+	stream       device.Stream
+	sharedStream bool // the communicator's (connStream): not ours to close
 	// memops is the stream as internal/cuda sees it, for stream memory
 	// operations (nil when the Device does not expose its context).
 	memops *cuda.Stream
@@ -49,11 +50,11 @@ func (k *cudaIPCConnection) streams() (device.Stream, *cuda.Stream, error) {
 	k.streamMu.Lock()
 	defer k.streamMu.Unlock()
 	if k.stream == nil {
-		s, err := k.dev.NewStream()
+		s, shared, err := k.c.connStream()
 		if err != nil {
 			return nil, nil, k.errorf("stream: %w", err)
 		}
-		k.stream = s
+		k.stream, k.sharedStream = s, shared
 		if cd, ok := k.dev.(interface{ Context() *cuda.Context }); ok {
 			k.memops = cuda.WrapStream(cd.Context(), s.Handle())
 		}
@@ -78,7 +79,10 @@ func (k *cudaIPCConnection) closeStream() error {
 	if k.stream == nil {
 		return nil
 	}
-	err := k.stream.Close()
+	var err error
+	if !k.sharedStream {
+		err = k.stream.Close()
+	}
 	k.stream, k.memops = nil, nil
 	return err
 }
@@ -209,4 +213,30 @@ func (k *cudaIPCConnection) drain() error {
 		return k.errorf("drain: %w", err)
 	}
 	return nil
+}
+
+// connStream is a new stream for a connection, or, when several ranks share
+// this rank's GPU (Placement), the communicator's one stream for all of its
+// connections: every stream beyond the GPU's hardware queues shares an
+// in-order queue with others, and a proxy's copy or atomic add queued there
+// behind another rank's spinning kernel would wait for the very kernel that
+// waits for it. One stream per rank keeps 8 ranks on one GPU well within
+// the queues, at the cost of ordering this rank's copies to different peers
+// (which share one GPU's copy engines anyway).
+func (c *Communicator) connStream() (s device.Stream, shared bool, err error) {
+	c.placeMu.Lock()
+	sharedGPU := c.placement != nil && len(c.placement.SharedGPU) > 1
+	c.placeMu.Unlock()
+	if !sharedGPU {
+		s, err = c.dev.NewStream()
+		return s, false, err
+	}
+	c.sharedConnMu.Lock()
+	defer c.sharedConnMu.Unlock()
+	if c.sharedConnStream == nil {
+		if c.sharedConnStream, err = c.dev.NewStream(); err != nil {
+			return nil, false, err
+		}
+	}
+	return c.sharedConnStream, true, nil
 }

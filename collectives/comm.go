@@ -101,7 +101,7 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	// Every kernel a call may launch is loaded before the ranks meet in
 	// setup: a module load waits for the kernels running in the context,
 	// which on a GPU several ranks share may be spinning on this rank.
-	if err = dev.Preload(abi.KernelARLL1, abi.KernelARRSAG, abi.KernelFill, "goep_chan_sem_signal"); err != nil {
+	if err = dev.Preload(abi.KernelARLL1, abi.KernelARRSAG, abi.KernelFill, devapi.KernelChanSemSignal); err != nil {
 		return nil, c.errorf("%w", err)
 	}
 	c.native = c.size >= 2 && c.size <= abi.MaxRanks

@@ -51,15 +51,14 @@ inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return
 // the thread started.
 struct emu_abort_exc {};
 
+struct emu_block;
 struct emu_launch_state {
   std::atomic<bool> failed{false};
   std::mutex mu;
   std::string why;
   double limit_s = 300;  // the longest any single wait may take
-  void fail(const std::string& w) {
-    std::lock_guard<std::mutex> g(mu);
-    if (!failed.exchange(true)) why = w;
-  }
+  std::vector<emu_block*> blocks;
+  void fail(const std::string& w);
 };
 
 struct emu_round {
@@ -105,11 +104,34 @@ struct emu_block {
   }
 };
 
+// The first failure is the launch's error; every waiting thread is woken
+// to see it.
+inline void emu_launch_state::fail(const std::string& w) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (failed.load()) return;
+    why = w;
+    failed.store(true);
+  }
+  for (emu_block* b : blocks) {
+    {
+      std::lock_guard<std::mutex> g(b->mu);
+      b->cv.notify_all();
+    }
+    for (auto& wp : b->warps) {
+      std::lock_guard<std::mutex> g(wp->mu);
+      wp->cv.notify_all();
+    }
+  }
+}
+
 struct emu_thread_ctx {
   emu_dim3 tid, bid, bdim, gdim;
   emu_block* block;
   emu_launch_state* launch;
-  unsigned spins;
+  unsigned spins, reads;
+  const volatile void* spin_addr;
+  uint64_t spin_val;
   unsigned st_flip;
 };
 inline thread_local emu_thread_ctx emu_ctx;
@@ -135,12 +157,33 @@ inline void emu_check_failed() {
 }
 
 // A spin point: every emulated load that kernels poll in a loop passes
-// here. It yields the CPU (2 cores run hundreds of emulated threads) and
-// leaves when the launch has failed.
-inline void emu_spin_point() {
+// here with the address and the value it read. It leaves when the launch
+// has failed. A thread that reads the same value from the same address
+// again and again is polling: it yields after a few reads and then sleeps,
+// a little longer each time up to 100 us, so that the threads with work get
+// the cores (2 cores run hundreds of emulated threads; a spinning one would
+// burn the time slice of the thread it waits for). Polling several
+// addresses in turn yields every 32 reads.
+inline void emu_spin_point(const volatile void* p, uint64_t v) {
   emu_check_failed();
-  std::this_thread::yield();
+  emu_thread_ctx& c = emu_ctx;
+  if (p != c.spin_addr || v != c.spin_val) {
+    c.spin_addr = p;
+    c.spin_val = v;
+    c.spins = 0;
+    if (++c.reads % 32 == 0) std::this_thread::yield();
+    return;
+  }
+  const unsigned n = ++c.spins;
+  if (n <= 2) return;
+  if (n <= 16) {
+    std::this_thread::yield();
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::microseconds(n - 16 < 100 ? n - 16 : 100));
 }
+// Work that is not polling: a store, a read-modify-write, a barrier.
+inline void emu_progress() { emu_ctx.spins = 0; emu_ctx.spin_addr = nullptr; }
 
 using emu_clock = std::chrono::steady_clock;
 
@@ -148,7 +191,9 @@ template <class Pred>
 inline void emu_cv_wait(std::condition_variable& cv, std::unique_lock<std::mutex>& lk, Pred done, const char* what) {
   const auto start = emu_clock::now();
   while (!done()) {
-    cv.wait_for(lk, std::chrono::milliseconds(20));
+    // Long timed waits: hundreds of threads waking every few ms would
+    // spend the cores on wake-ups; a failure wakes them at once.
+    cv.wait_for(lk, std::chrono::seconds(1));
     if (done()) return;
     if (emu_ctx.launch->failed.load()) throw emu_abort_exc{};
     if (std::chrono::duration<double>(emu_clock::now() - start).count() > emu_ctx.launch->limit_s) {
@@ -162,6 +207,7 @@ inline void emu_cv_wait(std::condition_variable& cv, std::unique_lock<std::mutex
 // Block barrier.
 
 inline void __syncthreads() {
+  emu_progress();
   emu_block* b = emu_ctx.block;
   std::unique_lock<std::mutex> lk(b->mu);
   const uint64_t g = b->gen;
@@ -221,6 +267,7 @@ inline emu_warp& emu_my_warp() { return *emu_ctx.block->warps[emu_linear_tid() /
 inline unsigned emu_lane() { return emu_linear_tid() % 32; }
 
 inline void emu_warp_exchange(unsigned mask, uint64_t v, uint64_t out[32]) {
+  emu_progress();
   emu_warp& w = emu_my_warp();
   const unsigned me = 1u << emu_lane();
   std::unique_lock<std::mutex> lk(w.mu);
@@ -397,7 +444,10 @@ template <class T>
 inline T __ldg(const T* p) {
   return *p;
 }
-inline void __nanosleep(unsigned) { emu_spin_point(); }
+inline void __nanosleep(unsigned) {
+  emu_check_failed();
+  std::this_thread::yield();
+}
 
 // ---------------------------------------------------------------------------
 // CUDA atomics: relaxed read-modify-writes (device scope).
@@ -480,28 +530,34 @@ inline void emu_align(const volatile void* p, size_t a, const char* what) {
 // Loads pass a spin point: kernels poll with them.
 inline uint32_t emu_ld_u32(const volatile void* p, int order) {
   emu_align(p, 4, "ld.u32");
-  emu_spin_point();
-  return __atomic_load_n((const volatile uint32_t*)p, order);
+  const uint32_t v = __atomic_load_n((const volatile uint32_t*)p, order);
+  emu_spin_point(p, v);
+  return v;
 }
 inline uint64_t emu_ld_u64(const volatile void* p, int order) {
   emu_align(p, 8, "ld.u64");
-  emu_spin_point();
-  return __atomic_load_n((const volatile uint64_t*)p, order);
+  const uint64_t v = __atomic_load_n((const volatile uint64_t*)p, order);
+  emu_spin_point(p, v);
+  return v;
 }
 inline void emu_st_u32(volatile void* p, uint32_t v, int order) {
+  emu_progress();
   emu_align(p, 4, "st.u32");
   __atomic_store_n((volatile uint32_t*)p, v, order);
 }
 inline void emu_st_u64(volatile void* p, uint64_t v, int order) {
+  emu_progress();
   emu_align(p, 8, "st.u64");
   __atomic_store_n((volatile uint64_t*)p, v, order);
 }
 inline void emu_fence(int order) { __atomic_thread_fence(order); }
 inline uint32_t emu_atom_add_u32(volatile void* p, uint32_t v, int order) {
+  emu_progress();
   emu_align(p, 4, "atom.add.u32");
   return __atomic_fetch_add((volatile uint32_t*)p, v, order);
 }
 inline uint64_t emu_atom_add_u64(volatile void* p, uint64_t v, int order) {
+  emu_progress();
   emu_align(p, 8, "atom.add.u64");
   return __atomic_fetch_add((volatile uint64_t*)p, v, order);
 }
@@ -514,6 +570,7 @@ inline void emu_ld_words(const volatile void* p, uint32_t* w, int n, const char*
   for (int i = 0; i < n; ++i) w[i] = __atomic_load_n((const volatile uint32_t*)p + i, __ATOMIC_RELAXED);
 }
 inline void emu_st_words(volatile void* p, const uint32_t* w, int n, const char* what) {
+  emu_progress();
   emu_align(p, 4 * n, what);
   for (int i = 0; i < n; ++i) __atomic_store_n((volatile uint32_t*)p + i, w[i], __ATOMIC_RELAXED);
 }
@@ -529,10 +586,15 @@ inline float emu_ld_f32(const volatile void* p) {
 // on the order of the halves would fail here.
 inline void emu_ld_halves(const volatile void* p, uint64_t* h, int n, const char* what) {
   emu_align(p, 8 * n, what);
-  emu_spin_point();
-  for (int i = 0; i < n; ++i) h[i] = __atomic_load_n((const volatile uint64_t*)p + i, __ATOMIC_RELAXED);
+  uint64_t x = 0;
+  for (int i = 0; i < n; ++i) {
+    h[i] = __atomic_load_n((const volatile uint64_t*)p + i, __ATOMIC_RELAXED);
+    x = x * 0x9e3779b97f4a7c15ull ^ h[i];
+  }
+  emu_spin_point(p, x);
 }
 inline void emu_st_halves(volatile void* p, const uint64_t* h, int n, const char* what) {
+  emu_progress();
   emu_align(p, 8 * n, what);
   const bool flip = (emu_ctx.st_flip++ & 1u) != 0;
   for (int k = 0; k < n; ++k) {
@@ -644,7 +706,10 @@ inline int emu_run(const emu_kernel* table, size_t nk, const char* name, const u
   emu_launch_state st;
   st.limit_s = limit_s;
   std::vector<std::unique_ptr<emu_block>> blocks;
-  for (unsigned b = 0; b < nb; ++b) blocks.emplace_back(new emu_block(nt, smem));
+  for (unsigned b = 0; b < nb; ++b) {
+    blocks.emplace_back(new emu_block(nt, smem));
+    st.blocks.push_back(blocks.back().get());
+  }
   std::vector<emu_thread_arg> targs((size_t)nb * nt);
   std::vector<pthread_t> ths;
   ths.reserve(targs.size());
@@ -662,6 +727,9 @@ inline int emu_run(const emu_kernel* table, size_t nk, const char* name, const u
       c.block = blocks[b].get();
       c.launch = &st;
       c.spins = 0;
+      c.reads = 0;
+      c.spin_addr = nullptr;
+      c.spin_val = 0;
       c.st_flip = t;
       targs[i].body = &body;
       pthread_t th;

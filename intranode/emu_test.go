@@ -350,4 +350,3 @@ func TestEmulatedKernels(t *testing.T) {
 		})
 	}
 }
-

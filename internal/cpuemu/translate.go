@@ -313,7 +313,9 @@ var ptxRules = []ptxRule{
 	{regexp.MustCompile(`^(?:red|atom)\.(relaxed|release|acquire|acq_rel)\.(?:gpu|sys|cta)\.global\.add\.u(32|64) \[%0\], %1;$`),
 		func(m []string) string { return fmt.Sprintf("emu_atom_add_u%s($0, $1, %s);", m[2], order(m[1])) }},
 	{regexp.MustCompile(`^atom\.(relaxed|release|acquire|acq_rel)\.(?:gpu|sys|cta)\.global\.add\.u(32|64) %0, \[%1\], (\d+);$`),
-		func(m []string) string { return fmt.Sprintf("$0 = emu_atom_add_u%s($1, %s, %s);", m[2], m[3], order(m[1])) }},
+		func(m []string) string {
+			return fmt.Sprintf("$0 = emu_atom_add_u%s($1, %s, %s);", m[2], m[3], order(m[1]))
+		}},
 	{regexp.MustCompile(`^atom\.(relaxed|release|acquire|acq_rel)\.(?:gpu|sys|cta)\.global\.add\.u(32|64) %0, \[%1\], %2;$`),
 		func(m []string) string { return fmt.Sprintf("$0 = emu_atom_add_u%s($1, $2, %s);", m[2], order(m[1])) }},
 	// Weak vector and scalar data accesses.

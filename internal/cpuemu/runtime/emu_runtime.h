@@ -87,7 +87,8 @@ struct emu_block {
   std::unordered_map<const void*, void*> shm;
   std::vector<void*> shm_blocks;
   unsigned char* dyn = nullptr;
-  explicit emu_block(unsigned n, size_t dyn_bytes) : expected(n), flags(n) {
+  unsigned size;
+  explicit emu_block(unsigned n, size_t dyn_bytes) : expected(n), flags(n), size(n) {
     for (unsigned w = 0; w < (n + 31) / 32; ++w) {
       warps.emplace_back(new emu_warp());
       unsigned lanes = n - w * 32 >= 32 ? 32 : n - w * 32;
@@ -661,28 +662,50 @@ struct emu_kernel {
 };
 
 // ---------------------------------------------------------------------------
-// A launch: every thread of the grid at once (blocks may wait for each
-// other, as the kernels' cross-block protocols do on a GPU where every
-// block is resident).
+// A launch. At most emu_resident_threads threads of a launch run at once:
+// S = emu_resident_threads / threads-per-block slots, block b on slot
+// b mod S, each slot's threads running their blocks in turn, as blocks wait
+// for a free SM on a full GPU. Grids up to S blocks (what the protocol
+// kernels launch: blocks that wait for each other) run entirely at once; a
+// kernel whose running blocks wait for a block that cannot start fails at
+// the wait limit instead of hanging. Grid-stride kernels launched with a
+// GPU-sized grid run in waves, on the same threads.
+static const unsigned emu_resident_threads = 2048;
 
-struct emu_thread_arg {
-  emu_thread_ctx ctx;
+struct emu_worker {
   const std::function<void()>* body;
+  emu_launch_state* launch;
+  std::vector<std::unique_ptr<emu_block>>* blocks;
+  emu_dim3 grid, block;
+  unsigned first, stride, nb, t;
 };
 
 inline void* emu_thread_main(void* a) {
-  emu_thread_arg* ta = (emu_thread_arg*)a;
-  emu_ctx = ta->ctx;
-  try {
-    (*ta->body)();
-  } catch (const emu_abort_exc&) {
-  } catch (const std::exception& e) {
-    ta->ctx.launch->fail(std::string("C++ exception: ") + e.what());
-  } catch (...) {
-    ta->ctx.launch->fail("unknown C++ exception");
+  emu_worker* w = (emu_worker*)a;
+  for (unsigned b = w->first; b < w->nb && !w->launch->failed.load(); b += w->stride) {
+    emu_thread_ctx& c = emu_ctx;
+    const unsigned t = w->t;
+    c.tid = {t % w->block.x, t / w->block.x % w->block.y, t / (w->block.x * w->block.y)};
+    c.bid = {b % w->grid.x, b / w->grid.x % w->grid.y, b / (w->grid.x * w->grid.y)};
+    c.bdim = w->block;
+    c.gdim = w->grid;
+    c.block = (*w->blocks)[b].get();
+    c.launch = w->launch;
+    c.spins = c.reads = 0;
+    c.spin_addr = nullptr;
+    c.spin_val = 0;
+    c.st_flip = t;
+    try {
+      (*w->body)();
+    } catch (const emu_abort_exc&) {
+    } catch (const std::exception& e) {
+      w->launch->fail(std::string("C++ exception: ") + e.what());
+    } catch (...) {
+      w->launch->fail("unknown C++ exception");
+    }
+    emu_warp_leave(c.block, emu_linear_tid());
+    emu_block_leave(c.block);
   }
-  emu_warp_leave(ta->ctx.block, emu_linear_tid());
-  emu_block_leave(ta->ctx.block);
   return nullptr;
 }
 
@@ -699,55 +722,47 @@ inline int emu_run(const emu_kernel* table, size_t nk, const char* name, const u
   std::function<void()> body;
   std::string why;
   if (!k->bind(args, nargs, body, why)) return say(why);
-  const unsigned nb = grid[0] * grid[1] * grid[2], nt = block[0] * block[1] * block[2];
+  const unsigned long long nb = (unsigned long long)grid[0] * grid[1] * grid[2],
+                           nt = (unsigned long long)block[0] * block[1] * block[2];
   if (nb == 0 || nt == 0) return say("empty grid or block");
   if (nt > 1024) return say("more than 1024 threads in a block");
-  if ((unsigned long long)nb * nt > 16384) return say("more than 16384 threads in a grid: too many for the emulation");
+  if (nb > 65536) return say("more than 65536 blocks: too many for the emulation");
+  if (smem > (228u << 10)) return say("more than 228 KiB of dynamic shared memory");
   emu_launch_state st;
   st.limit_s = limit_s;
   std::vector<std::unique_ptr<emu_block>> blocks;
   for (unsigned b = 0; b < nb; ++b) {
-    blocks.emplace_back(new emu_block(nt, smem));
+    blocks.emplace_back(new emu_block((unsigned)nt, smem));
     st.blocks.push_back(blocks.back().get());
   }
-  std::vector<emu_thread_arg> targs((size_t)nb * nt);
+  unsigned slots = (unsigned)(emu_resident_threads / nt);
+  if (slots < 1) slots = 1;
+  if (slots > nb) slots = (unsigned)nb;
+  std::vector<emu_worker> ws((size_t)slots * nt);
   std::vector<pthread_t> ths;
-  ths.reserve(targs.size());
+  ths.reserve(ws.size());
   pthread_attr_t attr;
   pthread_attr_init(&attr);
-  pthread_attr_setstacksize(&attr, 1 << 20);
-  size_t i = 0;
-  for (unsigned b = 0; b < nb; ++b) {
-    for (unsigned t = 0; t < nt; ++t, ++i) {
-      emu_thread_ctx& c = targs[i].ctx;
-      c.tid = {t % block[0], t / block[0] % block[1], t / (block[0] * block[1])};
-      c.bid = {b % grid[0], b / grid[0] % grid[1], b / (grid[0] * grid[1])};
-      c.bdim = {block[0], block[1], block[2]};
-      c.gdim = {grid[0], grid[1], grid[2]};
-      c.block = blocks[b].get();
-      c.launch = &st;
-      c.spins = 0;
-      c.reads = 0;
-      c.spin_addr = nullptr;
-      c.spin_val = 0;
-      c.st_flip = t;
-      targs[i].body = &body;
+  pthread_attr_setstacksize(&attr, 256 << 10);
+  for (unsigned g = 0; g < slots; ++g) {
+    for (unsigned t = 0; t < nt; ++t) {
+      emu_worker& w = ws[(size_t)g * nt + t];
+      w = emu_worker{&body, &st, &blocks, {grid[0], grid[1], grid[2]}, {block[0], block[1], block[2]}, g, slots,
+                     (unsigned)nb, t};
       pthread_t th;
-      if (pthread_create(&th, &attr, emu_thread_main, &targs[i]) != 0) {
-        // Threads already started see the failure at their next wait.
-        st.fail("cannot start thread " + std::to_string(i) + " of the grid");
-        for (unsigned bb = b; bb < nb; ++bb) {
-          emu_block* blk = blocks[bb].get();
-          const unsigned missing = bb == b ? nt - t : nt;
-          std::lock_guard<std::mutex> g(blk->mu);
-          blk->expected -= missing;
-        }
-        goto join;
+      if (int e = pthread_create(&th, &attr, emu_thread_main, &w); e != 0) {
+        // Threads already started see the failure at their next wait; the
+        // blocks this thread would have run lose it from their barriers.
+        st.fail("cannot start thread " + std::to_string(ths.size()) + " of the launch: " + strerror(e));
+        for (unsigned gg = g; gg < slots; ++gg)
+          for (unsigned b = gg; b < nb; b += slots)
+            for (unsigned m = gg == g ? t : 0; m < nt; ++m) emu_block_leave(blocks[b].get());
+        goto started;
       }
       ths.push_back(th);
     }
   }
-join:
+started:
   pthread_attr_destroy(&attr);
   for (pthread_t th : ths) pthread_join(th, nullptr);
   if (st.failed) return say(st.why);

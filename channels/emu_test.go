@@ -68,7 +68,7 @@ func emuRanks(t *testing.T, n, maxBytes int, fn func(ctx context.Context, r *cha
 		var comm *channels.Communicator
 		var r *channeltest.Rank
 		err := func() (err error) {
-			if comm, err = channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: 2 * time.Minute}}); err != nil {
+			if comm, err = channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: time.Minute}}); err != nil {
 				return err
 			}
 			if r, err = channeltest.NewRank(ctx, comm, channeltest.LayoutFor(maxBytes)); err != nil {

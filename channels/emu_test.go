@@ -28,9 +28,7 @@ import (
 // emulated device.
 func emuRaw(t *testing.T, n int, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) {
 	t.Helper()
-	if _, err := cpuemu.Compiler(); err != nil {
-		t.Skipf("CPU emulation unavailable: %v", err)
-	}
+	cpuemu.SkipUnavailable(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	bss, err := bootstrap.NewInProcess(n, bootstrap.Config{Timeout: 2 * time.Minute})

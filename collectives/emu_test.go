@@ -34,9 +34,7 @@ func emuConfig() collectives.Config {
 
 func runEmu(t *testing.T, ranks int, cfg collectives.Config, fn func(ctx context.Context, c *collectives.Communicator) error) {
 	t.Helper()
-	if _, err := cpuemu.Compiler(); err != nil {
-		t.Skipf("CPU emulation unavailable: %v", err)
-	}
+	cpuemu.SkipUnavailable(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	open := func(r int) (device.Device, error) { return cpuemu.Open(r, cpuemu.Options{SMs: 2}) }

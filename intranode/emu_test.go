@@ -313,9 +313,7 @@ func emuRunCase(t *testing.T, c emuCase) {
 }
 
 func TestEmulatedKernels(t *testing.T) {
-	if _, err := cpuemu.Compiler(); err != nil {
-		t.Skipf("CPU emulation unavailable: %v", err)
-	}
+	cpuemu.SkipUnavailable(t)
 	for _, c := range []emuCase{
 		{ranks: 2, hidden: 128, topk: 2, experts: 4, tokens: []int{5, 7}, weights: true, bias: 2, iters: 2,
 			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}},

@@ -50,9 +50,13 @@ PY
   if [ $rc -eq 0 ]; then
     echo "SURVIVED $name ($file): go test -run '$run' $pkg passed (${took}s)"
     survived=1
+  elif printf '%s\n' "$out" | grep -q 'cpuemu: building'; then
+    echo "ERROR    $name ($file): the mutated source does not compile"
+    survived=1
   else
-    first=$(printf '%s\n' "$out" | grep -m1 -E -- '--- FAIL|panic:|timed out' || true)
-    echo "KILLED   $name ($file): go test -run '$run' $pkg failed (${took}s): ${first}"
+    first=$(printf '%s\n' "$out" | grep -m1 -E -- '--- FAIL' || true)
+    why=$(printf '%s\n' "$out" | grep -m1 -A1 -E 'Error:' | tail -1 | sed -E 's/^[[:space:]]+//' | cut -c1-200)
+    echo "KILLED   $name ($file): go test -run '$run' $pkg failed (${took}s): ${first# } ${why}"
   fi
 done
 exit $survived

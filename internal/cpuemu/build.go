@@ -66,10 +66,10 @@ var (
 // mutation, say).
 var sources = kernels.Sources
 
-// SetSources replaces the kernel sources the emulation builds (nil
+// setSources replaces the kernel sources the emulation builds (nil
 // restores the embedded ones) and forgets modules loaded so far; for tests
 // that build a mutated copy. It is not safe while launches run.
-func SetSources(f func() map[string]string) {
+func setSources(f func() map[string]string) {
 	modMu.Lock()
 	defer modMu.Unlock()
 	if f == nil {

@@ -13,9 +13,7 @@ import (
 // needCompiler skips when no C++ compiler is installed (CI installs g++).
 func needCompiler(t *testing.T) {
 	t.Helper()
-	if _, err := Compiler(); err != nil {
-		t.Skipf("no C++ compiler, the CPU emulation cannot be built: %v", err)
-	}
+	SkipUnavailable(t)
 }
 
 // emulated are the modules the emulated tests run; each must build, and

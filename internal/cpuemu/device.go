@@ -2,6 +2,7 @@ package cpuemu
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/goep-dev/goep/internal/device"
@@ -72,4 +73,27 @@ func (d *Device) Launch(kernel string, grid, block device.Dim3, sharedMem int, _
 		return fmt.Errorf("cpuemu: %s<<<%v, %v, %d>>> on %s: %w", kernel, grid, block, sharedMem, d.Device.Info().Name, err)
 	}
 	return nil
+}
+
+// EnvRequire, set to 1, makes tests fail instead of skip when the
+// emulation cannot be built (CI sets it: it installs g++).
+const EnvRequire = "GOEP_REQUIRE_CPUEMU"
+
+// TB is the part of testing.TB that SkipUnavailable uses.
+type TB interface {
+	Helper()
+	Skipf(format string, args ...any)
+	Fatalf(format string, args ...any)
+}
+
+// SkipUnavailable skips t, saying why, when no C++ compiler is installed;
+// with GOEP_REQUIRE_CPUEMU=1 it fails t instead.
+func SkipUnavailable(t TB) {
+	t.Helper()
+	if _, err := Compiler(); err != nil {
+		if os.Getenv(EnvRequire) == "1" {
+			t.Fatalf("CPU emulation unavailable and %s=1: %v", EnvRequire, err)
+		}
+		t.Skipf("CPU emulation unavailable (tests of the real kernels on CPUs skipped): %v", err)
+	}
 }

@@ -13,9 +13,11 @@
 // stale. Device wraps a host-backend device (host memory, goroutine ranks,
 // the Go proxy of port channels) and runs its launches in the emulation.
 //
-// The model: every CUDA thread of a launch is an OS thread and every block
-// of a grid runs at once (up to 4096 threads of a module in the process;
-// further blocks wait for a slot, as on a full GPU). __syncthreads is a
+// The model: every CUDA thread of a launch is an OS thread and the blocks
+// of a grid run at once, up to 2048 threads a launch (grids beyond that run
+// in waves on the same threads, as blocks wait for a free SM on a full
+// GPU; the protocol kernels, whose blocks wait for each other, are launched
+// smaller in the emulated tests). __syncthreads is a
 // block barrier that returning threads leave; warp collectives
 // (__shfl*_sync, __ballot_sync, __syncwarp, ...) rendezvous the lanes of
 // their mask; shared memory is per block and starts poisoned (0xA5), as
@@ -28,8 +30,8 @@
 // per 8 bytes and no wider, and vector stores write their halves in
 // alternating order; vector loads and stores check their alignment and
 // fail on a null page, where a GPU would fault. Every wait is bounded: a
-// barrier, warp rendezvous or residency wait longer than
-// Options.WaitLimit fails the launch, and every thread then leaves at its
+// barrier or warp rendezvous longer than Options.WaitLimit fails the
+// launch, and every thread then leaves at its
 // next barrier or poll. A thread that polls the same value again and again
 // yields, then sleeps (up to 100 us), so that the threads with work get the
 // cores.

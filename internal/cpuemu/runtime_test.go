@@ -72,12 +72,12 @@ extern "C" __global__ void emu_t_dyn(u32* out, u32 n) {
 
 func withSelftest(t *testing.T) {
 	t.Helper()
-	SetSources(func() map[string]string {
+	setSources(func() map[string]string {
 		m := kernels.Sources()
 		m["emu_selftest.cu"] = selftest
 		return m
 	})
-	t.Cleanup(func() { SetSources(nil) })
+	t.Cleanup(func() { setSources(nil) })
 }
 
 func openT(t *testing.T, limit time.Duration) *Device {

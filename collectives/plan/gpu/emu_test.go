@@ -25,9 +25,7 @@ import (
 )
 
 func TestEmulatedShippedPlans(t *testing.T) {
-	if _, err := cpuemu.Compiler(); err != nil {
-		t.Skipf("CPU emulation unavailable: %v", err)
-	}
+	cpuemu.SkipUnavailable(t)
 	for _, p := range shippedPlans(t) {
 		// Every emulated CUDA thread is an OS thread: few threads a block
 		// (data ops stride over any count; "thread i" ops need one thread

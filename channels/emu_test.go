@@ -181,3 +181,7 @@ func TestEmulatedTimeouts(t *testing.T) {
 		return channeltest.CheckPortTimeouts(ctx, bs, dev, 300*time.Millisecond)
 	})
 }
+
+func TestEmulatedKernelCoverage(t *testing.T) {
+	cpuemu.CheckCoverage(t, []string{"channel_kernels.cu", "port_kernels.cu"}, nil)
+}

@@ -162,3 +162,7 @@ func TestEmulatedOddGeometry(t *testing.T) {
 		return nil
 	})
 }
+
+func TestEmulatedKernelCoverage(t *testing.T) {
+	cpuemu.CheckCoverage(t, []string{"coll_ll.cu", "coll_bulk.cu", "coll_util.cu"}, nil)
+}

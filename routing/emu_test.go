@@ -107,3 +107,7 @@ func TestEmulatedWidenIDs(t *testing.T) {
 		require.NoError(t, d.Free(dst))
 	}
 }
+
+func TestEmulatedKernelCoverage(t *testing.T) {
+	cpuemu.CheckCoverage(t, []string{"layout.cu", "ep_convert.cu"}, nil)
+}

@@ -69,6 +69,7 @@ func (d *Device) Launch(kernel string, grid, block device.Dim3, sharedMem int, _
 	if a != nil {
 		args = a.Bytes()
 	}
+	countLaunch(kernel)
 	if err := m.lib.run(kernel, dim(grid), dim(block), sharedMem, args, d.opt.WaitLimit); err != nil {
 		return fmt.Errorf("cpuemu: %s<<<%v, %v, %d>>> on %s: %w", kernel, grid, block, sharedMem, d.Device.Info().Name, err)
 	}

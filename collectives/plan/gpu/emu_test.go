@@ -221,3 +221,7 @@ func emuPlanRank(ctx context.Context, bs bootstrap.Bootstrap, p *plan.Plan, r *p
 	}
 	return errors.Join(err, dev.Free(recv))
 }
+
+func TestEmulatedKernelCoverage(t *testing.T) {
+	cpuemu.CheckCoverage(t, []string{"plan_exec.cu"}, nil)
+}

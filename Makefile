@@ -3,14 +3,17 @@
 
 GO        ?= go
 DEVBIN    ?= .devbin
+# What `make run` runs: an ep-bench command and its flags, e.g.
+# make run BENCH_ARGS="collectives --sizes 1K,1M". Without a GPU, intranode
+# runs the host backend with fewer timed calls (about a minute on 2 cores).
 BENCH_ARGS ?= intranode
 # Never NVLink multicast: it can take shared GPUs out of service.
 export NCCL_NVLS_ENABLE := 0
 
 # Packages whose test binaries hold GPU tests (they skip without a GPU).
-GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./routing ./bench ./channels ./intranode ./ep ./buffer ./collectives
+GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./routing ./bench ./channels ./intranode ./ep ./buffer ./collectives ./collectives/plan/gpu ./collectives/plan/dsl
 
-.PHONY: all build test vet run device-bin clean
+.PHONY: all build test vet run device-bin nccl-shim clean
 
 all: build
 
@@ -38,6 +41,14 @@ device-bin:
 		GOOS=linux GOARCH=amd64 CGO_ENABLED=1 $(GO) test -c -trimpath -ldflags='-s -w' -o $(DEVBIN)/$$n.test $$p || exit 1; \
 	done
 	@ls -la $(DEVBIN)
+
+# libgoep_nccl.so: the NCCL C API on goep, for LD_PRELOAD under NCCL programs
+# (README: "The NCCL API from goep"). Stripped; about 5 MiB.
+nccl-shim:
+	@mkdir -p $(DEVBIN)
+	CGO_ENABLED=1 $(GO) build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(DEVBIN)/libgoep_nccl.so ./ncclshim
+	@rm -f $(DEVBIN)/libgoep_nccl.h
+	@ls -la $(DEVBIN)/libgoep_nccl.so
 
 clean:
 	rm -rf $(DEVBIN)

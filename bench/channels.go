@@ -14,7 +14,6 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/channeltest"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func init() {
@@ -38,6 +37,7 @@ type chanOpts struct {
 	ranks     int
 	timeout   time.Duration
 	jsonPath  string
+	progress  *progress // nil: quiet
 }
 
 // chanOutcome is one rank's result, gathered on rank 0.
@@ -73,7 +73,8 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	rounds := fs.Int("rounds", 0, "in-kernel round trips for signal/wait and LL (default 100000 on GPU, 1000 on host)")
 	portRounds := fs.Int("port-rounds", 0, "rounds of the port channel put/signal/flush check (default 100000 with --check on GPU, 1000 on GPU, 200 on host)")
 	portAdds := fs.Int("port-adds", 0, "atomic adds per rank in the port channel check (default 100000 with --check on GPU, 10000 on GPU, 3000 on host)")
-	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks)")
+	ranks := fs.Int("ranks", 0, "goroutine ranks when run without a launcher (default: every GPU, or 4 host ranks); more ranks than GPUs share them")
+	gpus := addGPUsFlag(fs)
 	timeout := fs.Duration("timeout", 0, "device-side wait timeout (default $"+channels.TimeoutEnv+" or 60s)")
 	jsonPath := fs.String("json", "", "also write checks and results as JSON to this file (rank 0)")
 	if err := parse(fs, args); err != nil {
@@ -81,6 +82,9 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	kind, _, err := device.ParseKind(*backend)
 	if err != nil {
+		return err
+	}
+	if err := gpus.apply(kind); err != nil {
 		return err
 	}
 	o := chanOpts{kind: kind, check: *check, bench: *bench, pairSMs: *pairSMs, threads: *threads, iters: *iters,
@@ -113,10 +117,14 @@ func runChannels(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if o.timeout < 0 {
 		return fmt.Errorf("--timeout must be positive")
 	}
+	if err := checkOutput("json", o.jsonPath); err != nil {
+		return err
+	}
+	o.progress = newProgress(stderr)
 
-	env, err := bootstrap.FromEnv()
+	env, err := launcherEnv("channels", kind)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	if env.Size > 1 {
 		return channelsProcess(ctx, env, o, stdout)
@@ -130,6 +138,10 @@ func pick[T any](gpu bool, onGPU, onHost T) T {
 	}
 	return onHost
 }
+
+// maxSize bounds a size flag far above any buffer and far below where
+// size arithmetic overflows.
+const maxSize = 1 << 40
 
 // parseSizes reads "8,4K,1M,1G" (binary units); "" means def.
 func parseSizes(s, def string) ([]int, error) {
@@ -150,7 +162,10 @@ func parseSizes(s, def string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bad size %q", f)
+			return nil, fmt.Errorf("bad size %q", clip(f, 100))
+		}
+		if n > maxSize/mult {
+			return nil, fmt.Errorf("size %s%s is more than %s", f, map[int]string{1: "", 1 << 10: "K", 1 << 20: "M", 1 << 30: "G"}[mult], human(maxSize))
 		}
 		out = append(out, n*mult)
 	}
@@ -199,13 +214,16 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 		n = 4
 		if o.kind == device.CUDA {
 			var err error
-			if n, err = device.CUDADeviceCount(); err != nil {
+			if n, err = device.GPUsInUse(); err != nil {
 				return err
 			}
 		}
 	}
 	if n < 2 {
-		return fmt.Errorf("channels needs at least 2 ranks (have %d); run on a machine with 2+ GPUs or with --backend host", n)
+		return fmt.Errorf("channels needs at least 2 ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", n)
+	}
+	if note := sharedGPUNote(o.kind, n); note != "" {
+		fmt.Fprintln(stdout, "note:", note)
 	}
 	outcomes := make([]chanOutcome, n)
 	var info device.Info
@@ -220,6 +238,9 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 			}
 			return nil
 		})
+	if err := interrupted(ctx); err != nil {
+		return err // the ranks' failures are the interruption's echoes
+	}
 	for r, err := range errs {
 		if err != nil && outcomes[r].Err == "" {
 			outcomes[r].Err = err.Error()
@@ -230,15 +251,12 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 
 // channelsProcess runs this process's rank of a launched job.
 func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, stdout io.Writer) (err error) {
-	if o.kind == device.Host {
-		return fmt.Errorf("the host backend shares memory between goroutine ranks of one process only; run `ep-bench channels --backend host` without a launcher")
-	}
 	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(o.kind, env.LocalRank)
+	dev, err := openProcessDevice(o.kind, env.LocalRank)
 	if err != nil {
 		return err
 	}
@@ -255,6 +273,9 @@ func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, std
 	}
 	defer func() { err = errors.Join(err, r.Close()) }()
 	mine = channelRank(ctx, r, o)
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
 	outcomes, root, err := gatherOutcomes(ctx, bs, stdout, mine)
 	if !root || err != nil {
 		return err
@@ -274,6 +295,7 @@ type chanStep struct {
 func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chanOutcome) {
 	rep := &report{}
 	defer func() { out.Checks = rep.Checks }()
+	defer abortOnCancel(ctx, r.Comm.Abort)()
 	bs, dev := r.Comm.Bootstrap(), r.Dev
 	seed, err := channeltest.SharedSeed(ctx, bs)
 	if err != nil {
@@ -322,7 +344,12 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			chanStep{"port timeouts", "stuck proxy: a 200 ms timeout names the flush or the full FIFO",
 				func() error { return channeltest.CheckPortTimeouts(ctx, bs, dev, 200*time.Millisecond) }})
 	}
-	for _, s := range steps {
+	prog := o.progress
+	if r.Comm.Rank() != 0 {
+		prog = nil // rank 0 speaks for all
+	}
+	for i, s := range steps {
+		prog.printf("checking %s (%d/%d)", s.name, i+1, len(steps))
 		start := time.Now()
 		if err := s.run(); err != nil {
 			rep.fail("checks", s.name, "%v", err)
@@ -351,6 +378,7 @@ func channelRank(ctx context.Context, r *channeltest.Rank, o chanOpts) (out chan
 			}
 		}
 	}
+	prog.printf("checks passed; timing signal/wait, put/get, LL packets, put to all peers and port channels")
 	_ = measure(r.BenchPingPong(ctx, o.rounds, false)) &&
 		measure(r.BenchPingPong(ctx, o.rounds, true)) &&
 		measure(r.BenchPutGet(ctx, o.sizes, o.pairSMs, o.threads, o.iters)) &&

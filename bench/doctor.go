@@ -18,7 +18,6 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internal/nvrtc"
 	"github.com/goep-dev/goep/kernels"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func init() {
@@ -48,12 +47,15 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *mib < 1 {
-		return fmt.Errorf("--mib must be at least 1")
+	if *mib < 1 || *mib > 1<<20 {
+		return fmt.Errorf("--mib %d: want 1..%d", *mib, 1<<20)
 	}
-	env, err := bootstrap.FromEnv()
+	if err := checkOutput("json", *jsonPath); err != nil {
+		return err
+	}
+	env, err := launcherEnv("doctor", device.Host)
 	if err != nil {
-		return fmt.Errorf("launcher environment: %w", err)
+		return err
 	}
 	kind, why, err := device.ParseKind(*backend)
 	if err != nil {
@@ -66,16 +68,37 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer d.bs.Close()
 	}
-	d.r.info("ranks", "launcher", "%s: rank %d of %d (local %d of %d)", env.Launcher, env.Rank, env.Size, env.LocalRank, env.LocalSize)
+	d.r.info("ranks", "launcher", "%s: rank %d of %d (local %d of %d)", launchedBy(env), env.Rank, env.Size, env.LocalRank, env.LocalSize)
 
-	d.checkDriver(why)
-	d.checkNVRTC()
-	if env.LocalRank == 0 {
-		d.listGPUs()
+	var prog *progress
+	if env.Rank == 0 {
+		prog = newProgress(stderr)
 	}
-	d.checkJIT()
-	d.checkRanks(ctx)
-	d.checkHostBackend(ctx)
+	steps := []struct {
+		what string
+		run  func()
+	}{
+		{"driver", func() { d.checkDriver(why) }},
+		{"NVRTC", d.checkNVRTC},
+		{"GPUs", func() {
+			if env.LocalRank == 0 {
+				d.listGPUs()
+			}
+		}},
+		{"kernel compilation (the first run compiles every module: minutes)", d.checkJIT},
+		{"ranks", func() { d.checkRanks(ctx) }},
+		{"host backend", func() { d.checkHostBackend(ctx) }},
+	}
+	for i, st := range steps {
+		if err := interrupted(ctx); err != nil {
+			return err
+		}
+		prog.printf("checking %s (%d/%d)", st.what, i+1, len(steps))
+		st.run()
+	}
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
 
 	return d.finish(ctx, stdout, *jsonPath)
 }
@@ -181,6 +204,13 @@ func (d *doctor) listGPUs() {
 // checkJIT compiles every module cold into a scratch cache and loads it back
 // warm (rank 0 only), then runs the pattern kernels on this rank's device.
 func (d *doctor) checkJIT() {
+	// The packages that launch the kernels register their modules: this
+	// binary must link every one of them.
+	if err := kernels.CheckRegistry(); err != nil {
+		d.r.fail("jit", "modules", "%v", err)
+	} else {
+		d.r.ok("jit", "modules", "%d modules, every embedded source registered", len(kernels.Modules()))
+	}
 	if !d.haveJIT {
 		d.r.skip("jit", "compile", "no NVRTC")
 		return
@@ -290,7 +320,7 @@ func fillAndCheck(dev device.Device, n int, seed uint32) (uint64, error) {
 }
 
 func fill(dev device.Device, p uintptr, n int, seed uint32) error {
-	if err := dev.Launch("goep_fill_pattern", device.D1(264), device.D1(512), 0, nil,
+	if err := dev.Launch(device.KernelFillPattern, device.D1(264), device.D1(512), 0, nil,
 		device.NewArgs(3).Ptr(p).U64(uint64(n)).U32(seed)); err != nil {
 		return err
 	}
@@ -307,7 +337,7 @@ func countMismatches(dev device.Device, p uintptr, n int, seed uint32) (uint64, 
 	if err := dev.CopyIn(cnt.Ptr, make([]byte, 8)); err != nil {
 		return 0, err
 	}
-	if err := dev.Launch("goep_check_pattern", device.D1(264), device.D1(512), 0, nil,
+	if err := dev.Launch(device.KernelCheckPattern, device.D1(264), device.D1(512), 0, nil,
 		device.NewArgs(4).Ptr(p).U64(uint64(n)).U32(seed).Ptr(cnt.Ptr)); err != nil {
 		return 0, err
 	}

@@ -2,9 +2,13 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 
 	"github.com/goep-dev/goep/internal/cuda"
@@ -34,7 +38,7 @@ func runKernels(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintf(stdout, "target %s (%s), NVRTC %d.%d, cache %s\n", target, from, maj, min, orNone(c.CacheDir()))
-	compiled, err := c.CompileAll(target)
+	compiled, err := compileAll(ctx, c, target, newProgress(stderr))
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "module\tarch\tsource\ttime\tCUBIN KiB\tkernels\t")
 	for _, m := range compiled {
@@ -49,6 +53,46 @@ func runKernels(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	tw.Flush()
 	return err
+}
+
+// compileAll is kernels.Compiler.CompileAll with a progress line per module
+// (a first compile of every module takes minutes on a small machine) and a
+// stop between modules when ctx is cancelled.
+func compileAll(ctx context.Context, c *kernels.Compiler, t kernels.Target, prog *progress) ([]*kernels.Compiled, error) {
+	mods := kernels.Modules()
+	out := make([]*kernels.Compiled, len(mods))
+	errs := make([]error, len(mods))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var done atomic.Int32
+	for range min(len(mods), runtime.GOMAXPROCS(0), 4) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if errs[i] = interrupted(ctx); errs[i] != nil {
+					continue
+				}
+				out[i], errs[i] = c.Compile(mods[i], t)
+				how := "compiled"
+				if errs[i] != nil {
+					how = "failed"
+				} else if out[i].FromCache {
+					how = "from the cache"
+				}
+				prog.printf("module %s %s (%d/%d)", mods[i].Name, how, done.Add(1), len(mods))
+			}
+		}()
+	}
+	for i := range mods {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if err := interrupted(ctx); err != nil {
+		return out, err
+	}
+	return out, errors.Join(errs...)
 }
 
 func orNone(s string) string {

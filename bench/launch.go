@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -13,6 +15,15 @@ func init() {
 	register("launch", "start N local ranks of ep-bench, one per GPU: launch -n 8 -- <command> [flags]", runLaunch)
 }
 
+// oneProcessOnly are the commands that a launch of several processes
+// would only run several independent copies of.
+var oneProcessOnly = map[string]string{
+	"plan":    "it runs every rank of the plan as a goroutine",
+	"route":   "it reads a file, no GPU",
+	"kernels": "it compiles for every GPU at once",
+	"layout":  "it times one GPU's layout kernel",
+}
+
 func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("launch", stderr)
 	n := fs.Int("n", 0, "number of ranks (one process per GPU; rank i uses GPU i)")
@@ -22,7 +33,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		if err.Error() == "flag: help requested" {
+		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return errUsage
@@ -38,6 +49,15 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if rest[0] == "launch" {
 		return fmt.Errorf("launch cannot launch itself")
+	}
+	if _, ok := commands[rest[0]]; !ok {
+		return fmt.Errorf("no ep-bench command %q to launch (ep-bench help lists them)", clip(rest[0], 100))
+	}
+	if why, ok := oneProcessOnly[rest[0]]; ok {
+		return fmt.Errorf("%s runs in one process (%s); run `ep-bench %s` without launch", rest[0], why, rest[0])
+	}
+	if *n > 1024 {
+		return fmt.Errorf("-n %d: want at most 1024 ranks", *n)
 	}
 	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace})
 }

@@ -89,12 +89,24 @@ func runLayout(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if o.iters < 2 || o.warmup < 0 || o.graphLaunches < 0 || o.replays < 1 || o.flushMiB < 0 || o.masked < 0 {
 		return errors.New("want --iters >= 2, --replays >= 1 and non-negative --warmup, --graph-launches, --flush-mib, --masked")
 	}
+	if o.cfg.MaxBlocks < 0 {
+		return fmt.Errorf("--max-blocks %d: want 0 (the SM count) or more", o.cfg.MaxBlocks)
+	}
 	for _, t := range o.tokens {
 		s := o.shape
 		s.Tokens = t
 		if err := s.Validate(); err != nil {
 			return err
 		}
+		if _, err := routing.PlanLayout(s, 0, o.cfg); err != nil {
+			return fmt.Errorf("--threads: %w", err)
+		}
+	}
+	if err := checkMasked(o.masked, o.shape.K, o.tokens); err != nil {
+		return err
+	}
+	if err := checkOutput("json", o.jsonPath); err != nil {
+		return err
 	}
 	kind, _, err := device.ParseKind(o.backend)
 	if err != nil {
@@ -128,10 +140,12 @@ func runLayout(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	var results []layoutResult
 	var errs []error
-	for _, t := range o.tokens {
-		if err := ctx.Err(); err != nil {
+	prog := newProgress(stderr)
+	for i, t := range o.tokens {
+		if err := interrupted(ctx); err != nil {
 			return err
 		}
+		prog.printf("T=%d (%d/%d): checking, then timing", t, i+1, len(o.tokens))
 		res, err := layoutOne(dev, st, flush, o, t)
 		res.Backend, res.Device = string(info.Kind), devName
 		if err != nil {

@@ -91,7 +91,7 @@ func ReadNPY(r io.Reader) (*NPYIndex, error) {
 	}
 	h, err := parseNPYHeader(string(hdr))
 	if err != nil {
-		return nil, fmt.Errorf("npy: header %q: %w", strings.TrimRight(string(hdr), " \n"), err)
+		return nil, fmt.Errorf("npy: header %s: %w", clip(strconv.Quote(strings.TrimRight(string(hdr), " \n")), npyEcho), err)
 	}
 	out := &NPYIndex{Tokens: h.shape[0], K: h.shape[1], Int32: h.elem == 4}
 	want := int64(out.Tokens) * int64(out.K) * int64(h.elem)
@@ -144,7 +144,7 @@ func parseNPYHeader(s string) (npyHeader, error) {
 	}
 	for k := range d {
 		if k != "descr" && k != "fortran_order" && k != "shape" {
-			return h, fmt.Errorf("unexpected key %q", k)
+			return h, fmt.Errorf("unexpected key %q", clip(k, npyEcho))
 		}
 	}
 	descr, ok := d["descr"].(string)
@@ -157,7 +157,7 @@ func parseNPYHeader(s string) (npyHeader, error) {
 	case "<i4":
 		h.elem = 4
 	default:
-		return h, fmt.Errorf("dtype %q not supported: topk_idx must be little-endian int64 '<i8' or int32 '<i4'", descr)
+		return h, fmt.Errorf("dtype %q not supported: topk_idx must be little-endian int64 '<i8' or int32 '<i4'", clip(descr, npyEcho))
 	}
 	h.descr = descr
 	fortran, ok := d["fortran_order"].(bool)
@@ -199,6 +199,10 @@ type dictParser struct {
 	s string
 	i int
 }
+
+// npyEcho bounds how much of a header an error repeats: a corrupt header
+// length can make the "header" megabytes of binary.
+const npyEcho = 200
 
 func (p *dictParser) ws() {
 	for p.i < len(p.s) && strings.IndexByte(" \t\r\n", p.s[p.i]) >= 0 {
@@ -294,8 +298,11 @@ func (p *dictParser) tuple() ([]int, error) {
 		for j < len(p.s) && p.s[j] >= '0' && p.s[j] <= '9' {
 			j++
 		}
+		if j-p.i > 12 {
+			return nil, p.errorf("dimension %s is too large (more than 12 digits)", clip(p.s[p.i:j], 40))
+		}
 		n, err := strconv.Atoi(p.s[p.i:j])
-		if err != nil || j-p.i > 12 {
+		if err != nil {
 			return nil, p.errorf("want a non-negative dimension")
 		}
 		p.i = j

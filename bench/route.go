@@ -1,18 +1,22 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/goep-dev/goep/routing"
 )
 
 func init() {
-	register("route", "load a topk_idx .npy file and print per-rank/per-expert load, imbalance and rank-to-rank traffic", runRoute)
+	register("route", "read a routing (topk_idx .npy: --file, or --generate one) and print per-rank/per-expert load, imbalance and rank-to-rank traffic", runRoute)
 }
 
 // routeReport is the JSON form of ep-bench route's output.
@@ -34,7 +38,22 @@ type routeReport struct {
 
 func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("route", stderr)
-	file := fs.String("topk", "", "topk_idx as a .npy file: (tokens, topk) int64 or int32, C order (required)")
+	file := fs.String("file", "", "the routing to read: topk_idx as a .npy file, (tokens, topk) int64 or int32, C order")
+	generate := fs.String("generate", "", "write a routing to this .npy file first (DeepEP's generator: top-k of |randn|+1 scores, "+
+		"--tokens per rank, every rank's in rank order), then read it")
+	tokens := fs.Int("tokens", 4096, "with --generate: tokens per rank")
+	topk := new(int)
+	*topk = 8
+	fs.Func("topk", "with --generate: experts per token (default 8; a file's top-k is its second dimension)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New("want a number of experts per token, for --generate; the routing file to read is --file")
+		}
+		*topk = n
+		return nil
+	})
+	seed := fs.Uint64("seed", 1, "with --generate: the seed (rank r's routing is intranode's at the same seed)")
+	masked := fs.Int("masked", 0, "with --generate: random (token, slot) entries per rank set to -1")
 	experts := fs.Int("experts", 0, "number of experts (required)")
 	ranks := fs.Int("ranks", 0, "number of ranks the experts are spread over (required)")
 	hidden := fs.Int("hidden", 7168, "hidden size, for BF16 bytes = tokens * hidden * 2")
@@ -42,19 +61,53 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"which rank holds each token: block (the file is every rank's tokens concatenated in rank order: rank r holds "+
 			"tokens [r*ceil(T/R), (r+1)*ceil(T/R))), cyclic (token t on rank t%R), or rank:N (the file is rank N's own routing)")
 	jsonPath := fs.String("json", "", "also write the report as JSON to this file ('-': stdout, instead of the tables)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: ep-bench route --file topk.npy --experts E --ranks R [flags]")
+		fmt.Fprintln(stderr, "       ep-bench route --generate topk.npy --experts E --ranks R [--tokens T --topk K] [flags]")
+		fs.PrintDefaults()
+	}
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *file == "" || *experts <= 0 || *ranks <= 0 {
-		fmt.Fprintln(stderr, "ep-bench route: --topk FILE, --experts and --ranks are required")
-		return errUsage
+	set := given(fs)
+	switch {
+	case *file == "" && *generate == "":
+		if set["topk"] {
+			return errors.New("route reads the routing from --file (its top-k is the file's second dimension); --topk is for --generate")
+		}
+		fs.Usage()
+		return errors.New("want --file FILE.npy (a routing to read) or --generate FILE.npy (one to write, then read)")
+	case *file != "" && *generate != "":
+		return errors.New("--file and --generate exclude each other (--generate reads the file it writes)")
+	case *file != "" && (set["tokens"] || set["topk"] || set["seed"] || set["masked"]):
+		return errors.New("--tokens, --topk, --seed and --masked describe what --generate writes; a --file brings its own")
 	}
-	if *hidden < 0 {
-		return errors.New("--hidden must not be negative")
+	if *experts <= 0 || *ranks <= 0 {
+		return fmt.Errorf("--experts and --ranks are required and must be at least 1 (have %d and %d)", *experts, *ranks)
+	}
+	if err := checkRange("hidden", *hidden, 0, maxHidden); err != nil {
+		return err
 	}
 	place, err := ParsePlacement(*source)
 	if err != nil {
 		return fmt.Errorf("--source-rank-of: %w", err)
+	}
+	if err := checkOutputs("json", *jsonPath, "generate", *generate); err != nil {
+		return err
+	}
+	if *generate != "" {
+		shape := routing.Shape{Tokens: *tokens, K: *topk, Experts: *experts, Ranks: *ranks}
+		if err := shape.Validate(); err != nil {
+			return err
+		}
+		if err := checkMasked(*masked, *topk, []int{*tokens}); err != nil {
+			return err
+		}
+		if err := generateRouting(ctx, *generate, shape, *seed, *masked); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "route: wrote %s: %d ranks x %d tokens, top-%d of %d experts (seed %d)\n", *generate, *ranks, *tokens, *topk, *experts, *seed)
+		*file = *generate
 	}
 	n, err := LoadNPY(*file)
 	if err != nil {
@@ -74,6 +127,28 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	printRoute(stdout, rep)
 	return writeJSON(*jsonPath, rep)
+}
+
+// generateRouting writes every rank's routing (intranode's generator and
+// seeds, so `ep-bench intranode` at the same shape and seed routes the
+// same way) as one (ranks*tokens, k) int64 .npy, rank 0's tokens first.
+func generateRouting(ctx context.Context, path string, s routing.Shape, seed uint64, masked int) error {
+	all := make([]int64, 0, s.Ranks*s.Tokens*s.K)
+	for r := range s.Ranks {
+		if err := interrupted(ctx); err != nil {
+			return err
+		}
+		rt, err := routing.Generate(s, routing.GenOptions{Seed: rankSeed(seed, r), Masked: masked})
+		if err != nil {
+			return err
+		}
+		all = append(all, rt.Idx...)
+	}
+	var b bytes.Buffer
+	if err := WriteNPY(&b, all, s.Ranks*s.Tokens, s.K, false); err != nil {
+		return err
+	}
+	return os.WriteFile(path, b.Bytes(), 0o644)
 }
 
 func newRouteReport(file string, as32 bool, hidden int, tr *Traffic) *routeReport {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/routing"
 )
 
 func writeNPY(t *testing.T, idx []int64, tokens, k int, as32 bool) string {
@@ -33,7 +34,7 @@ var routeIdx = []int64{
 
 func TestRouteCommandTables(t *testing.T) {
 	path := writeNPY(t, routeIdx, 4, 2, true)
-	code, stdout, stderr := run(t, "route", "--topk", path, "--experts", "4", "--ranks", "2", "--hidden", "1024")
+	code, stdout, stderr := run(t, "route", "--file", path, "--experts", "4", "--ranks", "2", "--hidden", "1024")
 	require.Equal(t, 0, code, stderr)
 	for _, want := range []string{
 		"T=4 K=2 (<i4), E=4 over R=2 ranks (2 experts each), 3 entries masked (-1)",
@@ -55,7 +56,7 @@ func TestRouteCommandTables(t *testing.T) {
 
 func TestRouteCommandJSON(t *testing.T) {
 	path := writeNPY(t, routeIdx, 4, 2, false)
-	code, stdout, stderr := run(t, "route", "--topk", path, "--experts", "4", "--ranks", "2", "--hidden", "1024",
+	code, stdout, stderr := run(t, "route", "--file", path, "--experts", "4", "--ranks", "2", "--hidden", "1024",
 		"--source-rank-of", "cyclic", "--json", "-")
 	require.Equal(t, 0, code, stderr)
 	var rep map[string]any
@@ -71,7 +72,7 @@ func TestRouteCommandJSON(t *testing.T) {
 	assert.Equal(t, 3.0, rep["masked_entries"])
 
 	out := filepath.Join(t.TempDir(), "route.json")
-	code, stdout, _ = run(t, "route", "--topk", path, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:1", "--json", out)
+	code, stdout, _ = run(t, "route", "--file", path, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:1", "--json", out)
 	require.Equal(t, 0, code)
 	assert.Contains(t, stdout, "tokens placed by rank:1")
 	b, err := os.ReadFile(out)
@@ -91,19 +92,64 @@ func TestRouteCommandErrors(t *testing.T) {
 		args []string
 		msg  string
 	}{
-		{[]string{"--experts", "4", "--ranks", "2"}, "--topk FILE, --experts and --ranks are required"},
-		{[]string{"--topk", good, "--ranks", "2"}, "are required"},
-		{[]string{"--topk", filepath.Join(t.TempDir(), "nope.npy"), "--experts", "4", "--ranks", "2"}, "no such file"},
-		{[]string{"--topk", fortran, "--experts", "4", "--ranks", "2"}, "fortran_order is True"},
-		{[]string{"--topk", badID, "--experts", "4", "--ranks", "2"}, "topk_idx[1][1] = 9"},
-		{[]string{"--topk", good, "--experts", "6", "--ranks", "4"}, "do not divide evenly"},
-		{[]string{"--topk", good, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:2"}, "only 2 ranks"},
-		{[]string{"--topk", good, "--experts", "4", "--ranks", "2", "--source-rank-of", "striped"}, "want block, cyclic or rank:N"},
-		{[]string{"--topk", good, "--experts", "4", "--ranks", "2", "--hidden", "-1"}, "--hidden"},
+		{[]string{"--experts", "4", "--ranks", "2"}, "want --file FILE.npy (a routing to read) or --generate FILE.npy"},
+		{[]string{"--topk", good, "--experts", "4", "--ranks", "2"}, "the routing file to read is --file"},
+		{[]string{"--topk", "8", "--experts", "4", "--ranks", "2"}, "route reads the routing from --file"},
+		{[]string{"--file", good, "--topk", "4", "--experts", "4", "--ranks", "2"}, "describe what --generate writes"},
+		{[]string{"--file", good, "--generate", good, "--experts", "4", "--ranks", "2"}, "exclude each other"},
+		{[]string{"--generate", filepath.Join(t.TempDir(), "no", "such", "r.npy"), "--experts", "4", "--ranks", "2"}, "does not exist"},
+		{[]string{"--generate", filepath.Join(t.TempDir(), "g.npy"), "--tokens", "2", "--topk", "2", "--masked", "5", "--experts", "4", "--ranks", "2"}, "--masked 5"},
+		{[]string{"--file", good, "--experts", "4", "--ranks", "2", "--json", filepath.Join(t.TempDir(), "no", "r.json")}, "does not exist"},
+		{[]string{"--file", good, "--ranks", "2"}, "--experts and --ranks are required"},
+		{[]string{"--file", filepath.Join(t.TempDir(), "nope.npy"), "--experts", "4", "--ranks", "2"}, "no such file"},
+		{[]string{"--file", fortran, "--experts", "4", "--ranks", "2"}, "fortran_order is True"},
+		{[]string{"--file", badID, "--experts", "4", "--ranks", "2"}, "topk_idx[1][1] = 9"},
+		{[]string{"--file", good, "--experts", "6", "--ranks", "4"}, "do not divide evenly"},
+		{[]string{"--file", good, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:2"}, "only 2 ranks"},
+		{[]string{"--file", good, "--experts", "4", "--ranks", "2", "--source-rank-of", "striped"}, "want block, cyclic or rank:N"},
+		{[]string{"--file", good, "--experts", "4", "--ranks", "2", "--hidden", "-1"}, "--hidden"},
 	}
 	for _, c := range cases {
 		code, _, stderr := run(t, append([]string{"route"}, c.args...)...)
 		assert.Equal(t, 1, code, c.msg)
 		assert.Contains(t, stderr, c.msg)
 	}
+}
+
+// route --generate writes every rank's routing from intranode's generator
+// and seeds, rank 0's tokens first, then reports on it as --file would.
+func TestRouteGenerate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.npy")
+	code, stdout, stderr := run(t, "route", "--generate", path, "--tokens", "64", "--topk", "4", "--experts", "16", "--ranks", "4",
+		"--seed", "3", "--masked", "5", "--json", "-")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "route: wrote "+path)
+	n, err := LoadNPY(path)
+	require.NoError(t, err)
+	require.Equal(t, 256, n.Tokens)
+	require.Equal(t, 4, n.K)
+	require.False(t, n.Int32)
+	var want []int64
+	for r := range 4 {
+		rt, err := routing.Generate(routing.Shape{Tokens: 64, K: 4, Experts: 16, Ranks: 4}, routing.GenOptions{Seed: 3*1000 + uint64(r), Masked: 5})
+		require.NoError(t, err)
+		want = append(want, rt.Idx...)
+	}
+	require.Equal(t, want, n.Idx)
+	masked := 0
+	for _, v := range n.Idx {
+		if v < 0 {
+			masked++
+		}
+	}
+	require.Equal(t, 4*5, masked)
+	var rep routeReport
+	require.NoError(t, json.Unmarshal([]byte(stdout), &rep))
+	require.Equal(t, 256, rep.Tokens)
+	require.Equal(t, int64(64), rep.SourceTokens[3], "block placement: rank 3 holds its own 64 tokens")
+
+	// The same file through --file gives the same report.
+	code, again, stderr := run(t, "route", "--file", path, "--experts", "16", "--ranks", "4", "--json", "-")
+	require.Equal(t, 0, code, stderr)
+	require.JSONEq(t, stdout, again)
 }

@@ -13,10 +13,10 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // Buffer is one rank's EP buffer: the memory every dispatch and combine of
@@ -36,10 +36,13 @@ import (
 //   - scratch for int32 top-k ids widened to int64;
 //   - a stream of its own and the events it hands out.
 //
-// Package ep launches kernels on it; this package owns lifecycle and
-// memory. Methods are safe for concurrent use, but the collective ones
-// (New, Barrier, Close) must be called in the same order on every rank.
+// The Buffer picks its mode (Mode) once, in New, and runs every call of
+// that mode (calls.go); package ep validates the arguments and turns the
+// outcomes into tensors. Methods are safe for concurrent use, but the
+// collective ones (New, Dispatch, Combine, Barrier, Close) must be called
+// in the same order on every rank.
 type Buffer struct {
+	mode  Mode
 	cfg   Config
 	hint  SizeHint
 	rank  int
@@ -64,6 +67,10 @@ type Buffer struct {
 	work     intranode.Workspace
 	slotPlan handleSlot
 	outPlan  layoutPlace
+
+	// Launches: resolved defaults, and this rank's share of its GPU.
+	dispatchLaunch, combineLaunch LaunchConfig
+	spinBlocks, sharedGPU         int
 
 	mu     sync.Mutex
 	events []*Event
@@ -100,7 +107,8 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if err != nil {
 		return nil, fmt.Errorf("buffer: rank %d: %w", bs.Rank(), err)
 	}
-	b := &Buffer{cfg: cfg, hint: hint, rank: bs.Rank(), ranks: bs.Size(), user: dev, dev: newAccounting(dev), bs: bs,
+	// One place picks the mode: today every group is one node's.
+	b := &Buffer{mode: Intranode, cfg: cfg, hint: hint, rank: bs.Rank(), ranks: bs.Size(), user: dev, dev: newAccounting(dev), bs: bs,
 		ctx: cudaContext(dev)}
 	if dev.Info().Kind == device.CUDA && b.ctx == nil {
 		return nil, fmt.Errorf("buffer: rank %d: a CUDA device must have Context() (a wrapping Device must forward it)", b.rank)
@@ -119,6 +127,12 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 		return nil, b.errorf("%w", err)
 	}
 	b.waitID = b.comm.NewWaitID(fmt.Sprintf("ep buffer %d intranode kernels", cfg.Tag))
+	if err := b.placeLaunches(ctx); err != nil {
+		return nil, err
+	}
+	if err := b.preload(); err != nil {
+		return nil, err
+	}
 	if err := b.allocate(); err != nil {
 		return nil, err
 	}
@@ -152,6 +166,48 @@ func (b *Buffer) checkConfigs(ctx context.Context) error {
 			return b.errorf("rank %d's Buffer config (%s) differs from this rank's (%s)", r, t, mine)
 		}
 	}
+	return nil
+}
+
+// placeLaunches learns which ranks share this rank's GPU and resolves the
+// launch configurations within this rank's share of it.
+func (b *Buffer) placeLaunches(ctx context.Context) error {
+	pl, err := b.comm.Placement(ctx)
+	if err != nil {
+		return b.errorf("%w", err)
+	}
+	b.spinBlocks, b.sharedGPU = pl.SpinBlocks, len(pl.SharedGPU)
+	if b.dispatchLaunch, err = b.cfg.Dispatch.resolveWithin(b.ranks, OpDispatch, b.spinBlocks); err != nil {
+		return b.errorf("%w", err)
+	}
+	if b.combineLaunch, err = b.cfg.Combine.resolveWithin(b.ranks, OpCombine, b.spinBlocks); err != nil {
+		return b.errorf("%w", err)
+	}
+	if n := b.ranks - 1; b.spinBlocks > 0 && n > b.spinBlocks {
+		return b.errorf("the device barrier waits with one block per peer (%d), more than this rank's share of its GPU (%d blocks)", n, b.spinBlocks)
+	}
+	return nil
+}
+
+// Barrier kernels (channels' device API).
+const (
+	kernelSemSignal = "goep_chan_sem_signal"
+	kernelSemWait   = "goep_chan_sem_wait"
+)
+
+// preload loads every kernel a call may launch before the ranks meet for
+// the last time in New: a first launch must never load code while a peer's
+// kernel spins waiting for this rank (ranks sharing a GPU share its
+// context, and a module load waits for the kernels running there).
+func (b *Buffer) preload() error {
+	if err := b.dev.Preload(intranode.KernelNotify, routing.KernelWidenIDs, routing.KernelLayoutInt64,
+		kernelSemSignal); err != nil {
+		return b.errorf("%w", err)
+	}
+	// The TMA dispatch is its own module, so that a toolchain that rejects
+	// its bulk-copy PTX costs that variant only: a failure shows at its
+	// launch, for a caller who asked for it.
+	_ = b.dev.Preload(intranode.KernelDispatchTMA)
 	return nil
 }
 
@@ -250,7 +306,10 @@ func (b *Buffer) exchange(ctx context.Context) error {
 		return b.errorf("peer table: %w", err)
 	}
 	b.work = intranode.Workspace{Layout: b.hint.Layout, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size,
-		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID}
+		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID, SpinBlocks: b.spinBlocks}
+	if err := b.work.Validate(); err != nil {
+		return b.errorf("%w", err)
+	}
 	if len(peers) == 0 {
 		return nil
 	}
@@ -272,6 +331,20 @@ func (b *Buffer) exchange(ctx context.Context) error {
 	return nil
 }
 
+// Mode is the protocol a Buffer runs its calls with.
+type Mode string
+
+// Modes. Internode (network + NVLink forwarding) and low-latency decode
+// come next, as siblings of package intranode.
+const (
+	// Intranode: every rank of the group on one node, over NVLink (or
+	// host memory on the host backend).
+	Intranode Mode = "intranode"
+)
+
+// Mode is the protocol this Buffer runs (chosen by New from the group).
+func (b *Buffer) Mode() Mode { return b.mode }
+
 // Rank is this rank; Ranks the group size.
 func (b *Buffer) Rank() int { return b.rank }
 
@@ -287,12 +360,6 @@ func (b *Buffer) SizeHint() SizeHint { return b.hint }
 // Device is the caller's device.
 func (b *Buffer) Device() device.Device { return b.user }
 
-// Communicator is the Buffer's communicator (owned by the Buffer).
-func (b *Buffer) Communicator() *channels.Communicator { return b.comm }
-
-// Workspace is the intranode kernels' view of the workspaces.
-func (b *Buffer) Workspace() *intranode.Workspace { return &b.work }
-
 // Stream is the Buffer's own stream.
 func (b *Buffer) Stream() device.Stream { return b.stream }
 
@@ -303,69 +370,11 @@ func (b *Buffer) Memory() Memory { return b.dev.live() }
 // HandleSlots is the number of handle slots.
 func (b *Buffer) HandleSlots() int { return b.cfg.handles() }
 
-// Slot is the device memory of handle slot i.
-type Slot struct {
-	Handle intranode.Handle // Tokens left 0: the caller sets it
-	// TopK is int64[MaxTokens][TopK]: a copy of the routing the handle was
-	// built from, so cached dispatches need only x.
-	TopK uintptr
-	// ExpertCounts is int32[LocalExperts]: received (token, local expert)
-	// pairs, for dispatches that do not wait on the host.
-	ExpertCounts uintptr
-}
-
-// Slot returns the device memory of handle slot i (0 <= i < HandleSlots).
-func (b *Buffer) Slot(i int) Slot {
-	p, s := b.slots.Ptr+uintptr(i*b.slotPlan.size), b.slotPlan
-	return Slot{
-		Handle: intranode.Handle{SendPos: p + uintptr(s.sendPos), RankPrefix: p + uintptr(s.rankPrefix),
-			RecvBase: p + uintptr(s.recvBase), NumRecv: p + uintptr(s.numRecv)},
-		TopK:         p + uintptr(s.topk),
-		ExpertCounts: p + uintptr(s.expertCounts),
-	}
-}
-
-// IDScratch is int64 [MaxTokens][TopK] of device memory for int32 top-k ids
-// widened to int64 (SizeHint.IDScratch). Every dispatch that uses it
-// overwrites it, in stream order.
-func (b *Buffer) IDScratch() uintptr { return b.ids.Ptr }
-
-// LayoutOutputs are the dispatch-layout kernel's outputs in the Buffer, for
-// up to MaxTokens tokens, with its invalid-id count in host-mapped memory.
-func (b *Buffer) LayoutOutputs() routing.LayoutOutput {
-	p := b.layout.Ptr
-	return routing.LayoutOutput{
-		TokensPerRank:   p + uintptr(b.outPlan.perRank),
-		TokensPerExpert: p + uintptr(b.outPlan.perExpert),
-		IsTokenInRank:   p + uintptr(b.outPlan.inRank),
-		Invalid:         b.mapped.Dev + mappedLayoutInvalid,
-		Workspace:       p + uintptr(b.outPlan.workspace),
-	}
-}
-
-// CombineOutputs are the default combine outputs: BF16 [MaxTokens][Hidden]
-// and float32 [MaxTokens][TopK].
-func (b *Buffer) CombineOutputs() (x, weights uintptr) {
-	return b.combine.Ptr, b.combine.Ptr + uintptr(alignUp(2*b.cfg.MaxTokens*b.cfg.Hidden))
-}
-
-// Host-mapped counters the kernels write: RecvCountPtr (the notify
-// kernel's received count, polled by WaitRecvCount), NotifyInvalidPtr and
-// ExpertCountsPtr (int32[LocalExperts]).
-func (b *Buffer) RecvCountPtr() uintptr     { return b.mapped.Dev + mappedRecvCount }
-func (b *Buffer) NotifyInvalidPtr() uintptr { return b.mapped.Dev + mappedNotifyInvalid }
-func (b *Buffer) ExpertCountsPtr() uintptr  { return b.mapped.Dev + mappedExpertCounts }
-
 func (b *Buffer) mappedI32(off int) *atomic.Int32 {
 	return (*atomic.Int32)(unsafe.Pointer(&b.mapped.Host[off]))
 }
 
 func (b *Buffer) storeMapped(off int, v int32) { b.mappedI32(off).Store(v) }
-
-// ResetRecvCount sets the host-mapped received count to -1 before a notify
-// that writes it; the previous such notify must have completed (its count
-// read by WaitRecvCount).
-func (b *Buffer) ResetRecvCount() { b.storeMapped(mappedRecvCount, -1) }
 
 // NotifyInvalid reads the invalid-id count the last notify wrote (complete
 // once its stream has passed it); LayoutInvalid the layout kernel's.
@@ -374,9 +383,9 @@ func (b *Buffer) NotifyInvalid() int { return int(b.mappedI32(mappedNotifyInvali
 // LayoutInvalid reads the invalid-id count of the last layout launch.
 func (b *Buffer) LayoutInvalid() int { return int(b.mappedI32(mappedLayoutInvalid).Load()) }
 
-// ExpertCounts reads the host-mapped per-local-expert counts of the last
+// expertCounts reads the host-mapped per-local-expert counts of the last
 // notify that wrote them.
-func (b *Buffer) ExpertCounts() []int {
+func (b *Buffer) expertCounts() []int {
 	out := make([]int, b.hint.Layout.LocalExperts)
 	for i := range out {
 		out[i] = int(b.mappedI32(mappedExpertCounts + 4*i).Load())
@@ -384,15 +393,15 @@ func (b *Buffer) ExpertCounts() []int {
 	return out
 }
 
-// WaitRecvCount polls the host-mapped received count until the notify
+// busyPoll is how long waitRecvCount polls without sleeping.
+const busyPoll = 5 * time.Millisecond
+
+// waitRecvCount polls the host-mapped received count until the notify
 // kernel writes it (what DeepEP's host does before it sizes outputs). It
 // gives up on ctx, on a device-side timeout of this rank (the watchdog's
 // record), or when nothing arrives within the wait timeout plus a second
 // (the stream never reached the kernel); each makes the Buffer unusable.
-// busyPoll is how long WaitRecvCount polls without sleeping.
-const busyPoll = 5 * time.Millisecond
-
-func (b *Buffer) WaitRecvCount(ctx context.Context, what string) (int, error) {
+func (b *Buffer) waitRecvCount(ctx context.Context, what string) (int, error) {
 	p := b.mappedI32(mappedRecvCount)
 	if n := p.Load(); n >= 0 {
 		return int(n), nil
@@ -470,11 +479,11 @@ func (b *Buffer) Barrier(s device.Stream) error {
 	n := b.sems.Len()
 	stride := uint32(b.sems.Stride())
 	sig := device.NewArgs(5).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0)
-	if err := b.dev.Launch("goep_chan_sem_signal", device.D1(n), device.D1(32), 0, s, sig); err != nil {
+	if err := b.dev.Launch(kernelSemSignal, device.D1(n), device.D1(32), 0, s, sig); err != nil {
 		return b.Fail(b.errorf("barrier signal: %w", err))
 	}
 	wait := device.NewArgs(7).Ptr(b.sems.Ptr()).U32(stride).U32(0).U32(1).U32(0).U32(StageBarrier).Ptr(b.barrier.Ptr)
-	if err := b.dev.Launch("goep_chan_sem_wait", device.D1(n), device.D1(32), 0, s, wait); err != nil {
+	if err := b.dev.Launch(kernelSemWait, device.D1(n), device.D1(32), 0, s, wait); err != nil {
 		return b.Fail(b.errorf("barrier wait: %w", err))
 	}
 	return nil

@@ -1,4 +1,4 @@
-package buffer_test
+package buffer
 
 import (
 	"context"
@@ -8,16 +8,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/buffer"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 func TestSizeHints(t *testing.T) {
-	c := buffer.Config{MaxTokens: 4096, Hidden: 7168, TopK: 8, Experts: 256, FP8: true}
-	h, err := buffer.SizeHints(c, 8)
+	c := Config{MaxTokens: 4096, Hidden: 7168, TopK: 8, Experts: 256, FP8: true}
+	h, err := SizeHints(c, 8)
 	require.NoError(t, err)
 	l, err := intranode.NewLayout(intranode.Config{Ranks: 8, MaxTokens: 4096, Hidden: 7168, TopK: 8, LocalExperts: 32, FP8: true})
 	require.NoError(t, err)
@@ -31,23 +29,23 @@ func TestSizeHints(t *testing.T) {
 	require.Greater(t, h.Workspace, 8*4096*7168*2)
 
 	c.WorkspaceBytes = l.Size + 4096
-	h2, err := buffer.SizeHints(c, 8)
+	h2, err := SizeHints(c, 8)
 	require.NoError(t, err)
 	require.Equal(t, l.Size+4096, h2.Workspace)
 	c.WorkspaceBytes = l.Size - 1
-	_, err = buffer.SizeHints(c, 8)
+	_, err = SizeHints(c, 8)
 	require.ErrorContains(t, err, "need a workspace of")
 
-	for _, bad := range []buffer.Config{
+	for _, bad := range []Config{
 		{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 6},          // 6 experts over 4 ranks
 		{MaxTokens: 8, Hidden: 12, TopK: 2, Experts: 8},           // hidden
 		{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 8, Tag: -1}, // tag
 		{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 8, Handles: -1},
 	} {
-		_, err := buffer.SizeHints(bad, 4)
+		_, err := SizeHints(bad, 4)
 		require.Error(t, err, "%+v", bad)
 	}
-	_, err = buffer.SizeHints(buffer.Config{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 18}, 9)
+	_, err = SizeHints(Config{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 18}, 9)
 	require.ErrorContains(t, err, "9 ranks")
 }
 
@@ -58,8 +56,8 @@ func TestNewAndClose(t *testing.T) {
 	const ranks = 3
 	boots, err := bootstrap.NewInProcess(ranks, bootstrap.Config{})
 	require.NoError(t, err)
-	cfg := buffer.Config{MaxTokens: 16, Hidden: 256, TopK: 4, Experts: 12, Handles: 2}
-	bufs := make([]*buffer.Buffer, ranks)
+	cfg := Config{MaxTokens: 16, Hidden: 256, TopK: 4, Experts: 12, Handles: 2}
+	bufs := make([]*Buffer, ranks)
 	devs := make([]device.Device, ranks)
 	var wg sync.WaitGroup
 	errs := make([]error, ranks)
@@ -68,7 +66,7 @@ func TestNewAndClose(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs[i], errs[i] = buffer.New(context.Background(), boots[i], devs[i], cfg)
+			bufs[i], errs[i] = New(context.Background(), boots[i], devs[i], cfg)
 		}()
 	}
 	wg.Wait()
@@ -77,21 +75,21 @@ func TestNewAndClose(t *testing.T) {
 	}
 	bases := make([]uint64, ranks)
 	for i, b := range bufs {
-		bases[i] = uint64(b.Workspace().Base)
+		bases[i] = uint64(b.work.Base)
 	}
 	for i, b := range bufs {
-		ws := b.Workspace()
+		ws := b.work
 		require.Equal(t, i, ws.Rank)
 		require.Equal(t, bases, device.HostSlice[uint64](ws.Peers, ranks), "rank %d peer table", i)
 		for _, v := range device.HostSlice[byte](ws.Base, intranode.CtrlBytes) {
 			require.Zero(t, v)
 		}
-		require.Equal(t, b.Communicator().Watchdog(), ws.Watchdog)
+		require.Equal(t, b.comm.Watchdog(), ws.Watchdog)
 		m := b.Memory()
 		require.GreaterOrEqual(t, m.Device, int64(b.SizeHint().Device))
 		require.Equal(t, 2, b.HandleSlots())
-		s0, s1 := b.Slot(0), b.Slot(1)
-		require.Equal(t, uintptr(b.SizeHint().HandleSlot), s1.Handle.SendPos-s0.Handle.SendPos)
+		s0, s1 := b.slot(0, 0), b.slot(1, 0)
+		require.Equal(t, uintptr(b.SizeHint().HandleSlot), s1.handle.SendPos-s0.handle.SendPos)
 		e, err := b.NewEvent()
 		require.NoError(t, err)
 		require.NoError(t, e.Record(b.Stream()))
@@ -124,11 +122,11 @@ func TestWaitRecvCountGivesUp(t *testing.T) {
 	boots, err := bootstrap.NewInProcess(1, bootstrap.Config{})
 	require.NoError(t, err)
 	dev := device.OpenHost(0)
-	b, err := buffer.New(context.Background(), boots[0], dev, buffer.Config{MaxTokens: 4, Hidden: 128, TopK: 1, Experts: 2})
+	b, err := New(context.Background(), boots[0], dev, Config{MaxTokens: 4, Hidden: 128, TopK: 1, Experts: 2})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err = b.WaitRecvCount(ctx, "dispatch")
+	_, err = b.waitRecvCount(ctx, "dispatch")
 	require.ErrorContains(t, err, "rank 0: dispatch: waiting for the received count: context deadline exceeded")
 	require.Equal(t, err, b.Check())
 	require.Equal(t, err, b.Barrier(nil))

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // Config sizes a Buffer. Every rank of a group passes the same MaxTokens,
@@ -35,6 +35,10 @@ type Config struct {
 	// Timeout bounds every device-side wait (the communicator's
 	// Timeouts.Wait); 0 means $GOEP_CHANNEL_TIMEOUT, else 60 s.
 	Timeout time.Duration
+	// Dispatch and Combine size the kernels' launches; zero fields take
+	// DefaultLaunch(ranks, op), shrunk to this rank's share of a GPU that
+	// several ranks share.
+	Dispatch, Combine LaunchConfig
 	// Tag keeps apart Buffers that are built or closed at the same time
 	// over one bootstrap (two micro-batches built from two goroutines):
 	// give them different tags, 0..MaxTag. Buffers built one after the

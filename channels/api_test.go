@@ -326,7 +326,7 @@ func TestTimeoutIsSticky(t *testing.T) {
 			if !assert.NoError(t, err) {
 				return errAssert
 			}
-			require.NoError(t, dev.Launch("goep_chan_sem_wait", device.D1(1), device.D1(1), 0, nil,
+			require.NoError(t, dev.Launch(devapi.KernelChanSemWait, device.D1(1), device.D1(1), 0, nil,
 				device.NewArgs(7).Ptr(arr.Ptr()).U32(devapi.SemaphoreSize).U32(0).U32(1).U32(0).U32(42).Ptr(out.Ptr)))
 			err = c.Check()
 			var te *channels.TimeoutError

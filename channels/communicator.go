@@ -47,6 +47,9 @@ type Communicator struct {
 	// Shared-memory segments of host semaphore tokens (host_tokens.go).
 	ownSegments  []*shmSegment
 	peerSegments map[string]*shmSegment
+
+	placeMu   sync.Mutex // held through Placement's exchange
+	placement *Placement
 }
 
 // tokenSlotSize is the room of one inbound token: 128 bytes, because peers

@@ -2,8 +2,10 @@ package channels
 
 import (
 	"encoding/binary"
+	"sync"
 	"sync/atomic"
 
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -15,7 +17,13 @@ import (
 // the exception: a one-thread kernel on the same stream.
 type cudaIPCConnection struct {
 	*connBase
-	stream device.Stream
+	dev device.Device
+	// The stream is made at the first operation: a job of goroutine ranks
+	// sharing a GPU has a connection per pair of ranks, mostly unused, and
+	// every stream beyond the GPU's hardware queues shares one with others
+	// (in order: a spinning kernel ahead would hold a copy queued behind).
+	streamMu sync.Mutex
+	stream   device.Stream
 	// memops is the stream as internal/cuda sees it, for stream memory
 	// operations (nil when the Device does not expose its context).
 	memops *cuda.Stream
@@ -29,20 +37,62 @@ type cudaIPCConnection struct {
 	enqueued, idleAt atomic.Uint64
 }
 
-func newCudaIPCConnection(base *connBase, dev device.Device, s device.Stream) *cudaIPCConnection {
-	k := &cudaIPCConnection{connBase: base, stream: s}
-	if cd, ok := dev.(interface{ Context() *cuda.Context }); ok {
-		k.memops = cuda.WrapStream(cd.Context(), s.Handle())
-	}
+func newCudaIPCConnection(base *connBase, dev device.Device) *cudaIPCConnection {
+	k := &cudaIPCConnection{connBase: base, dev: dev}
+	base.release = k.closeStream
 	return k
+}
+
+// streams returns the connection's stream (made now if it was not) and its
+// memory-operations view.
+func (k *cudaIPCConnection) streams() (device.Stream, *cuda.Stream, error) {
+	k.streamMu.Lock()
+	defer k.streamMu.Unlock()
+	if k.stream == nil {
+		s, err := k.dev.NewStream()
+		if err != nil {
+			return nil, nil, k.errorf("stream: %w", err)
+		}
+		k.stream = s
+		if cd, ok := k.dev.(interface{ Context() *cuda.Context }); ok {
+			k.memops = cuda.WrapStream(cd.Context(), s.Handle())
+		}
+	}
+	return k.stream, k.memops, nil
+}
+
+// syncStream waits for the stream, if there is one yet.
+func (k *cudaIPCConnection) syncStream() error {
+	k.streamMu.Lock()
+	s := k.stream
+	k.streamMu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return s.Synchronize()
+}
+
+func (k *cudaIPCConnection) closeStream() error {
+	k.streamMu.Lock()
+	defer k.streamMu.Unlock()
+	if k.stream == nil {
+		return nil
+	}
+	err := k.stream.Close()
+	k.stream, k.memops = nil, nil
+	return err
 }
 
 func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {
 	if err := k.checkWrite(dst, dstOff, src, srcOff, size); err != nil {
 		return err
 	}
+	stream, _, err := k.streams()
+	if err != nil {
+		return err
+	}
 	k.enqueued.Add(1)
-	if err := k.c.dev.CopyAsync(dst.Ptr()+uintptr(dstOff), src.Ptr()+uintptr(srcOff), size, k.stream); err != nil {
+	if err := k.c.dev.CopyAsync(dst.Ptr()+uintptr(dstOff), src.Ptr()+uintptr(srcOff), size, stream); err != nil {
 		return k.errorf("write %d bytes: %w", size, err)
 	}
 	return nil
@@ -62,14 +112,18 @@ func (k *cudaIPCConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, valu
 		return err
 	}
 	p := dst.Ptr() + uintptr(dstOff)
-	if k.memops != nil && !k.noMemops.Load() {
+	_, memops, err := k.streams()
+	if err != nil {
+		return err
+	}
+	if memops != nil && !k.noMemops.Load() {
 		k.enqueued.Add(1)
-		if err := k.memops.WriteValue64(cuda.DevicePtr(p), value, cuda.WriteValueDefault); err == nil {
+		if err := memops.WriteValue64(cuda.DevicePtr(p), value, cuda.WriteValueDefault); err == nil {
 			return nil
 		}
 		k.noMemops.Store(true)
 	}
-	if err := k.stream.Synchronize(); err != nil {
+	if err := k.syncStream(); err != nil {
 		return k.errorf("update: waiting for earlier writes: %w", err)
 	}
 	if err := k.c.dev.CopyIn(p, binary.LittleEndian.AppendUint64(nil, value)); err != nil {
@@ -93,22 +147,26 @@ func (k *cudaIPCConnection) setHostToken(t hostToken, v uint64) error {
 		t.store(v)
 		return nil
 	}
-	if k.memops != nil {
+	_, memops, err := k.streams()
+	if err != nil {
+		return err
+	}
+	if memops != nil {
 		// Work enqueued after n was read is not covered by this query.
-		if idle, err := k.memops.Query(); err == nil && idle {
+		if idle, err := memops.Query(); err == nil && idle {
 			k.idleAt.Store(n)
 			t.store(v)
 			return nil
 		}
 		if !k.noMemops.Load() {
 			k.enqueued.Add(1)
-			if err := k.memops.WriteValue64(cuda.DevicePtr(t.dev), v, cuda.WriteValueDefault); err == nil {
+			if err := memops.WriteValue64(cuda.DevicePtr(t.dev), v, cuda.WriteValueDefault); err == nil {
 				return nil
 			}
 			k.noMemops.Store(true)
 		}
 	}
-	if err := k.stream.Synchronize(); err != nil {
+	if err := k.syncStream(); err != nil {
 		return k.errorf("update: waiting for earlier writes: %w", err)
 	}
 	k.idleAt.Store(n)
@@ -122,9 +180,13 @@ func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value ui
 	if err := k.checkWord("atomic add", dst, dstOff); err != nil {
 		return err
 	}
+	stream, _, err := k.streams()
+	if err != nil {
+		return err
+	}
 	args := device.NewArgs(2).Ptr(dst.Ptr() + uintptr(dstOff)).U64(value)
 	k.enqueued.Add(1)
-	if err := k.c.dev.Launch("goep_proxy_atomic_add", device.D1(1), device.D1(1), 0, k.stream, args); err != nil {
+	if err := k.c.dev.Launch(devapi.KernelProxyAtomicAdd, device.D1(1), device.D1(1), 0, stream, args); err != nil {
 		return k.errorf("atomic add: %w", err)
 	}
 	return nil
@@ -134,7 +196,7 @@ func (k *cudaIPCConnection) Flush() error {
 	if err := k.usable(); err != nil {
 		return err
 	}
-	if err := k.stream.Synchronize(); err != nil {
+	if err := k.syncStream(); err != nil {
 		return k.errorf("flush: %w", err)
 	}
 	return nil
@@ -143,7 +205,7 @@ func (k *cudaIPCConnection) Flush() error {
 // drain waits for the stream whether or not the communicator still accepts
 // calls (a stopping proxy must not leave copies running).
 func (k *cudaIPCConnection) drain() error {
-	if err := k.stream.Synchronize(); err != nil {
+	if err := k.syncStream(); err != nil {
 		return k.errorf("drain: %w", err)
 	}
 	return nil

@@ -283,12 +283,7 @@ func (c *Communicator) newConnectionLocked(t Transport, peer, tag int) (Connecti
 	var conn Connection
 	switch t {
 	case TransportCudaIPC:
-		s, err := c.dev.NewStream()
-		if err != nil {
-			return nil, c.errorf("connect to rank %d (tag %d): stream: %w", peer, tag, err)
-		}
-		base.release = s.Close
-		conn = newCudaIPCConnection(base, c.dev, s)
+		conn = newCudaIPCConnection(base, c.dev)
 	case TransportHostMemory:
 		conn = &hostConnection{connBase: base}
 	default:

@@ -1,7 +1,6 @@
-// Package channels is the communication layer under EP, the collectives
-// and the plan executor, after MSCCL++'s channel model. Ranks meet through
-// channels/bootstrap; this package gives each rank a Communicator over its
-// Bootstrap and its device.Device:
+// Package channels is goep's channel layer: communicator, connections,
+// registered memory, semaphores, memory channels and port channels (FIFO and
+// CPU proxy), with every device-side wait bounded.
 //
 //   - Registered memory. RegisterMemory makes an allocation reachable by
 //     peers; RegisteredMemory serialises to a handle (a CUDA IPC handle

@@ -19,6 +19,7 @@ const (
 	kindMemory exchangeKind = iota + 1
 	kindConnect
 	kindSemaphore
+	kindPlacement
 )
 
 func (k exchangeKind) String() string {
@@ -29,6 +30,8 @@ func (k exchangeKind) String() string {
 		return "connection"
 	case kindSemaphore:
 		return "semaphore"
+	case kindPlacement:
+		return "placement"
 	}
 	return fmt.Sprintf("kind %d", int(k))
 }

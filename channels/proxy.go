@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/goep-dev/goep/channels/devapi"
-	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -94,11 +93,7 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	// Load the atomic-add kernel now rather than at the first atomic add,
 	// which would otherwise wait for NVRTC (or the kernel cache) inside the
 	// proxy loop. A failure here shows again, with context, at that launch.
-	if fn, ok := c.dev.(interface {
-		Function(string) (*cuda.Function, error)
-	}); ok {
-		_, _ = fn.Function("goep_proxy_atomic_add")
-	}
+	_ = c.dev.Preload(devapi.KernelProxyAtomicAdd)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(); err != nil {

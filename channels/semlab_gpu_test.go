@@ -11,6 +11,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/channeltest"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -56,7 +57,7 @@ func TestSemaphoreLatencyLab(t *testing.T) {
 				for rep := 0; rep < 3; rep++ { // the first repetition warms up
 					args := device.NewArgs(6).Ptr(r.Handles.Ptr()).U32(uint32(1 - me)).U64(iters).
 						U32(uint32(1 - me)).U32(uint32(v)).Ptr(out.Ptr)
-					if err := r.Dev.Launch("goep_sem_lab_pingpong", device.D1(1), device.D1(32), 0, nil, args); err != nil {
+					if err := r.Dev.Launch(devapi.KernelSemLabPingPong, device.D1(1), device.D1(32), 0, nil, args); err != nil {
 						return err
 					}
 					if err := r.Dev.DefaultStream().Synchronize(); err != nil {

@@ -35,8 +35,10 @@ type Communicator struct {
 	rank  int
 	size  int
 	cfg   Config
-	info  device.Info
-	gpu   *gpuState // nil on the host backend
+	// gpuShared: some GPU of the group runs several ranks (no NCCL then).
+	gpuShared bool
+	info      device.Info
+	gpu       *gpuState // nil on the host backend
 
 	native   bool // the native algorithms can run (2..MaxRanks ranks)
 	scratch  device.Buffer
@@ -77,6 +79,7 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 		return nil, errors.New("collectives: New needs a bootstrap and a device")
 	}
 	info := dev.Info()
+	asked := cfg
 	if cfg, err = cfg.resolve(info.SMs); err != nil {
 		return nil, err
 	}
@@ -91,6 +94,15 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	}
 	if c.chans, err = channels.NewCommunicator(bs, dev, cfg.Channels); err != nil {
 		return nil, err
+	}
+	if err = c.fitSharedGPU(ctx, asked); err != nil {
+		return nil, err
+	}
+	// Every kernel a call may launch is loaded before the ranks meet in
+	// setup: a module load waits for the kernels running in the context,
+	// which on a GPU several ranks share may be spinning on this rank.
+	if err = dev.Preload(abi.KernelARLL1, abi.KernelARRSAG, abi.KernelFill, "goep_chan_sem_signal"); err != nil {
+		return nil, c.errorf("%w", err)
 	}
 	c.native = c.size >= 2 && c.size <= abi.MaxRanks
 	if c.native {
@@ -237,6 +249,33 @@ func (c *Communicator) upload(data []byte) (device.Buffer, error) {
 		return device.Buffer{}, errors.Join(err, c.dev.Free(buf))
 	}
 	return buf, nil
+}
+
+// fitSharedGPU keeps the grids of the kernels that wait on other ranks
+// within this rank's share of a GPU that several ranks share (every rank's
+// blocks must be resident at once): defaults shrink, a configured grid
+// above the share is refused.
+func (c *Communicator) fitSharedGPU(ctx context.Context, asked Config) error {
+	pl, err := c.chans.Placement(ctx)
+	if err != nil {
+		return c.errorf("%w", err)
+	}
+	c.gpuShared = pl.AnyShared
+	spin := pl.SpinBlocks
+	if spin == 0 {
+		return nil
+	}
+	for _, f := range []struct {
+		name       string
+		asked, got *int
+	}{{"MaxBlocks", &asked.MaxBlocks, &c.cfg.MaxBlocks}, {"LLMaxBlocks", &asked.LLMaxBlocks, &c.cfg.LLMaxBlocks}} {
+		if *f.asked > spin {
+			return c.errorf("Config.%s %d: %d ranks share this GPU (%d SMs), so a kernel of one rank may use at most %d blocks (all must be resident at once)",
+				f.name, *f.asked, len(pl.SharedGPU), pl.SMs, spin)
+		}
+		*f.got = min(*f.got, spin)
+	}
+	return nil
 }
 
 // Rank is this rank; Size the number of ranks.

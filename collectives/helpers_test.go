@@ -18,7 +18,6 @@ import (
 	"github.com/goep-dev/goep/collectives/internal/fakenccl"
 	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 // world is a set of goroutine ranks: the host backend always (CI), GPUs
@@ -43,18 +42,15 @@ func gpus() int {
 // hostWorlds are the CI worlds.
 var hostWorlds = []world{{device.Host, 2}, {device.Host, 3}, {device.Host, 4}}
 
-// gpuWorlds are 2, 4 and 8 GPUs, those this machine has.
+// gpuWorlds are 2, 4 and 8 ranks on the GPUs this machine has (several
+// ranks to a GPU when there are fewer GPUs than ranks).
 func gpuWorlds(t *testing.T) []world {
-	var out []world
 	n := gpus()
-	for _, want := range []int{2, 4, 8} {
-		if n >= want {
-			out = append(out, world{device.CUDA, want})
-		} else {
-			t.Logf("cuda-%d skipped: %d GPUs here", want, n)
-		}
+	if n == 0 {
+		t.Logf("cuda worlds skipped: no CUDA GPU")
+		return nil
 	}
-	return out
+	return []world{{device.CUDA, 2}, {device.CUDA, 4}, {device.CUDA, 8}}
 }
 
 // testWait bounds device waits, so a broken protocol fails in seconds.
@@ -73,17 +69,23 @@ func hostConfig() collectives.Config {
 
 // gpuConfig creates NCCL with the communicator when it can be loaded (not
 // lazily inside a captured call).
-func gpuConfig() collectives.Config {
+// gpuConfig is the GPU configuration for ranks ranks: NCCL eagerly when it
+// loads and every rank has a GPU of its own (NCCL refuses ranks that share
+// one).
+func gpuConfig(ranks int) collectives.Config {
 	cfg := collectives.Config{Channels: channels.Config{Timeouts: channels.Timeouts{Wait: testWait}}, NCCL: collectives.NCCLOff}
-	if realNCCL {
+	if ncclRuns(world{device.CUDA, ranks}) {
 		cfg.NCCL = collectives.NCCLEager
 	}
 	return cfg
 }
 
+// ncclRuns: the real NCCL can run w (GPUs, NCCL loads, a GPU per rank).
+func ncclRuns(w world) bool { return w.gpu() && realNCCL && w.ranks <= gpus() }
+
 func configFor(w world) collectives.Config {
 	if w.gpu() {
-		return gpuConfig()
+		return gpuConfig(w.ranks)
 	}
 	return hostConfig()
 }

@@ -40,6 +40,8 @@ func (c *Communicator) ncclWhyNot() string {
 		return "NCCL is off (Config.NCCL, $" + EnvNCCLMode + ")"
 	case c.info.Kind != device.CUDA && !hostNCCL:
 		return "NCCL needs GPUs (this rank runs the host backend)"
+	case c.gpuShared:
+		return "NCCL refuses ranks that share a GPU, as some of this communicator's do (goep's native algorithms and plans run them)"
 	case c.nccl.tried:
 		return c.nccl.err.Error()
 	}

@@ -17,13 +17,16 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
-func kinds(t *testing.T, minGPUs int) []ep.Kind {
+// kinds are the backends a test runs on: the host backend, and CUDA when a
+// GPU is present (ranks spread over the GPUs there, several to a GPU when
+// there are fewer GPUs than ranks).
+func kinds(t *testing.T) []ep.Kind {
 	k := []ep.Kind{ep.Host}
-	if gpuCount(t) >= minGPUs {
+	if gpuCount(t) > 0 {
 		k = append(k, ep.CUDA)
 	}
 	return k
@@ -33,7 +36,7 @@ func kinds(t *testing.T, minGPUs int) []ep.Kind {
 // allocated (device, host-mapped, imports) is freed (the rig's Cleanup
 // checks its counting Device), and Memory reports what was held.
 func TestLifecycle(t *testing.T) {
-	for _, kind := range kinds(t, 8) {
+	for _, kind := range kinds(t) {
 		for _, ranks := range []int{2, 4, 8} {
 			t.Run(fmt.Sprintf("%s/%d", kind, ranks), func(t *testing.T) {
 				cfg := ep.Config{MaxTokens: 64, Hidden: 256, TopK: 8, Experts: 64, FP8: true}
@@ -69,14 +72,14 @@ func TestLifecycle(t *testing.T) {
 // Two Buffers per rank (two micro-batches), built, driven and closed by
 // two goroutines per rank at the same time over one bootstrap.
 func TestTwoBuffersAtOnce(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			const ranks = 2
 			boots, err := bootstrap.NewInProcess(ranks, bootstrap.Config{})
 			require.NoError(t, err)
 			devs := make([]ep.Device, ranks)
 			for i := range devs {
-				devs[i], err = ep.OpenDevice(kind, i)
+				devs[i], err = ep.OpenDevice(kind, ordinalOf(t, kind, i))
 				require.NoError(t, err)
 			}
 			defer func() {
@@ -365,7 +368,7 @@ func TestBadConfigs(t *testing.T) {
 // Ids outside [-1, E) are counted by the kernels and reported after the
 // call, with a valid result (they are treated as -1), for I64 and I32 ids.
 func TestInvalidIDs(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		for _, i32 := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/i32=%v", kind, i32), func(t *testing.T) {
 				s := spec{ranks: 2, tokens: []int{4, 3}, hidden: 128, topk: 3, experts: 8, weights: true, i32: i32}
@@ -438,7 +441,7 @@ func TestInvalidIDs(t *testing.T) {
 
 // Layout through the Buffer matches the reference, int64 and int32.
 func TestLayout(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			cfg := ep.Config{MaxTokens: 300, Hidden: 128, TopK: 8, Experts: 64}
 			r := newRig(t, kind, 2, cfg)
@@ -474,7 +477,7 @@ func TestLayout(t *testing.T) {
 // with an error naming the stage and the missing rank; from then on the
 // peer's Buffer refuses every call with that error, until Close.
 func TestMissingRankTimesOut(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		for _, op := range []string{"dispatch", "cached-dispatch", "combine", "barrier"} {
 			t.Run(string(kind)+"/"+op, func(t *testing.T) {
 				cfg := ep.Config{MaxTokens: 4, Hidden: 128, TopK: 2, Experts: 4, Timeout: 300 * time.Millisecond}
@@ -544,7 +547,7 @@ func TestMissingRankTimesOut(t *testing.T) {
 
 // The device barrier, and After/Done ordering on several streams.
 func TestBarrierAndEvents(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			r := newRig(t, kind, 4, ep.Config{MaxTokens: 4, Hidden: 128, TopK: 2, Experts: 8})
 			require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
@@ -597,7 +600,7 @@ func TestBarrierAndEvents(t *testing.T) {
 // dispatch that would wait on the host is refused during capture. With I32
 // ids the widening kernel is captured too.
 func TestGraphReplay(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		for _, i32 := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/i32=%v", kind, i32), func(t *testing.T) {
 				s := spec{name: "graph", ranks: 2, tokens: []int{30, 20}, hidden: 256, topk: 4, experts: 8, weights: true,

@@ -44,12 +44,10 @@ type Memory = buffer.Memory
 // concurrently. Check, Memory, InvalidIDs and the accessors may be called
 // at any time, even while another goroutine is in a call.
 type Buffer struct {
-	b        *buffer.Buffer
-	cfg      Config
-	rank     int
-	ranks    int
-	dispatch LaunchConfig // resolved
-	combine  LaunchConfig
+	b     *buffer.Buffer
+	cfg   Config
+	rank  int
+	ranks int
 
 	mu    sync.Mutex // serialises calls
 	slots []slotState
@@ -76,13 +74,11 @@ func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Conf
 	if _, err := SizeHints(cfg, bs.Size()); err != nil {
 		return nil, &argError{fmt.Errorf("ep: rank %d: %w", bs.Rank(), err)}
 	}
-	disp, _ := cfg.Dispatch.resolve(bs.Size(), OpDispatch)
-	comb, _ := cfg.Combine.resolve(bs.Size(), OpCombine)
 	b, err := buffer.New(ctx, bs, dev, cfg.buffer())
 	if err != nil {
 		return nil, err
 	}
-	eb := &Buffer{b: b, cfg: cfg, rank: b.Rank(), ranks: b.Ranks(), dispatch: disp, combine: comb,
+	eb := &Buffer{b: b, cfg: cfg, rank: b.Rank(), ranks: b.Ranks(),
 		slots: make([]slotState, b.HandleSlots()), done: map[string]*Event{}}
 	for _, op := range []string{"layout", "dispatch", "combine", "barrier"} {
 		e, err := b.NewEvent()

@@ -3,7 +3,7 @@ package ep
 import (
 	"context"
 
-	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/buffer"
 )
 
 // CombineArgs are the inputs of Combine.
@@ -73,8 +73,8 @@ func (b *Buffer) CombineInput(h *Handle) (x, weights Tensor, err error) {
 	if rows < 0 {
 		rows = b.MaxRecv()
 	}
-	v := b.b.Workspace().CombineInput()
-	return NewTensor(v.X, BF16, rows, b.cfg.Hidden), NewTensor(v.Weights, F32, rows, b.cfg.TopK), nil
+	px, pw := b.b.CombineInput()
+	return NewTensor(px, BF16, rows, b.cfg.Hidden), NewTensor(pw, F32, rows, b.cfg.TopK), nil
 }
 
 // Combine is the reverse of the handle's dispatch: every token's owner
@@ -142,15 +142,11 @@ func (b *Buffer) Combine(ctx context.Context, a CombineArgs) (CombineResult, err
 	if err != nil {
 		return CombineResult{}, err
 	}
-	ih, _ := h.device()
-	y := a.X.Ptr
-	if y == 0 { // no rows: the kernel reads none, but wants a pointer
-		y = b.b.Workspace().Recv().X
-	}
-	ca := intranode.CombineArgs{Y: y, Weights: a.Weights.Ptr, Bias0: a.Bias[0].Ptr, Bias1: a.Bias[1].Ptr,
-		Out: res.X.Ptr, OutWeights: res.Weights.Ptr, Handle: ih, Rows: max(h.numRecv, 0)}
-	if err := b.b.Workspace().Combine(b.b.Device(), s, ca, launch); err != nil {
-		return CombineResult{}, b.fail(op, err)
+	call := buffer.CombineCall{Stream: s, Slot: h.slot, Tokens: t, Rows: max(h.numRecv, 0), X: a.X.Ptr,
+		Weights: a.Weights.Ptr, Bias0: a.Bias[0].Ptr, Bias1: a.Bias[1].Ptr, Out: res.X.Ptr, OutWeights: res.Weights.Ptr,
+		Launch: launch}
+	if err := b.b.Combine(call); err != nil {
+		return CombineResult{}, err
 	}
 	if res.Done, err = b.finish(op, s, a.Done); err != nil {
 		return CombineResult{}, err

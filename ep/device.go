@@ -2,7 +2,6 @@ package ep
 
 import (
 	"github.com/goep-dev/goep/internal/device"
-	_ "github.com/goep-dev/goep/kernels/twins" // the host backend's kernels
 )
 
 // Device is one rank's accelerator: a GPU (CUDA backend) or the host

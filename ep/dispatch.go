@@ -5,8 +5,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/goep-dev/goep/routing"
-	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/buffer"
 )
 
 // DispatchArgs are the inputs of Dispatch.
@@ -169,66 +168,24 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 	// Worst-case views: a dispatch that does not wait on the host, or a
 	// cached one whose handle never did.
 	worst := a.WorstCase || (a.Handle != nil && h.numRecv < 0)
-	ih, slot := h.device()
-	dev, ws, l := b.b.Device(), b.b.Workspace(), b.b.SizeHint().Layout
-	if worst {
-		// Rows past the received count read as "no expert".
-		if err := dev.MemsetAsync(ws.Base+uintptr(l.RecvTopK.Offset), 0xff, l.RecvTopK.Size, s); err != nil {
-			return DispatchResult{}, b.fail(op, err)
-		}
-	}
-	topk := a.TopK.Ptr
-	if !a.TopK.Present() { // cached: the handle's copy of the routing
-		topk = slot.TopK
-	}
-	// I32 ids are widened first: straight into the handle's copy of the
-	// routing when building one (the int64 ids notify and dispatch read),
-	// else into the Buffer's scratch.
-	wide := a.TopK.Present() && a.TopK.DType == I32
-	if wide {
-		topk = b.b.IDScratch()
-		if a.Handle == nil {
-			topk = slot.TopK
-		}
-		if err := routing.LaunchWidenIDs(dev, s, a.TopK.Ptr, topk, a.TopK.Numel()); err != nil {
-			return DispatchResult{}, b.fail(op, err)
-		}
-	}
-	da := intranode.DispatchArgs{X: a.X.Ptr, FP8: fp8, Scales: a.Scales.Ptr, TopK: topk, Weights: a.Weights.Ptr, Handle: ih}
-	if a.Handle == nil {
-		if t > 0 && !wide {
-			if err := dev.CopyAsync(slot.TopK, a.TopK.Ptr, a.TopK.Bytes(), s); err != nil {
-				return DispatchResult{}, b.fail(op, err)
-			}
-		}
-		na := intranode.NotifyArgs{TopK: topk, Handle: ih, ExpertAlignment: a.ExpertAlignment,
-			ExpertCounts: slot.ExpertCounts, Invalid: b.b.NotifyInvalidPtr()}
-		if !a.WorstCase {
-			b.b.ResetRecvCount()
-			na.RecvCount, na.ExpertCounts = b.b.RecvCountPtr(), b.b.ExpertCountsPtr()
-		}
-		// One launch sequence: the dispatch skips its entry wait, which
-		// notify's barrier already implies.
-		if err := ws.NotifyDispatch(dev, s, na, da, launch); err != nil {
-			return DispatchResult{}, b.fail(op, err)
-		}
-	} else if err := ws.Dispatch(dev, s, da, launch); err != nil {
-		return DispatchResult{}, b.fail(op, err)
+	call := buffer.DispatchCall{Stream: s, Tokens: t, X: a.X.Ptr, Scales: a.Scales.Ptr, FP8: fp8,
+		TopK: a.TopK.Ptr, TopKI32: a.TopK.DType == I32, Weights: a.Weights.Ptr, Slot: h.slot,
+		Cached: a.Handle != nil, HostWait: a.Handle == nil && !a.WorstCase, WorstCase: worst,
+		ExpertAlignment: a.ExpertAlignment, Launch: launch}
+	got, err := b.b.Dispatch(ctx, call)
+	if err != nil {
+		return DispatchResult{}, err
 	}
 	var soft []error // the collective completed: the result is valid
-	if a.Handle == nil && !a.WorstCase {
-		n, err := b.b.WaitRecvCount(ctx, op)
-		if err != nil {
-			return DispatchResult{}, err
-		}
-		h.numRecv, h.tokensPerExpert = n, b.b.ExpertCounts()
-		if n := b.b.NotifyInvalid(); n > 0 {
-			soft = append(soft, &InvalidIDsError{Rank: b.rank, Op: "dispatch", Count: n, Experts: b.cfg.Experts})
+	if call.HostWait {
+		h.numRecv, h.tokensPerExpert = got.NumRecv, got.TokensPerExpert
+		if got.InvalidIDs > 0 {
+			soft = append(soft, &InvalidIDsError{Rank: b.rank, Op: "dispatch", Count: got.InvalidIDs, Experts: b.cfg.Experts})
 		}
 	}
 	res := b.views(h, fp8, a.Weights.Present(), worst)
 	if a.Handle == nil && a.WorstCase {
-		res.TokensPerExpertDevice = NewTensor(slot.ExpertCounts, I32, b.LocalExperts())
+		res.TokensPerExpertDevice = NewTensor(b.b.RecvViews(h.slot).ExpertCounts, I32, b.LocalExperts())
 	}
 	if a.Out != nil {
 		if err := b.copyOut(s, res, a.Out); err != nil {
@@ -246,8 +203,7 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 
 // views describes the receive region as the result's tensors.
 func (b *Buffer) views(h *Handle, fp8, weights, worst bool) DispatchResult {
-	ih, _ := h.device()
-	v := b.b.Workspace().Recv()
+	v := b.b.RecvViews(h.slot)
 	n := h.numRecv
 	rows := n
 	if n < 0 || worst {
@@ -257,8 +213,8 @@ func (b *Buffer) views(h *Handle, fp8, weights, worst bool) DispatchResult {
 	r := DispatchResult{
 		RecvTopK:        NewTensor(v.TopK, I64, rows, k),
 		RecvSrcToken:    NewTensor(v.SrcToken, I32, rows),
-		RecvCount:       NewTensor(ih.NumRecv, I32, 1),
-		RankPrefix:      NewTensor(ih.RankPrefix, I32, b.ranks),
+		RecvCount:       NewTensor(v.NumRecv, I32, 1),
+		RankPrefix:      NewTensor(v.RankPrefix, I32, b.ranks),
 		NumRecv:         n,
 		TokensPerExpert: h.tokensPerExpert,
 		Handle:          h,
@@ -268,7 +224,7 @@ func (b *Buffer) views(h *Handle, fp8, weights, worst bool) DispatchResult {
 	}
 	if fp8 {
 		r.RecvX = NewTensor(v.X, FP8E4M3, rows, hid)
-		r.RecvScales = NewTensor(v.Scales, F32, rows, hid/intranode.FP8Block)
+		r.RecvScales = NewTensor(v.Scales, F32, rows, hid/buffer.FP8Block)
 	} else {
 		r.RecvX = NewTensor(v.X, BF16, rows, hid)
 	}
@@ -300,9 +256,9 @@ func (b *Buffer) checkDispatch(a DispatchArgs) (t int, fp8 bool, err error) {
 	case fp8 && !c.FP8:
 		return 0, false, b.invalid(op, "FP8 x, but the buffer has no room for FP8 scales (Config.FP8)")
 	case fp8 && !a.Scales.Present():
-		return 0, false, b.invalid(op, "FP8 x needs scales, F32 [%d, %d]", t, c.Hidden/intranode.FP8Block)
+		return 0, false, b.invalid(op, "FP8 x needs scales, F32 [%d, %d]", t, c.Hidden/buffer.FP8Block)
 	case fp8:
-		if err := (check{"scales", []DType{F32}, []int{t, c.Hidden / intranode.FP8Block}, false, 4}).validate(a.Scales); err != nil {
+		if err := (check{"scales", []DType{F32}, []int{t, c.Hidden / buffer.FP8Block}, false, 4}).validate(a.Scales); err != nil {
 			return 0, false, b.invalid(op, "%v", err)
 		}
 	case a.Scales.Present():
@@ -360,7 +316,7 @@ func (b *Buffer) checkOut(o *DispatchOutputs, rows int, fp8, weights bool) error
 		allow bool
 	}{
 		{o.X, check{"out x", []DType{xt}, []int{rows, c.Hidden}, true, 1}, true},
-		{o.Scales, check{"out scales", []DType{F32}, []int{rows, c.Hidden / intranode.FP8Block}, true, 1}, fp8},
+		{o.Scales, check{"out scales", []DType{F32}, []int{rows, c.Hidden / buffer.FP8Block}, true, 1}, fp8},
 		{o.TopK, check{"out top-k ids", []DType{I64}, []int{rows, c.TopK}, true, 1}, true},
 		{o.Weights, check{"out weights", []DType{F32}, []int{rows, c.TopK}, true, 1}, weights},
 		{o.SrcToken, check{"out source tokens", []DType{I32}, []int{rows}, true, 1}, true},
@@ -403,24 +359,17 @@ func (b *Buffer) copyOut(s Stream, r DispatchResult, o *DispatchOutputs) error {
 }
 
 // launchConfig resolves a per-call override against the Buffer's config.
-func (b *Buffer) launchConfig(o *LaunchConfig, op Op) (intranode.LaunchConfig, error) {
+func (b *Buffer) launchConfig(o *LaunchConfig, op Op) (LaunchConfig, error) {
 	c, err := b.LaunchFor(op, o)
 	if err != nil {
-		return intranode.LaunchConfig{}, b.invalid(string(op), "%v", err)
+		return LaunchConfig{}, b.invalid(string(op), "%v", err)
 	}
-	return c.intranode(), nil
+	return c, nil
 }
 
 // LaunchFor is the launch configuration a call of op with the override o
 // (nil: none) uses: o's non-zero fields over Config's over the defaults,
-// every field filled in.
-func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) {
-	def := b.dispatch
-	if op == OpCombine {
-		def = b.combine
-	}
-	if o == nil {
-		return def, nil
-	}
-	return def.over(*o).fill(op)
-}
+// every field filled in. On a GPU that several ranks share, the defaults
+// shrink to this rank's share of its SMs and an override above it is
+// refused (every rank's kernels must be resident at once).
+func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) { return b.b.LaunchFor(op, o) }

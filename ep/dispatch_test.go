@@ -6,16 +6,19 @@ package ep_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // spec is one scenario.
@@ -531,14 +534,12 @@ func gpuSpecs(ranks int) []spec {
 }
 
 func TestDispatchCombineGPU(t *testing.T) {
-	n := gpuCount(t)
-	if n < 2 {
-		t.Skip("needs at least 2 GPUs")
+	if gpuCount(t) == 0 {
+		t.Skip("no CUDA GPU")
 	}
+	// 2, 4 and 8 ranks on the GPUs present (several ranks to a GPU when
+	// there are fewer).
 	for _, ranks := range []int{2, 4, 8} {
-		if ranks > n {
-			continue
-		}
 		for _, s := range gpuSpecs(ranks) {
 			t.Run(s.String(), func(t *testing.T) { runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s) })
 		}
@@ -548,14 +549,10 @@ func TestDispatchCombineGPU(t *testing.T) {
 // The GPU specs with I32 ids (the widening kernel before notify and
 // dispatch), against the same reference as I64.
 func TestDispatchCombineI32GPU(t *testing.T) {
-	n := gpuCount(t)
-	if n < 2 {
-		t.Skip("needs at least 2 GPUs")
+	if gpuCount(t) == 0 {
+		t.Skip("no CUDA GPU")
 	}
 	for _, ranks := range []int{2, 8} {
-		if ranks > n {
-			continue
-		}
 		for _, s := range withI32(gpuSpecs(ranks)) {
 			t.Run(s.String(), func(t *testing.T) { runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s) })
 		}
@@ -563,12 +560,76 @@ func TestDispatchCombineI32GPU(t *testing.T) {
 }
 
 func TestRepeatedCallsGPU(t *testing.T) {
-	n := gpuCount(t)
-	if n < 2 {
-		t.Skip("needs at least 2 GPUs")
+	if gpuCount(t) == 0 {
+		t.Skip("no CUDA GPU")
 	}
-	ranks := min(n, 8)
+	// 8 ranks, spread over the GPUs present.
+	ranks := 8
 	s := spec{name: "repeat", ranks: ranks, tokens: fill(ranks, 256), hidden: 2048, topk: 8, experts: 32 * ranks,
 		weights: true, bias: 1, iters: *gpuIters, gen: routing.GenOptions{Masked: 50}}
 	runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s)
+}
+
+// Ranks sharing a GPU: a launch too large for every rank's kernels to be
+// resident at once is refused before anything is launched (8 ranks x 32
+// SMs on one 132-SM GPU), the defaults shrink to fit, and a per-call
+// override above the share is refused while the Buffer stays usable.
+func TestSharedGPULaunchBudget(t *testing.T) {
+	n := gpuCount(t)
+	if n == 0 {
+		t.Skip("no CUDA GPU")
+	}
+	const ranks = 8
+	if n >= ranks {
+		t.Skipf("%d GPUs: 8 ranks do not share one here", n)
+	}
+	d, err := ep.OpenDevice(ep.CUDA, 0)
+	require.NoError(t, err)
+	sms := d.Info().SMs
+	require.NoError(t, d.Close())
+	shared := (ranks + n - 1) / n
+	budget := max(1, sms/shared-1)
+	cfg := ep.Config{MaxTokens: 64, Hidden: 256, TopK: 4, Experts: 32}
+
+	// Too large: refused at NewBuffer, naming the share.
+	big := cfg
+	big.Dispatch.SMs = budget + 1
+	boots, err := bootstrap.NewInProcess(ranks, bootstrap.Config{Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	errs := make([]error, ranks)
+	var wg sync.WaitGroup
+	for i := range ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dev, err := ep.OpenDevice(ep.CUDA, i%n)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer dev.Close()
+			b, err := ep.NewBuffer(context.Background(), boots[i], dev, big)
+			if err == nil {
+				errs[i] = errors.Join(errors.New("accepted"), b.Close(context.Background()))
+				return
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.Error(t, err, "rank %d", i)
+		require.Contains(t, err.Error(), fmt.Sprintf("share of its GPU is %d blocks", budget), "rank %d", i)
+		require.NoError(t, boots[i].Close())
+	}
+
+	// Defaults fit; an override above the share is refused per call.
+	r := newRig(t, ep.CUDA, ranks, cfg)
+	for i, b := range r.bufs {
+		lc, err := b.LaunchFor(ep.OpDispatch, nil)
+		require.NoError(t, err)
+		require.LessOrEqual(t, lc.SMs, budget, "rank %d default dispatch", i)
+		_, err = b.LaunchFor(ep.OpCombine, &ep.LaunchConfig{SMs: budget + 1})
+		require.ErrorContains(t, err, "share of its GPU", "rank %d override", i)
+	}
 }

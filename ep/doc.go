@@ -1,6 +1,6 @@
-// Package ep is the expert-parallel API for Go inference engines: dispatch
-// of MoE tokens to the GPUs that hold their experts and combine of the
-// experts' outputs back, between the GPUs of a node over NVLink.
+// Package ep is the expert-parallel API for Go inference engines: dispatch of
+// MoE tokens to the GPUs that hold their experts and combine of the experts'
+// outputs back.
 //
 // # Model
 //

@@ -2,9 +2,6 @@ package ep
 
 import (
 	"fmt"
-
-	"github.com/goep-dev/goep/buffer"
-	"github.com/goep-dev/goep/intranode"
 )
 
 // Handle is what a non-cached dispatch learns about its routing (each
@@ -108,12 +105,4 @@ func (b *Buffer) takeSlot(op string, tokens int, pin bool) (*Handle, error) {
 	h := &Handle{buf: b, slot: best, tokens: tokens, numRecv: -1}
 	b.slots[best] = slotState{owner: h, used: b.tick, pinned: pin}
 	return h, nil
-}
-
-// device is the handle's slot as the kernels see it.
-func (h *Handle) device() (intranode.Handle, buffer.Slot) {
-	s := h.buf.b.Slot(h.slot)
-	ih := s.Handle
-	ih.Tokens = h.tokens
-	return ih, s
 }

@@ -33,6 +33,18 @@ func gpuCount(t testing.TB) int {
 	return n
 }
 
+// ordinalOf is rank r's device: host-backend rank r, or on CUDA GPU r mod
+// the GPUs present, so any number of ranks runs on the GPUs there
+// (goroutine ranks sharing a GPU share its context).
+func ordinalOf(t testing.TB, kind ep.Kind, r int) int {
+	if kind != ep.CUDA {
+		return r
+	}
+	n := gpuCount(t)
+	require.Positive(t, n, "a CUDA rank needs a GPU")
+	return r % n
+}
+
 // counting wraps a Device and keeps every allocation, host-mapped
 // allocation and import that is still open, to prove Close frees all.
 type counting struct {
@@ -152,7 +164,7 @@ func newRig(t testing.TB, kind ep.Kind, ranks int, cfg ep.Config) *rig {
 	r.boots, err = bootstrap.NewInProcess(ranks, bootstrap.Config{Timeout: 30 * time.Second})
 	require.NoError(t, err)
 	for i := 0; i < ranks; i++ {
-		d, err := ep.OpenDevice(kind, i)
+		d, err := ep.OpenDevice(kind, ordinalOf(t, kind, i))
 		require.NoError(t, err)
 		c := newCounting(d)
 		r.devs = append(r.devs, d)

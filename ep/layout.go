@@ -52,13 +52,9 @@ func (b *Buffer) Layout(a LayoutArgs) (LayoutResult, error) {
 	if err != nil {
 		return LayoutResult{}, err
 	}
-	shape := routing.Shape{Tokens: t, K: c.TopK, Experts: c.Experts, Ranks: b.ranks}
-	out := b.b.LayoutOutputs()
-	in := routing.LayoutInput{TopK: a.TopK.Ptr, Int32: a.TopK.DType == I32, Shape: shape}
-	if err := routing.LaunchLayout(b.b.Device(), s, in, out, c.Layout); err != nil {
-		// Local: a failed launch leaves no peer waiting, but the layout
-		// workspace may hold partial sums.
-		return LayoutResult{}, b.fail(op, err)
+	out, err := b.b.Layout(s, a.TopK.Ptr, a.TopK.DType == I32, t, c.Layout)
+	if err != nil {
+		return LayoutResult{}, err
 	}
 	res := LayoutResult{
 		TokensPerRank:   NewTensor(out.TokensPerRank, I32, b.ranks),

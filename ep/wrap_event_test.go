@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/ep"
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // WrapEvent's refusals, and a wrapped event on the host backend: a marker
@@ -39,7 +39,7 @@ func TestWrapEventHost(t *testing.T) {
 // notify would have read the placeholder ids (all -1: nothing sent).
 // Host backend (a marker) and GPUs (TestWrapEventAfterDispatch/cuda).
 func TestWrapEventAfterDispatch(t *testing.T) {
-	for _, kind := range kinds(t, 2) {
+	for _, kind := range kinds(t) {
 		t.Run(string(kind), func(t *testing.T) {
 			s := spec{name: "wrap", ranks: 2, tokens: []int{40, 30}, hidden: 256, topk: 4, experts: 8, weights: true, i32: true}
 			if kind == ep.CUDA {

@@ -1,3 +1,4 @@
-// Package internode runs dispatch and combine across nodes: RDMA between
-// GPUs of the same local index, NVLink forwarding inside each node. (Being built.)
+// Package internode is where internode EP (network between nodes, NVLink
+// forwarding inside them) will live; it is not built yet, and the Buffer
+// runs only groups of one node.
 package internode

@@ -1,3 +1,4 @@
-// Package intranode runs the dispatch-layout, notify, dispatch and combine
-// kernels between the GPUs of one node over NVLink. (Being built.)
+// Package intranode is the intranode EP protocol: the notify, dispatch and
+// combine kernels' launches and workspace layout between the GPUs of one
+// node over NVLink (or ranks sharing a GPU).
 package intranode

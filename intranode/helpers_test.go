@@ -14,7 +14,6 @@ import (
 
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
-	_ "github.com/goep-dev/goep/kernels/twins"
 	"github.com/goep-dev/goep/routing"
 )
 

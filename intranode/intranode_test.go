@@ -139,14 +139,11 @@ func TestDispatchCombineMatchReferenceHost(t *testing.T) {
 }
 
 func TestDispatchCombineMatchReferenceGPU(t *testing.T) {
-	n := gpuCount(t)
-	if n < 2 {
-		t.Skip("needs at least 2 GPUs")
+	if gpuCount(t) == 0 {
+		t.Skip("no CUDA GPU")
 	}
+	// 2, 4 and 8 ranks on the GPUs present, several to a GPU when fewer.
 	for _, ranks := range []int{2, 4, 8} {
-		if ranks > n {
-			continue
-		}
 		for _, s := range gpuSpecs(ranks) {
 			t.Run(s.String(), func(t *testing.T) {
 				g := newGroup(t, device.CUDA, s.layout(), 20*time.Second)
@@ -325,7 +322,7 @@ func runCombine(t *testing.T, g *intranodetest.Group, streams []device.Stream, s
 // and counted.
 func TestInvalidIDsAreIgnored(t *testing.T) {
 	kinds := []device.Kind{device.Host}
-	if gpuCount(t) >= 2 {
+	if gpuCount(t) > 0 {
 		kinds = append(kinds, device.CUDA)
 	}
 	for _, kind := range kinds {
@@ -370,7 +367,7 @@ func TestInvalidIDsAreIgnored(t *testing.T) {
 // watchdog's timeout and name the stage and the missing peer.
 func TestMissingPeerTimesOut(t *testing.T) {
 	kinds := []device.Kind{device.Host}
-	if gpuCount(t) >= 2 {
+	if gpuCount(t) > 0 {
 		kinds = append(kinds, device.CUDA)
 	}
 	for _, kind := range kinds {
@@ -430,7 +427,7 @@ func TestMissingPeerTimesOut(t *testing.T) {
 // without host updates.
 func TestGraphReplays(t *testing.T) {
 	kinds := []device.Kind{device.Host}
-	if gpuCount(t) >= 2 {
+	if gpuCount(t) > 0 {
 		kinds = append(kinds, device.CUDA)
 	}
 	for _, kind := range kinds {
@@ -498,7 +495,7 @@ func TestGraphReplays(t *testing.T) {
 // input region and the receive region (overwritten by a copy too).
 func TestCombineInputReuse(t *testing.T) {
 	kinds := []device.Kind{device.Host}
-	if gpuCount(t) >= 2 {
+	if gpuCount(t) > 0 {
 		kinds = append(kinds, device.CUDA)
 	}
 	for _, kind := range kinds {
@@ -506,7 +503,7 @@ func TestCombineInputReuse(t *testing.T) {
 			ranks, rounds := 2, 6
 			s := spec{ranks: 2, tokens: []int{40, 25}, hidden: 256, topk: 4, experts: 8, weights: true}
 			if kind == device.CUDA {
-				ranks, rounds = min(gpuCount(t), intranode.MaxRanks), 4
+				ranks, rounds = min(max(gpuCount(t), 4), intranode.MaxRanks), 4
 				s = spec{ranks: ranks, tokens: fill(ranks, 1024), hidden: 7168, topk: 8, experts: 32 * ranks, weights: true}
 			}
 			g := newGroup(t, kind, s.layout(), 20*time.Second)

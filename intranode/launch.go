@@ -27,9 +27,16 @@ type Workspace struct {
 	// timeout record.
 	Watchdog uintptr
 	WaitID   uint32
+	// SpinBlocks caps the grid of every launch that waits on other ranks
+	// (0: no cap beyond the GPU's SMs). Ranks that share a GPU must all be
+	// resident at once; the builder sets it from channels.SpinBudget.
+	SpinBlocks int
 }
 
-func (w *Workspace) validate() error {
+// Validate checks a workspace once, when it is built (the launchers trust
+// it, as they trust their arguments: package ep validates every input once,
+// before the Buffer calls here).
+func (w *Workspace) Validate() error {
 	l := w.Layout
 	switch {
 	case l.Size == 0:
@@ -68,18 +75,6 @@ func (w *Workspace) DefaultHandle(tokens int) Handle {
 		RecvBase:   w.Base + uintptr(l.RecvBase.Offset),
 		NumRecv:    w.Base + uintptr(l.NumRecv.Offset),
 	}
-}
-
-func (h Handle) validate(l Layout) error {
-	if h.Tokens < 0 || h.Tokens > l.MaxTokens {
-		return fmt.Errorf("intranode: %d tokens: the workspace holds 0..%d per rank", h.Tokens, l.MaxTokens)
-	}
-	return checkPtrs(
-		ptrCheck{"handle send positions", h.SendPos, 4, h.Tokens > 0},
-		ptrCheck{"handle rank prefix", h.RankPrefix, 4, true},
-		ptrCheck{"handle recv base", h.RecvBase, 4, true},
-		ptrCheck{"handle recv count", h.NumRecv, 4, true},
-	)
 }
 
 // RecvViews are the dispatch outputs: views into this rank's receive
@@ -230,7 +225,7 @@ func slices(tokens, warps, chunks, minChunks int) int {
 	return max(s, 1)
 }
 
-func (c LaunchConfig) resolve(dev device.Device, defThreads, maxThreads int) (blocks, threads int, err error) {
+func (c LaunchConfig) resolve(dev device.Device, spinBlocks, defThreads, maxThreads int) (blocks, threads int, err error) {
 	threads = c.Threads
 	if threads == 0 {
 		threads = defThreads
@@ -247,6 +242,9 @@ func (c LaunchConfig) resolve(dev device.Device, defThreads, maxThreads int) (bl
 	}
 	if sms := dev.Info().SMs; sms > 0 && blocks > sms {
 		blocks = sms
+	}
+	if spinBlocks > 0 && blocks > spinBlocks {
+		blocks = spinBlocks
 	}
 	return blocks, threads, nil
 }
@@ -284,23 +282,6 @@ func (w *Workspace) Notify(dev device.Device, s device.Stream, a NotifyArgs, cfg
 		return errors.New("intranode: notify: nil device")
 	}
 	l := w.Layout
-	if err := w.validate(); err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
-	if err := a.Handle.validate(l); err != nil {
-		return fmt.Errorf("notify: %w", err)
-	}
-	if a.ExpertAlignment < 0 {
-		return fmt.Errorf("intranode: notify: expert alignment %d", a.ExpertAlignment)
-	}
-	if err := checkPtrs(
-		ptrCheck{"top-k ids", a.TopK, 8, a.Handle.Tokens > 0},
-		ptrCheck{"recv count", a.RecvCount, 4, false},
-		ptrCheck{"expert counts", a.ExpertCounts, 4, false},
-		ptrCheck{"invalid count", a.Invalid, 4, false},
-	); err != nil {
-		return fmt.Errorf("intranode: notify: %w", err)
-	}
 	threads := cfg.Threads
 	if threads == 0 {
 		threads = DefaultNotifyThreads
@@ -365,27 +346,10 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		return errors.New("intranode: dispatch: nil device")
 	}
 	l := w.Layout
-	if err := w.validate(); err != nil {
-		return fmt.Errorf("dispatch: %w", err)
-	}
-	if err := a.Handle.validate(l); err != nil {
-		return fmt.Errorf("dispatch: %w", err)
-	}
 	if a.FP8 && !l.FP8 {
 		return errors.New("intranode: dispatch: FP8 input, but the workspace layout has no FP8 scales region (Config.FP8)")
 	}
 	t := a.Handle.Tokens
-	if err := checkPtrs(
-		ptrCheck{"x", a.X, 16, t > 0},
-		ptrCheck{"scales", a.Scales, 4, a.FP8 && t > 0},
-		ptrCheck{"top-k ids", a.TopK, 8, t > 0},
-		ptrCheck{"top-k weights", a.Weights, 4, false},
-	); err != nil {
-		return fmt.Errorf("intranode: dispatch: %w", err)
-	}
-	if !a.FP8 && a.Scales != 0 {
-		return errors.New("intranode: dispatch: scales given for a BF16 dispatch")
-	}
 	mode := cfg.Copy
 	if mode == CopyDefault {
 		mode = DefaultCopy
@@ -403,7 +367,7 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 	if mode != CopyPlain && cfg.Threads > maxThreads && cfg.Threads <= DispatchMaxThreads {
 		cfg.Threads = maxThreads // a block size meant for the plain path
 	}
-	blocks, threads, err := cfg.resolve(dev, defThreads, maxThreads)
+	blocks, threads, err := cfg.resolve(dev, w.SpinBlocks, defThreads, maxThreads)
 	if err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
@@ -502,32 +466,11 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 		return errors.New("intranode: combine: nil device")
 	}
 	l := w.Layout
-	if err := w.validate(); err != nil {
-		return fmt.Errorf("combine: %w", err)
-	}
-	if err := a.Handle.validate(l); err != nil {
-		return fmt.Errorf("combine: %w", err)
-	}
 	t := a.Handle.Tokens
-	if err := checkPtrs(
-		// Y may be empty (this rank received nothing), but a null Y is
-		// refused anyway.
-		ptrCheck{"y", a.Y, 16, true},
-		ptrCheck{"weights", a.Weights, 4, false},
-		ptrCheck{"bias0", a.Bias0, 16, false},
-		ptrCheck{"bias1", a.Bias1, 16, false},
-		ptrCheck{"out", a.Out, 16, t > 0},
-		ptrCheck{"out weights", a.OutWeights, 4, false},
-	); err != nil {
-		return fmt.Errorf("intranode: combine: %w", err)
-	}
-	if a.OutWeights != 0 && a.Weights == 0 {
-		return errors.New("intranode: combine: combined weights asked for, but no weights given")
-	}
 	if a.Rows < 0 || a.Rows > l.MaxRecv() {
 		return fmt.Errorf("intranode: combine: %d rows: the workspace holds 0..%d", a.Rows, l.MaxRecv())
 	}
-	blocks, threads, err := cfg.resolve(dev, DefaultCombineThreads, CombineMaxThreads)
+	blocks, threads, err := cfg.resolve(dev, w.SpinBlocks, DefaultCombineThreads, CombineMaxThreads)
 	if err != nil {
 		return fmt.Errorf("combine: %w", err)
 	}

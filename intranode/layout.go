@@ -3,10 +3,12 @@ package intranode
 import (
 	"fmt"
 	"math"
+
+	"github.com/goep-dev/goep/kernels"
 )
 
 // Kernel names in kernels/intranode.cu (module "intranode"); the host
-// backend runs their Go twins from kernels/twins.
+// backend runs their Go twins (twins.go).
 const (
 	KernelNotify   = "goep_intranode_notify"
 	KernelDispatch = "goep_intranode_dispatch"
@@ -24,6 +26,14 @@ const (
 	// received count.
 	KernelCopyRows = "goep_intranode_copy_rows"
 )
+
+func init() {
+	kernels.Register(kernels.Module{Name: "intranode", File: "intranode.cu",
+		Kernels: []string{KernelNotify, KernelDispatch, KernelDispatchWide, KernelCombine, KernelCopyRows}})
+	// The TMA variant is a module of its own, so that a toolchain that
+	// rejects its bulk-copy PTX costs that variant only.
+	kernels.Register(kernels.Module{Name: "intranode_tma", File: "intranode_tma.cu", Kernels: []string{KernelDispatchTMA}})
+}
 
 // Limits of the v1 kernels (kernels/intranode.cuh, intranode.cu).
 const (

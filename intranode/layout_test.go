@@ -67,66 +67,46 @@ func TestLayoutRefusesBadConfigs(t *testing.T) {
 	}
 }
 
-// Every launch checks its arguments before it reaches a kernel.
-func TestLaunchValidation(t *testing.T) {
+// A workspace is checked once, when built (Validate); launches check only
+// what depends on their geometry. Inputs are validated once, by package ep
+// (its tests cover null, misaligned and mis-shaped tensors).
+func TestWorkspaceValidateAndLaunchLimits(t *testing.T) {
 	dev := device.OpenHost(0)
 	defer dev.Close()
 	l, err := intranode.NewLayout(intranode.Config{Ranks: 4, MaxTokens: 64, Hidden: 256, TopK: 4, LocalExperts: 2})
 	require.NoError(t, err)
 	ws := intranode.Workspace{Layout: l, Rank: 1, Base: 1 << 20, Size: l.Size, Peers: 1 << 30, Watchdog: 1 << 31}
+	require.NoError(t, ws.Validate())
 	h := ws.DefaultHandle(10)
 	okD := intranode.DispatchArgs{X: 1 << 32, TopK: 1 << 33, Handle: h}
 	okC := intranode.CombineArgs{Y: 1 << 32, Out: 1 << 33, Handle: h}
 	okN := intranode.NotifyArgs{TopK: 1 << 33, Handle: h}
+	validate := func(mod func(w *intranode.Workspace)) error { w := ws; mod(&w); return w.Validate() }
 	cases := []struct {
 		name string
 		err  error
 		want string
 	}{
-		{"small workspace", func() error { w := ws; w.Size--; return w.Dispatch(dev, nil, okD, intranode.LaunchConfig{}) }(), "smaller than its layout"},
-		{"no layout", func() error {
-			w := ws
-			w.Layout = intranode.Layout{}
-			return w.Combine(dev, nil, okC, intranode.LaunchConfig{})
-		}(), "no layout"},
-		{"rank", func() error { w := ws; w.Rank = 4; return w.Notify(dev, nil, okN, intranode.LaunchConfig{}) }(), "rank 4 of 4"},
-		{"null peers", func() error { w := ws; w.Peers = 0; return w.Dispatch(dev, nil, okD, intranode.LaunchConfig{}) }(), "peer table"},
-		{"null watchdog", func() error { w := ws; w.Watchdog = 0; return w.Dispatch(dev, nil, okD, intranode.LaunchConfig{}) }(), "watchdog"},
-		{"too many tokens", func() error {
-			a := okD
-			a.Handle = ws.DefaultHandle(65)
-			return ws.Dispatch(dev, nil, a, intranode.LaunchConfig{})
-		}(), "65 tokens"},
-		{"misaligned x", func() error { a := okD; a.X += 8; return ws.Dispatch(dev, nil, a, intranode.LaunchConfig{}) }(), "x pointer"},
-		{"null topk", func() error { a := okD; a.TopK = 0; return ws.Dispatch(dev, nil, a, intranode.LaunchConfig{}) }(), "top-k ids pointer is null"},
+		{"small workspace", validate(func(w *intranode.Workspace) { w.Size-- }), "smaller than its layout"},
+		{"no layout", validate(func(w *intranode.Workspace) { w.Layout = intranode.Layout{} }), "no layout"},
+		{"rank", validate(func(w *intranode.Workspace) { w.Rank = 4 }), "rank 4 of 4"},
+		{"null peers", validate(func(w *intranode.Workspace) { w.Peers = 0 }), "peer table"},
+		{"null watchdog", validate(func(w *intranode.Workspace) { w.Watchdog = 0 }), "watchdog"},
+		{"misaligned base", validate(func(w *intranode.Workspace) { w.Base += 8 }), "workspace pointer"},
 		{"fp8 without region", func() error {
 			a := okD
 			a.FP8, a.Scales = true, 1<<34
 			return ws.Dispatch(dev, nil, a, intranode.LaunchConfig{})
 		}(), "no FP8 scales region"},
-		{"bf16 with scales", func() error { a := okD; a.Scales = 1 << 34; return ws.Dispatch(dev, nil, a, intranode.LaunchConfig{}) }(), "scales given"},
 		{"threads", func() error { return ws.Dispatch(dev, nil, okD, intranode.LaunchConfig{Threads: 48}) }(), "48 threads"},
 		{"combine threads", func() error { return ws.Combine(dev, nil, okC, intranode.LaunchConfig{Threads: 1024}) }(), "1024 threads"},
 		{"sms", func() error { return ws.Combine(dev, nil, okC, intranode.LaunchConfig{NumSMs: -1}) }(), "-1 SMs"},
-		{"out weights without weights", func() error {
+		{"combine rows", func() error {
 			a := okC
-			a.OutWeights = 1 << 35
+			a.Rows = l.MaxRecv() + 1
 			return ws.Combine(dev, nil, a, intranode.LaunchConfig{})
-		}(), "no weights given"},
-		{"misaligned bias", func() error { a := okC; a.Bias1 = 1<<35 + 2; return ws.Combine(dev, nil, a, intranode.LaunchConfig{}) }(), "bias1"},
-		{"null y", func() error { a := okC; a.Y = 0; return ws.Combine(dev, nil, a, intranode.LaunchConfig{}) }(), "y pointer is null"},
-		{"null out", func() error { a := okC; a.Out = 0; return ws.Combine(dev, nil, a, intranode.LaunchConfig{}) }(), "out pointer is null"},
-		{"alignment", func() error {
-			a := okN
-			a.ExpertAlignment = -1
-			return ws.Notify(dev, nil, a, intranode.LaunchConfig{})
-		}(), "expert alignment"},
+		}(), "rows"},
 		{"notify threads", func() error { return ws.Notify(dev, nil, okN, intranode.LaunchConfig{Threads: 2048}) }(), "2048 threads"},
-		{"handle", func() error {
-			a := okN
-			a.Handle.RankPrefix = 0
-			return ws.Notify(dev, nil, a, intranode.LaunchConfig{})
-		}(), "rank prefix pointer is null"},
 		{"nil device", ws.Dispatch(nil, nil, okD, intranode.LaunchConfig{}), "nil device"},
 	}
 	for _, c := range cases {

@@ -1,6 +1,6 @@
 // channel_kernels.cu: kernels that exercise and measure the channel device
 // API (channel_device.cuh) for the channels tests, `ep-bench channels` and
-// the host-backend twins in kernels/twins/channels.go, which do exactly what
+// the host-backend twins in channels/twins.go, which do exactly what
 // these do. Handle arrays come by device pointer; sem handles are addressed
 // as (base, stride) so that one kernel serves arrays of goep_semaphore
 // (stride 48) and of goep_memory_channel (stride 128, the semaphore first).

@@ -21,46 +21,65 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-var globalRE = regexp.MustCompile(`(?m)^extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(`)
-
-func TestRegistryCoversEveryEmbeddedSource(t *testing.T) {
-	registered := map[string]Module{}
-	names := map[string]bool{}
-	for _, m := range Modules() {
-		assert.False(t, names[m.Name], "duplicate module name %s", m.Name)
-		names[m.Name] = true
-		assert.False(t, registered[m.File].Name != "", "file %s registered twice", m.File)
-		registered[m.File] = m
-		assert.Empty(t, m.Source, "registered modules use embedded files")
+// The registry's mechanics on a registry of its own: what Register refuses,
+// what CheckRegistry finds. (TestMain filled the real one from the
+// embedded sources; the owners' registrations are checked by ep-bench
+// doctor and its test.)
+func TestRegisterAndCheckRegistry(t *testing.T) {
+	regMu.Lock()
+	saved := registry
+	registry = nil
+	regMu.Unlock()
+	t.Cleanup(func() {
+		regMu.Lock()
+		registry = saved
+		regMu.Unlock()
+	})
+	doctor := Module{Name: "doc", File: "doctor.cu", Kernels: []string{"goep_fill_pattern", "goep_check_pattern",
+		"goep_write_host_flag", "goep_convert_test"}}
+	require.NoError(t, register(doctor))
+	for _, bad := range []Module{
+		{File: "layout.cu", Kernels: []string{"goep_layout_i64"}},                               // no name
+		{Name: "x", File: "layout.cu"},                                                          // no kernels
+		{Name: "x", File: "nope.cu", Kernels: []string{"k"}},                                    // not embedded
+		{Name: "x", File: "common.cuh", Kernels: []string{"k"}},                                 // a header
+		{Name: "x", File: "layout.cu", Kernels: []string{"k"}, Source: "x"},                     // inline
+		{Name: "doc", File: "layout.cu", Kernels: []string{"goep_layout_i64"}},                  // name taken
+		{Name: "x", File: "doctor.cu", Kernels: []string{"k"}},                                  // file taken
+		{Name: "x", File: "layout.cu", Kernels: []string{"goep_fill_pattern"}},                  // kernel taken
+		{Name: "x", File: "layout.cu", Kernels: []string{"goep_layout_i64", "goep_layout_i64"}}, // listed twice
+	} {
+		assert.Error(t, register(bad), "%+v", bad)
 	}
-	var cuFiles []string
-	for _, n := range sourceNames() {
-		if strings.HasSuffix(n, ".cu") {
-			cuFiles = append(cuFiles, n)
-			assert.Contains(t, registered, n, "embedded %s is not in the registry (modules.go)", n)
-		}
-	}
-	require.NotEmpty(t, cuFiles)
-	for file, m := range registered {
-		src, err := sourceFile(file)
-		require.NoError(t, err, "registered module %s names a missing file", m.Name)
-		var defined []string
-		for _, g := range globalRE.FindAllStringSubmatch(src, -1) {
-			defined = append(defined, g[1])
-		}
-		want := append([]string(nil), m.Kernels...)
-		sort.Strings(defined)
-		sort.Strings(want)
-		assert.Equal(t, defined, want, "Kernels of module %s must list exactly its extern \"C\" __global__ functions", m.Name)
-		for _, k := range m.Kernels {
-			assert.True(t, strings.HasPrefix(k, "goep_"), "kernel %s should be named goep_*", k)
-			got, ok := ModuleForKernel(k)
-			assert.True(t, ok)
-			assert.Equal(t, m.Name, got.Name)
-		}
-	}
-	_, ok := ModuleForKernel("no_such_kernel")
+	assert.Panics(t, func() { Register(doctor) })
+	m, ok := ModuleForKernel("goep_convert_test")
+	require.True(t, ok)
+	assert.Equal(t, "doc", m.Name)
+	_, ok = ModuleForKernel("no_such_kernel")
 	assert.False(t, ok)
+	m.Kernels[0] = "changed"
+	again, _ := ModuleByName("doc")
+	assert.Equal(t, "goep_fill_pattern", again.Kernels[0], "Modules returns copies")
+
+	// Only doctor.cu is registered: every other .cu is reported by name.
+	err := CheckRegistry()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "layout.cu is registered by no linked package")
+	assert.NotContains(t, err.Error(), "doctor.cu")
+	// A module that lists a kernel its file does not define, or misses one.
+	regMu.Lock()
+	registry = nil
+	regMu.Unlock()
+	require.NoError(t, register(Module{Name: "layout", File: "layout.cu", Kernels: []string{"goep_layout_i64", "goep_layout_i16"}}))
+	assert.Contains(t, CheckRegistry().Error(), `module "layout" registers kernels [goep_layout_i16 goep_layout_i64], layout.cu defines [goep_layout_i32 goep_layout_i64]`)
+	// The whole set, derived from the sources, is complete.
+	regMu.Lock()
+	registry = nil
+	regMu.Unlock()
+	for _, m := range sourceModules(t) {
+		require.NoError(t, register(m))
+	}
+	assert.NoError(t, CheckRegistry())
 }
 
 // Kernels must compile with NVRTC 11.8, which has no toolkit headers here:
@@ -144,7 +163,7 @@ func TestEveryModuleCompilesForSM90(t *testing.T) {
 	require.NoError(t, err)
 	res, err := c.CompileAll(SM90)
 	require.NoError(t, err)
-	require.Len(t, res, len(Modules()))
+	require.Len(t, res, len(sourceModules(t)))
 	for _, r := range res {
 		require.NotNil(t, r)
 		assert.False(t, r.FromCache)

@@ -4,7 +4,7 @@
 // stays -1 and out-of-range ids stay out of range for the kernels that count
 // them), for Dispatch with int32 ids: the notify and dispatch kernels read
 // int64. Grid-stride, any grid; no host work, graph-capturable. The Go twin
-// is kernels/twins/ep.go; launched through routing.LaunchWidenIDs.
+// is in routing/widen.go; launched through routing.LaunchWidenIDs.
 #include "common.cuh"
 
 extern "C" __global__ void goep_ep_widen_i32(const i32* __restrict__ src, i64* __restrict__ dst, u64 n) {

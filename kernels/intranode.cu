@@ -1,7 +1,7 @@
 // intranode.cu: intranode (NVLink) notify, dispatch and combine.
 //
 // The plain-Go semantics are intranode.ReferenceDispatch / ReferenceCombine;
-// the Go twins are in kernels/twins/intranode.go; the launchers (which
+// the Go twins are in intranode/twins.go; the launchers (which
 // validate every argument before a launch) are in package intranode. The
 // workspace ABI (control block, arrival shares, epochs, combine input
 // descriptors) is described in intranode.cuh; the TMA variant of dispatch

@@ -29,6 +29,12 @@ type childResult struct {
 }
 
 func TestMain(m *testing.M) {
+	// The owners of the modules (intranode, routing, collectives, ...) sit
+	// above this package, so its tests register every embedded .cu under its
+	// file's name with the kernels the file defines, as the owners would.
+	for _, mod := range sourceModules(nil) {
+		Register(mod)
+	}
 	if os.Getenv(childEnv) == "compile" {
 		os.Exit(runChild())
 	}
@@ -61,6 +67,27 @@ func runChild() int {
 		return 1
 	}
 	return 0
+}
+
+// sourceModules is one module per embedded .cu file, named after the file,
+// with the kernels the file defines: the test-only stand-in for the owners'
+// registrations.
+func sourceModules(t testing.TB) []Module {
+	var out []Module
+	for _, n := range sourceNames() {
+		if !strings.HasSuffix(n, ".cu") {
+			continue
+		}
+		ks, err := definedKernels(n)
+		if err != nil || len(ks) == 0 {
+			if t != nil {
+				t.Fatalf("%s: kernels %v: %v", n, ks, err)
+			}
+			panic(fmt.Sprintf("%s: kernels %v: %v", n, ks, err))
+		}
+		out = append(out, Module{Name: strings.TrimSuffix(n, ".cu"), File: n, Kernels: ks})
+	}
+	return out
 }
 
 // needNVRTC skips the test when NVRTC cannot be loaded, unless

@@ -4,8 +4,10 @@
 // The .cu and .cuh files in this directory are embedded in the binary. A
 // module is one .cu file (one NVRTC program); every .cuh is offered to every
 // module as an in-memory header, so no CUDA toolkit or include path is needed
-// at run time. Modules lists them; a test checks that each embedded .cu is
-// registered and that each registered kernel is defined.
+// at run time. The package that launches a module's kernels registers the
+// module (Register, registry.go) with its own kernel-name constants, so this
+// package imports nothing of goep outside internal/; CheckRegistry says
+// whether a program sees every embedded module.
 //
 // Compiler options (Compiled.Options has the exact list): -std=c++17,
 // --gpu-architecture=sm_XY (sm_XYa for a module with NeedsArchSpecific when
@@ -15,6 +17,7 @@
 // wants it says so in Module.Options) and -default-device (every device
 // function is annotated; an unannotated helper should fail to compile rather
 // than silently become device code).
+
 package kernels
 
 import (
@@ -77,53 +80,6 @@ type Module struct {
 	// content (tests and one-off programs). Such modules are cached in
 	// memory only.
 	Source string
-}
-
-// registry lists every module. Add new .cu files here.
-var registry = []Module{
-	{
-		Name: "doctor",
-		File: "doctor.cu",
-		Kernels: []string{
-			"goep_fill_pattern",
-			"goep_check_pattern",
-			"goep_write_host_flag",
-			"goep_convert_test",
-		},
-	},
-}
-
-// Modules returns every registered module (a copy).
-func Modules() []Module {
-	out := make([]Module, len(registry))
-	for i, m := range registry {
-		m.Options = append([]string(nil), m.Options...)
-		m.Kernels = append([]string(nil), m.Kernels...)
-		out[i] = m
-	}
-	return out
-}
-
-// ModuleByName returns the registered module with this name.
-func ModuleByName(name string) (Module, bool) {
-	for _, m := range Modules() {
-		if m.Name == name {
-			return m, true
-		}
-	}
-	return Module{}, false
-}
-
-// ModuleForKernel returns the registered module that defines kernel.
-func ModuleForKernel(kernel string) (Module, bool) {
-	for _, m := range Modules() {
-		for _, k := range m.Kernels {
-			if k == kernel {
-				return m, true
-			}
-		}
-	}
-	return Module{}, false
 }
 
 // sourceFile returns the embedded content of a .cu or .cuh file.

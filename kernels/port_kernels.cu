@@ -1,6 +1,6 @@
 // port_kernels.cu: kernels that exercise and measure the port channel
 // device API (port_device.cuh) for the channels tests and `ep-bench
-// channels`; kernels/twins/port.go does exactly what these do on the host
+// channels`; channels/twins_port.go does exactly what these do on the host
 // backend. Handle arrays are goep_port_channel arrays indexed by rank (this
 // rank's own slot zero).
 #include "channel_device.cuh"
@@ -14,7 +14,7 @@ __global__ void __launch_bounds__(1024, 1)
 __device__ __forceinline__ u64 goep_port_gtid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 goep_port_gthreads() { return (u64)gridDim.x * blockDim.x; }
 
-// Pattern seed of rank's data in round i (kernels/twins/port.go: portSeed).
+// Pattern seed of rank's data in round i (channels/twins_port.go: portSeed).
 __device__ __forceinline__ u32 goep_port_seed(u32 seed, u32 rank, u32 i) {
   return seed ^ (rank * 0x9e3779b9u) ^ (i * 0x85ebca6bu) ^ 0x27d4eb2fu;
 }

@@ -14,10 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/kernels"
-	_ "github.com/goep-dev/goep/kernels/twins"
+	"github.com/goep-dev/goep/routing"
 )
 
 func backends(t testing.TB) []device.Kind {

@@ -1,6 +1,5 @@
-// Package routing describes MoE routings (topk_idx) and computes the
-// dispatch layout from them: how many tokens each rank and each expert
-// receives and which ranks each token goes to.
+// Package routing describes MoE routings (top-k ids), validates them, computes
+// the dispatch layout in Go and on the device, and generates routings.
 //
 // A routing is topk_idx[T, K], row-major, as int64 (what torch.topk returns)
 // or int32; -1 marks an unused slot. E experts are spread evenly over R

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goep-dev/goep/routing"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/routing"
 )
 
 // GPU benchmarks of the layout kernel at DeepEP's test shape (T=4096, top-8

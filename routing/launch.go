@@ -5,14 +5,19 @@ import (
 	"fmt"
 
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
 )
 
 // Kernel names in kernels/layout.cu (module "layout"); the host backend runs
-// their Go twins from kernels/twins.
+// their Go twins (layout_twin.go).
 const (
 	KernelLayoutInt64 = "goep_layout_i64"
 	KernelLayoutInt32 = "goep_layout_i32"
 )
+
+func init() {
+	kernels.Register(kernels.Module{Name: "layout", File: "layout.cu", Kernels: []string{KernelLayoutInt64, KernelLayoutInt32}})
+}
 
 // LayoutWorkspaceBytes is the size of the layout kernel's workspace: a
 // ticket counter and one accumulator per expert, per rank and for the invalid

@@ -5,11 +5,31 @@ import (
 	"fmt"
 
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
 )
 
 // KernelWidenIDs is in kernels/ep_convert.cu (module "ep"): it widens int32
-// top-k ids to int64; the host backend runs its twin from kernels/twins.
+// top-k ids to int64; the host backend runs widenTwin.
 const KernelWidenIDs = "goep_ep_widen_i32"
+
+func init() {
+	kernels.Register(kernels.Module{Name: "ep", File: "ep_convert.cu", Kernels: []string{KernelWidenIDs}})
+	device.RegisterHostKernel(KernelWidenIDs, widenTwin)
+}
+
+// widenTwin is goep_ep_widen_i32:
+//
+//	(const i32* src, i64* dst, u64 n)
+func widenTwin(l *device.HostLaunch) error {
+	a := l.Args
+	n := int(a.GetU64(2))
+	src := device.HostSlice[int32](a.GetPtr(0), n)
+	dst := device.HostSlice[int64](a.GetPtr(1), n)
+	for i, v := range src {
+		dst[i] = int64(v)
+	}
+	return nil
+}
 
 // widenThreads and widenMaxBlocks shape the widening launch: a grid-stride
 // loop, so any grid is correct.

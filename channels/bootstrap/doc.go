@@ -1,7 +1,6 @@
-// Package bootstrap gives the ranks of a job a small, slow, reliable channel to
-// find each other before the GPU transports exist: exchange of addresses and
-// handles (AllGather), synchronisation (Barrier), point-to-point messages
-// (Send/Recv) and, on one host, passing file descriptors (FDExchanger).
+// Package bootstrap connects the ranks of a job before any GPU memory is
+// shared: TCP across processes (torchrun, mpirun, srun, ep-bench launch) or
+// in-process for goroutine ranks, every wait bounded.
 //
 // Two implementations share one set of semantics:
 //

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,11 @@ type EnvInfo struct {
 	MasterAddr           string
 	MasterPort           int
 	Launcher             string // "torchrun", "mpirun", "slurm" or "none"
+	// Enclosing names a launcher whose variables are set too and that is
+	// taken to run this one: "mpirun" when torchrun runs under mpirun (its
+	// world a multiple of mpirun's), "slurm" inside a Slurm allocation or
+	// step. Empty when no other launcher's variables are set.
+	Enclosing string
 
 	// RootPort is the port rank 0 listens on for the bootstrap:
 	// $GOEP_MASTER_PORT if set; MasterPort+1 under a torchrun whose agent
@@ -41,13 +47,23 @@ const (
 	EnvRunID      = "GOEP_RUN_ID"
 	EnvUniqueID   = "GOEP_UNIQUE_ID"
 	EnvListenHost = "GOEP_LISTEN_HOST"
+	// EnvLauncher names the launcher whose variables to follow (torchrun,
+	// mpirun, slurm, or none for a single process) when several launchers'
+	// variables are set on purpose.
+	EnvLauncher = "GOEP_LAUNCHER"
 )
 
 // FromEnv reads the rank layout from the launcher's environment variables:
 // torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 // MASTER_PORT), Open MPI (OMPI_COMM_WORLD_*) or Slurm (SLURM_PROCID, ...),
-// checked in that order because torchrun may run under srun and mpirun
-// inside a Slurm allocation. Open MPI and Slurm provide no rendezvous
+// checked in that order because torchrun may run under srun or mpirun, and
+// mpirun inside a Slurm allocation ($GOEP_LAUNCHER picks one explicitly).
+// When torchrun's and Open MPI's variables are both set they must agree, or
+// torchrun's world must be a multiple of mpirun's (torchrun started by
+// mpirun); anything else is refused as a contradiction (stale variables),
+// naming both. Slurm's variables are present in any allocation, batch
+// script included, so they never contradict: Slurm is then the Enclosing
+// launcher. Open MPI and Slurm provide no rendezvous
 // address, so MASTER_ADDR and MASTER_PORT must be set for them when there is
 // more than one rank. Without any launcher variables the process is rank 0
 // of 1 with Launcher "none". When a launcher gives no local rank/size, the
@@ -126,23 +142,111 @@ func (e env) port(k string) (int, error) {
 	return p, nil
 }
 
+// launchers in the order FromEnv prefers them, with the variables that
+// show each one is present.
+var launchers = []struct {
+	name string
+	vars []string
+}{
+	{"torchrun", []string{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}},
+	{"mpirun", []string{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}},
+	{"slurm", []string{"SLURM_PROCID"}},
+}
+
+// present lists the launchers whose variables are set, in preference order.
+func (e env) present() []string {
+	var out []string
+	for _, l := range launchers {
+		for _, v := range l.vars {
+			if e.has(v) {
+				out = append(out, l.name)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// read fills info from launcher l's variables.
+func (e env) read(l string, info *EnvInfo) error {
+	e.launcher = l
+	switch l {
+	case "torchrun":
+		return e.torchrun(info)
+	case "mpirun":
+		return e.mpirun(info)
+	}
+	return e.slurm(info)
+}
+
+// choose picks the launcher to follow and the enclosing one, refusing
+// torchrun and Open MPI variables that contradict each other.
+func (e env) choose() (launcher, enclosing string, err error) {
+	found := e.present()
+	if want := e.str(EnvLauncher); want != "" {
+		switch {
+		case want == "none":
+			return "none", "", nil
+		case !slices.Contains([]string{"torchrun", "mpirun", "slurm"}, want):
+			return "", "", fmt.Errorf("bootstrap: %s=%q: want torchrun, mpirun, slurm or none", EnvLauncher, clipEnv(want))
+		case !slices.Contains(found, want):
+			return "", "", fmt.Errorf("bootstrap: %s=%s but no %s variables are set", EnvLauncher, want, want)
+		}
+		return want, "", nil
+	}
+	if len(found) == 0 {
+		return "none", "", nil
+	}
+	launcher = found[0]
+	if len(found) == 1 {
+		return launcher, "", nil
+	}
+	if launcher == "torchrun" && found[1] == "mpirun" {
+		var t, m EnvInfo
+		if err := e.read("torchrun", &t); err != nil {
+			return "", "", err
+		}
+		if err := e.read("mpirun", &m); err != nil {
+			return "", "", err
+		}
+		switch {
+		case t.Size == m.Size && t.Rank == m.Rank:
+			// The same job seen twice (e.g. variables exported for both).
+		case t.Size > m.Size && t.Size%m.Size == 0:
+			return launcher, "mpirun", nil
+		default:
+			return "", "", fmt.Errorf("bootstrap: launcher variables disagree: torchrun's say rank %d of %d (RANK, WORLD_SIZE), "+
+				"Open MPI's rank %d of %d (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE); unset the stale ones, or set %s "+
+				"to the launcher to follow", t.Rank, t.Size, m.Rank, m.Size, EnvLauncher)
+		}
+		if len(found) == 2 {
+			return launcher, "", nil
+		}
+	}
+	return launcher, found[len(found)-1], nil
+}
+
+// clipEnv bounds a variable's value repeated in an error.
+func clipEnv(v string) string {
+	if len(v) > 64 {
+		return v[:64] + "..."
+	}
+	return v
+}
+
 func fromEnv(lookup func(string) (string, bool)) (EnvInfo, error) {
 	e := env{lookup: lookup}
 	var info EnvInfo
-	var err error
-	switch {
-	case e.has("RANK") || e.has("WORLD_SIZE") || e.has("LOCAL_RANK") || e.has("LOCAL_WORLD_SIZE"):
-		e.launcher = "torchrun"
-		err = e.torchrun(&info)
-	case e.has("OMPI_COMM_WORLD_RANK") || e.has("OMPI_COMM_WORLD_SIZE"):
-		e.launcher = "mpirun"
-		err = e.mpirun(&info)
-	case e.has("SLURM_PROCID"):
-		e.launcher = "slurm"
-		err = e.slurm(&info)
-	default:
+	launcher, enclosing, err := e.choose()
+	if err != nil {
+		return EnvInfo{}, err
+	}
+	if launcher == "none" {
 		return EnvInfo{Size: 1, LocalSize: 1, Launcher: "none"}, nil
 	}
+	e.launcher = launcher
+	info.Enclosing = enclosing
+	err = e.read(launcher, &info)
 	if err != nil {
 		return EnvInfo{}, err
 	}

@@ -68,3 +68,30 @@ func (t *inprocTransport) close() error {
 	}
 	return nil
 }
+
+// RunInProcess runs fn on size goroutine ranks of this process, each with
+// its own in-process Bootstrap (NewInProcess with cfg), and returns each
+// rank's error once every rank has returned. A rank's Bootstrap is closed
+// when its fn returns, so a rank that fails makes the others fail at their
+// next exchange instead of waiting out the timeout.
+func RunInProcess(ctx context.Context, size int, cfg Config, fn func(ctx context.Context, bs Bootstrap) error) []error {
+	errs := make([]error, max(size, 0))
+	bss, err := NewInProcess(size, cfg)
+	if err != nil {
+		for r := range errs {
+			errs[r] = err
+		}
+		return errs
+	}
+	done := make(chan struct{}, size)
+	for r, bs := range bss {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			errs[r] = errors.Join(fn(ctx, bs), bs.Close())
+		}()
+	}
+	for range bss {
+		<-done
+	}
+	return errs
+}

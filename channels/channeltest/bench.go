@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -112,8 +113,9 @@ func (r *Rank) BenchPutGet(ctx context.Context, sizes []int, sms, threads, iters
 		for _, op := range []string{"put", "get"} {
 			if r.me == 0 {
 				var args *device.Args
-				kernel := "goep_chan_" + op
+				kernel := devapi.KernelChanGet
 				if op == "put" {
+					kernel = devapi.KernelChanPut
 					args = device.NewArgs(6).Ptr(r.Handles.Ptr()).U32(1).U64(uint64(l.dst())).U64(0).U64(uint64(size)).U32(0)
 				} else {
 					args = device.NewArgs(5).Ptr(r.Handles.Ptr()).U32(1).U64(0).U64(uint64(l.dst())).U64(uint64(size))
@@ -157,7 +159,7 @@ func (r *Rank) BenchPutAll(ctx context.Context, bytesPerPeer int, sms []int, thr
 		if allToAll || r.me == 0 {
 			args := device.NewArgs(5).Ptr(r.Handles.Ptr()).U32(uint32(r.n)).U64(uint64(bytesPerPeer)).
 				U64(uint64(bytesPerPeer)).U64(uint64(r.Layout.dst() + r.me*bytesPerPeer))
-			d, err := r.timeLaunches("goep_chan_put_all", sm, threads, iters, args)
+			d, err := r.timeLaunches(devapi.KernelChanPutAll, sm, threads, iters, args)
 			if err != nil {
 				return nil, err
 			}
@@ -222,7 +224,7 @@ func (r *Rank) BenchLL(ctx context.Context, proto int, words []int, iters int, s
 		grid := min(max(w/1024, 1), 32)
 		args := device.NewArgs(12).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U32(uint32(peer)).U32(uint32(proto)).U32(uint32(r.me)).
 			U64(uint64(w)).U64(0).U64(uint64(w * pkt)).U32(seed).U32(uint32(iters)).U32(21).Ptr(r.out.Ptr)
-		if err := r.launch("goep_chan_ll_pattern", grid, 256, args); err != nil {
+		if err := r.launch(devapi.KernelChanLLPattern, grid, 256, args); err != nil {
 			return nil, err
 		}
 		if err := r.sync(); err != nil {

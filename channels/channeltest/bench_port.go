@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -23,7 +24,7 @@ func (r *Rank) BenchPortPingPong(ctx context.Context, iters int) ([]Result, erro
 	const name = "port signal/wait round trip"
 	return r.rank0Pairs(ctx, func(p, other int) (Result, error) {
 		args := device.NewArgs(6).Ptr(r.PortHandles.Ptr()).U32(uint32(other)).U64(uint64(iters)).U32(b2u(r.me == 0)).U32(22).Ptr(r.out.Ptr)
-		out, err := r.launchOut("goep_port_pingpong", 1, 32, 2, args)
+		out, err := r.launchOut(devapi.KernelPortPingPong, 1, 32, 2, args)
 		if err != nil {
 			return Result{}, err
 		}
@@ -91,7 +92,7 @@ func (r *Rank) timePortPut(size, iters int) (time.Duration, error) {
 		}
 		args := device.NewArgs(8).Ptr(r.PortHandles.Ptr()).U32(1).U64(uint64(r.Layout.dst())).U64(0).U64(uint64(size)).
 			U32(uint32(n)).U32(23).Ptr(r.out.Ptr)
-		if err := r.launch("goep_port_put_bench", 1, 32, args); err != nil {
+		if err := r.launch(devapi.KernelPortPutBench, 1, 32, args); err != nil {
 			return 0, err
 		}
 		if err := r.sync(); err != nil {
@@ -173,7 +174,7 @@ func (r *Rank) BenchPortAtomic(ctx context.Context, adds int) ([]Result, error) 
 		}
 		if r.me == 0 {
 			args := device.NewArgs(7).Ptr(r.PortHandles.Ptr()).U32(1).U64(uint64(adds)).U64(uint64(ctrOff)).U32(uint32(nc)).U32(24).Ptr(r.out.Ptr)
-			out, err := r.launchOut("goep_port_atomic_rate", 1, 256, 2, args)
+			out, err := r.launchOut(devapi.KernelPortAtomicRate, 1, 256, 2, args)
 			if err != nil {
 				return nil, err
 			}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -92,7 +93,7 @@ func (r *Rank) CheckPutGet(ctx context.Context, seed uint64, sizes []int) error 
 			if !get {
 				args := device.NewArgs(6).Ptr(r.Handles.Ptr()).U32(uint32(to)).U64(uint64(l.dst() + t.dstOff)).
 					U64(uint64(t.srcOff)).U64(uint64(t.size)).U32(1)
-				if err := r.launch("goep_chan_put", grid, 512, args); err != nil {
+				if err := r.launch(devapi.KernelChanPut, grid, 512, args); err != nil {
 					return err
 				}
 				if err := r.waitSignals(from, grid, 1); err != nil {
@@ -101,7 +102,7 @@ func (r *Rank) CheckPutGet(ctx context.Context, seed uint64, sizes []int) error 
 			} else {
 				args := device.NewArgs(5).Ptr(r.Handles.Ptr()).U32(uint32(from)).U64(uint64(t.srcOff)).
 					U64(uint64(l.dst() + t.dstOff)).U64(uint64(t.size))
-				if err := r.launch("goep_chan_get", grid, 512, args); err != nil {
+				if err := r.launch(devapi.KernelChanGet, grid, 512, args); err != nil {
 					return err
 				}
 				if err := r.sync(); err != nil {
@@ -127,7 +128,7 @@ func (r *Rank) waitSignals(from, count int, stage uint32) error {
 		return err
 	}
 	args := device.NewArgs(7).Ptr(r.Handles.Ptr()).U32(128).U32(uint32(from)).U32(uint32(count)).U32(0).U32(stage).Ptr(r.out.Ptr)
-	if err := r.launch("goep_chan_sem_wait", 1, 32, args); err != nil {
+	if err := r.launch(devapi.KernelChanSemWait, 1, 32, args); err != nil {
 		return err
 	}
 	if err := r.sync(); err != nil {
@@ -209,11 +210,11 @@ func (r *Rank) CheckPackets(ctx context.Context, seed uint64, sizes []int, proto
 		if err := r.barrier(ctx); err != nil {
 			return err
 		}
-		grid := min(max(pktBytes>>16, 1), 64)
+		grid := r.spinGrid(min(max(pktBytes>>16, 1), 64))
 		args := device.NewArgs(10).Ptr(r.Handles.Ptr()).U32(uint32(to)).U32(uint32(from)).U32(uint32(proto)).
 			U64(uint64(t.srcOff)).U64(uint64(l.dst() + t.dstOff)).U64(uint64(t.size)).U64(uint64(l.HalfPackets)).
 			U32(2).Ptr(r.out.Ptr)
-		if err := r.launch("goep_chan_ll_exchange", grid, 512, args); err != nil {
+		if err := r.launch(devapi.KernelChanLLExchange, grid, 512, args); err != nil {
 			return err
 		}
 		if err := r.sync(); err != nil {

@@ -124,7 +124,7 @@ func timeoutSemaphores(ctx context.Context, bs bootstrap.Bootstrap, dev device.D
 	}
 	if f.me == 0 {
 		args := device.NewArgs(7).Ptr(arr.Ptr()).U32(devapi.SemaphoreSize).U32(0).U32(1).U32(0).U32(7).Ptr(f.out.Ptr)
-		took, err := f.launchAndWait("goep_chan_sem_wait", 3, args)
+		took, err := f.launchAndWait(devapi.KernelChanSemWait, 3, args)
 		if err != nil {
 			return err
 		}
@@ -171,7 +171,7 @@ func timeoutPackets(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devi
 	}
 	if f.me == 0 {
 		args := device.NewArgs(10).Ptr(arr.Ptr()).U32(0).U32(0).U32(16).U64(0).U64(4096).U64(4096).U64(8192).U32(9).Ptr(f.out.Ptr)
-		took, err := f.launchAndWait("goep_chan_ll_exchange", 2, args)
+		took, err := f.launchAndWait(devapi.KernelChanLLExchange, 2, args)
 		if err != nil {
 			return err
 		}
@@ -191,7 +191,7 @@ func timeoutCounter(bs bootstrap.Bootstrap, dev device.Device, timeout time.Dura
 	id := f.comm.NewWaitID("never-raised test counter")
 	ctr := f.out.Ptr + 1024 // zero, and nobody raises it
 	args := device.NewArgs(7).Ptr(ctr).U64(1).Ptr(f.comm.Watchdog()).U32(id).U32(uint32(f.me)).U32(11).Ptr(f.out.Ptr)
-	took, err := f.launchAndWait("goep_chan_wait_value", 1, args)
+	took, err := f.launchAndWait(devapi.KernelChanWaitValue, 1, args)
 	if err != nil {
 		return err
 	}
@@ -244,7 +244,7 @@ func CheckAbort(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) 
 		go func() {
 			defer wg.Done()
 			args := device.NewArgs(7).Ptr(arr.Ptr()).U32(devapi.SemaphoreSize).U32(0).U32(1).U32(0).U32(8).Ptr(f.out.Ptr)
-			took, launchErr = f.launchAndWait("goep_chan_sem_wait", 3, args)
+			took, launchErr = f.launchAndWait(devapi.KernelChanSemWait, 3, args)
 		}()
 		time.Sleep(200 * time.Millisecond)
 		abortErr := f.comm.Abort()

@@ -72,7 +72,7 @@ func portTimeout(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device,
 	}
 	if f.me == 0 {
 		args := device.NewArgs(6).Ptr(arr.Ptr()).U32(0).U32(count).U32(flush).U32(stage).Ptr(f.out.Ptr)
-		took, err := f.launchAndWait("goep_port_signal_burst", 1, args)
+		took, err := f.launchAndWait(devapi.KernelPortSignalBurst, 1, args)
 		if err != nil {
 			return err
 		}

@@ -8,9 +8,31 @@ import (
 	"math/rand/v2"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
-	"github.com/goep-dev/goep/kernels/twins"
+	"github.com/goep-dev/goep/kernels"
 )
+
+// The data the port kernels generate (port_kernels.cu: goep_port_seed,
+// goep_port_byte, goep_port_add_value), computed here from the kernel's
+// definitions rather than taken from the host twins (package channels),
+// which these checks judge.
+func portWantSeed(seed, rank, i uint32) uint32 {
+	return seed ^ 0x27d4eb2f ^ rank*0x9e3779b9 ^ i*0x85ebca6b
+}
+
+func portWantByte(s uint32, j uint64) byte {
+	var w [4]byte
+	binary.LittleEndian.PutUint32(w[:], kernels.PatternValue(j/4, s))
+	return w[j%4]
+}
+
+func portWantAdd(s uint32, i uint64) uint64 {
+	var w [8]byte
+	binary.LittleEndian.PutUint32(w[:], kernels.PatternValue(2*i, s))
+	binary.LittleEndian.PutUint32(w[4:], kernels.PatternValue(2*i+1, s))
+	return binary.LittleEndian.Uint64(w[:])
+}
 
 // portTag pairs the port channel meshes of the checks, apart from the
 // memory channel mesh (tag 0).
@@ -101,7 +123,7 @@ func (r *Rank) CheckPortStream(ctx context.Context, seed uint64, rounds, maxByte
 	pseed := uint32(seed)
 	args := device.NewArgs(12).Ptr(r.PortHandles.Ptr()).U32(uint32(to)).U32(uint32(from)).U32(uint32(r.me)).
 		Ptr(r.Buf.Ptr).Ptr(pb.Ptr).U32(uint32(rounds)).U32(pseed).U64(0).U64(uint64(r.Layout.dst())).U32(12).Ptr(r.out.Ptr)
-	if err := r.launch("goep_port_stream", 1, 1024, args); err != nil {
+	if err := r.launch(devapi.KernelPortStream, 1, 1024, args); err != nil {
 		return err
 	}
 	if err := r.sync(); err != nil {
@@ -120,9 +142,9 @@ func (r *Rank) CheckPortStream(ctx context.Context, seed uint64, rounds, maxByte
 	if err := r.Dev.CopyOut(got, r.Buf.Ptr+uintptr(r.Layout.dst())+uintptr(last.dstOff)); err != nil {
 		return err
 	}
-	theirs := twins.PortSeed(pseed, uint32(from), uint32(len(plan)-1))
+	theirs := portWantSeed(pseed, uint32(from), uint32(len(plan)-1))
 	for j, b := range got {
-		if want := twins.PortByte(theirs, uint64(j)); b != want {
+		if want := portWantByte(theirs, uint64(j)); b != want {
 			return r.errorf("%s: last round, byte %d of %d is %#02x, want %#02x", what, j, len(got), b, want)
 		}
 	}
@@ -183,12 +205,12 @@ func (r *Rank) CheckPortAtomics(ctx context.Context, seed uint64, adds, grid int
 	pseed := uint32(seed >> 32)
 	args := device.NewArgs(9).Ptr(r.PortHandles.Ptr()).U32(uint32(r.n)).U32(uint32(r.me)).U64(uint64(adds)).
 		U64(uint64(ctrOff)).U32(portCounters).U32(pseed).U32(13).Ptr(r.out.Ptr)
-	if err := r.launch("goep_port_atomic_storm", grid, 256, args); err != nil {
+	if err := r.launch(devapi.KernelPortAtomicStorm, r.spinGrid(grid), 256, args); err != nil {
 		return err
 	}
 	// Stream order: the flushes are pushed after every add.
 	flush := device.NewArgs(4).Ptr(r.PortHandles.Ptr()).U32(uint32(r.n)).U32(14).Ptr(r.out.Ptr + 8)
-	if err := r.launch("goep_port_flush_all", 1, max(32, (r.n+31)/32*32), flush); err != nil {
+	if err := r.launch(devapi.KernelPortFlushAll, 1, max(32, (r.n+31)/32*32), flush); err != nil {
 		return err
 	}
 	if err := r.sync(); err != nil {
@@ -210,10 +232,10 @@ func (r *Rank) CheckPortAtomics(ctx context.Context, seed uint64, adds, grid int
 		if s == r.me {
 			continue
 		}
-		ss := twins.PortSeed(pseed, uint32(s), 0)
+		ss := portWantSeed(pseed, uint32(s), 0)
 		for i := uint64(0); i < uint64(adds); i++ {
 			if (s+1+int(i%uint64(r.n-1)))%r.n == r.me {
-				want[(i/uint64(r.n-1))%portCounters] += twins.PortAddValue(ss, i)
+				want[(i/uint64(r.n-1))%portCounters] += portWantAdd(ss, i)
 			}
 		}
 	}

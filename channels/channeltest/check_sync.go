@@ -26,7 +26,7 @@ func (r *Rank) partner() int {
 func (r *Rank) pingpong(peer int, rounds uint64, withData, relaxed bool, stage uint32) ([]uint64, error) {
 	args := device.NewArgs(8).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U64(rounds).U32(b2u(r.me < peer)).
 		U32(b2u(withData)).U32(b2u(relaxed)).U32(stage).Ptr(r.out.Ptr)
-	return r.launchOut("goep_chan_pingpong", 1, 32, 3, args)
+	return r.launchOut(devapi.KernelChanPingPong, 1, 32, 3, args)
 }
 
 func b2u(b bool) uint32 {
@@ -82,7 +82,7 @@ func (r *Rank) CheckSignals(ctx context.Context, rounds, burst int) error {
 		waitMode uint32
 	}{{"signal/wait", 0, 0}, {"relaxed signal/relaxed wait", 1, 1}, {"signal/poll", 0, 2}} {
 		args := device.NewArgs(5).Ptr(r.Handles.Ptr()).U32(devapi.MemoryChannelSize).U32(uint32(to)).U32(uint32(burst)).U32(phase.relaxed)
-		if err := r.launch("goep_chan_sem_signal", 1, 32, args); err != nil {
+		if err := r.launch(devapi.KernelChanSemSignal, 1, 32, args); err != nil {
 			return err
 		}
 		if err := r.clearOut(4); err != nil {
@@ -90,7 +90,7 @@ func (r *Rank) CheckSignals(ctx context.Context, rounds, burst int) error {
 		}
 		args = device.NewArgs(7).Ptr(r.Handles.Ptr()).U32(devapi.MemoryChannelSize).U32(uint32(from)).U32(uint32(burst)).
 			U32(phase.waitMode).U32(4).Ptr(r.out.Ptr)
-		if err := r.launch("goep_chan_sem_wait", 1, 32, args); err != nil {
+		if err := r.launch(devapi.KernelChanSemWait, 1, 32, args); err != nil {
 			return err
 		}
 		if err := r.sync(); err != nil {
@@ -177,7 +177,7 @@ func (r *Rank) CheckHostSemaphores(ctx context.Context, tag, count int) error {
 	go func() {
 		defer wg.Done()
 		args := device.NewArgs(7).Ptr(arr.Ptr()).U32(devapi.SemaphoreSize).U32(0).U32(uint32(count)).U32(0).U32(5).Ptr(r.out.Ptr)
-		if launchErr = r.launch("goep_chan_sem_wait", len(waitOn), 32, args); launchErr == nil {
+		if launchErr = r.launch(devapi.KernelChanSemWait, len(waitOn), 32, args); launchErr == nil {
 			launchErr = r.sync()
 		}
 	}()
@@ -235,7 +235,7 @@ func (r *Rank) CheckCounterWait(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		args := device.NewArgs(7).Ptr(ctr.Ptr).U64(3).Ptr(r.Comm.Watchdog()).U32(id).U32(uint32(r.me)).U32(6).Ptr(r.out.Ptr)
-		if launchErr = r.launch("goep_chan_wait_value", 1, 32, args); launchErr == nil {
+		if launchErr = r.launch(devapi.KernelChanWaitValue, 1, 32, args); launchErr == nil {
 			launchErr = r.sync()
 		}
 	}()
@@ -292,12 +292,12 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 		return err
 	}
 	defer s.Close()
-	grid := min(max(words/4096, 1), 16)
+	grid := r.spinGrid(min(max(words/4096, 1), 16))
 	args := device.NewArgs(12).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U32(uint32(peer)).U32(uint32(proto)).U32(uint32(r.me)).
 		U64(uint64(words)).U64(0).U64(uint64(words * pkt)).U32(seed).U32(1).U32(7).Ptr(r.out.Ptr)
 	// One plain launch first (the partner does the same, so the flags stay
 	// in step): it loads the module outside the capture.
-	if err := r.launch("goep_chan_ll_pattern", grid, 256, args); err != nil {
+	if err := r.launch(devapi.KernelChanLLPattern, grid, 256, args); err != nil {
 		return err
 	}
 	if err := r.sync(); err != nil {
@@ -311,7 +311,7 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 		return err
 	}
 	g, err := r.Dev.Capture(s, func() error {
-		return r.Dev.Launch("goep_chan_ll_pattern", device.D1(grid), device.D1(256), 0, s, args)
+		return r.Dev.Launch(devapi.KernelChanLLPattern, device.D1(grid), device.D1(256), 0, s, args)
 	})
 	if err != nil {
 		return r.errorf("capture: %w", err)

@@ -11,46 +11,34 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 )
 
-// RunLocal runs fn on n goroutine ranks of this process, rank r on device
-// (kind, r), each with its own in-process bootstrap, and returns each
-// rank's error. A rank whose fn fails closes its bootstrap at once, so the
-// others fail fast at their next exchange instead of waiting out the
-// bootstrap timeout.
+// RunLocal runs fn on n goroutine ranks of this process, each with its own
+// in-process bootstrap, and returns each rank's error: rank r on
+// device.RankOrdinal(kind, r), so ranks share GPUs when there are fewer
+// GPUs than ranks. A rank whose fn fails closes its
+// bootstrap at once, so the others fail fast at their next exchange instead
+// of waiting out the bootstrap timeout.
 func RunLocal(ctx context.Context, kind device.Kind, n int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
-	return RunLocalOn(ctx, kind, n, func(r int) int { return r }, cfg, fn)
+	return RunLocalOn(ctx, kind, n, func(r int) int {
+		o, err := device.RankOrdinal(kind, r)
+		if err != nil {
+			return r // device.Open then says why
+		}
+		return o
+	}, cfg, fn)
 }
 
 // RunLocalOn is RunLocal with rank r on device (kind, ordinal(r)): several
 // ranks may share a GPU (their kernels then run side by side on it).
 func RunLocalOn(ctx context.Context, kind device.Kind, n int, ordinal func(rank int) int, cfg bootstrap.Config, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
-	errs := make([]error, n)
-	bss, err := bootstrap.NewInProcess(n, cfg)
-	if err != nil {
-		for r := range errs {
-			errs[r] = err
+	return bootstrap.RunInProcess(ctx, n, cfg, func(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
+		r := bs.Rank()
+		dev, err := device.Open(kind, ordinal(r))
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
 		}
-		return errs
-	}
-	var wg sync.WaitGroup
-	for r, bs := range bss {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[r] = runRank(ctx, kind, r, ordinal(r), bs, fn)
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
-func runRank(ctx context.Context, kind device.Kind, r, ordinal int, bs bootstrap.Bootstrap, fn func(context.Context, bootstrap.Bootstrap, device.Device) error) (err error) {
-	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := device.Open(kind, ordinal)
-	if err != nil {
-		return fmt.Errorf("rank %d: %w", r, err)
-	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
-	return fn(ctx, bs, dev)
+		defer func() { err = errors.Join(err, dev.Close()) }()
+		return fn(ctx, bs, dev)
+	})
 }
 
 // RunRanks runs fn on n goroutine ranks, each with a communicator (ccfg)

@@ -4,8 +4,9 @@
 // or one process per GPU). Every check is collective: all ranks call it with
 // the same arguments, in the same order, and each returns what it found
 // wrong on its side. The kernels it launches are in
-// kernels/channel_kernels.cu; import kernels/twins to run on the host
-// backend.
+// kernels/channel_kernels.cu and port_kernels.cu; package channels registers
+// them and their host-backend twins.
+
 package channeltest
 
 import (
@@ -15,6 +16,7 @@ import (
 	"fmt"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -72,6 +74,9 @@ type Rank struct {
 
 	me, n int
 	out   device.Buffer // kernel results
+	// spin caps the grids of kernels that wait on peers (ranks sharing a
+	// GPU must be co-resident); 0: no cap.
+	spin int
 }
 
 // NewRank builds a Rank on comm (collective: every rank calls it).
@@ -82,6 +87,17 @@ func NewRank(ctx context.Context, comm *channels.Communicator, l Layout) (_ *Ran
 			err = errors.Join(err, r.Close())
 		}
 	}()
+	pl, err := comm.Placement(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.spin = pl.SpinBlocks
+	// The test kernels are loaded before any rank launches one (a module
+	// load waits for the kernels running in the context, which ranks
+	// sharing a GPU share).
+	if err := r.Dev.Preload("goep_chan_put", "goep_port_stream", "goep_fill_pattern"); err != nil {
+		return nil, err
+	}
 	if r.Buf, err = r.Dev.Alloc(l.bufferSize()); err != nil {
 		return nil, err
 	}
@@ -131,6 +147,15 @@ func (r *Rank) errorf(format string, a ...any) error {
 
 // ring returns the ranks this rank sends to and receives from at shift s.
 func (r *Rank) ring(s int) (to, from int) { return (r.me + s) % r.n, (r.me - s%r.n + r.n) % r.n }
+
+// spinGrid is grid capped to what a kernel that waits on peers may use
+// (the same on every rank).
+func (r *Rank) spinGrid(grid int) int {
+	if r.spin > 0 {
+		return min(grid, r.spin)
+	}
+	return grid
+}
 
 func (r *Rank) launch(kernel string, grid, block int, args *device.Args) error {
 	if err := r.Dev.Launch(kernel, device.D1(grid), device.D1(block), 0, nil, args); err != nil {
@@ -209,7 +234,7 @@ func (r *Rank) readOut(words int) ([]uint64, error) {
 // bytes of the source region (rounded up to whole words).
 func (r *Rank) fill(seed uint32, bytes int) error {
 	words := uint64(bytes+3) / 4
-	return r.launch("goep_fill_pattern", 132, 512, device.NewArgs(3).Ptr(r.Buf.Ptr).U64(words).U32(seed))
+	return r.launch(device.KernelFillPattern, 132, 512, device.NewArgs(3).Ptr(r.Buf.Ptr).U64(words).U32(seed))
 }
 
 // poison sets [off, off+n) of the buffer to the guard byte.
@@ -223,7 +248,7 @@ func (r *Rank) compare(got, want uintptr, n, before, after int) (bad, trampled u
 	if err := r.clearOut(2); err != nil {
 		return 0, 0, err
 	}
-	if err := r.launch("goep_chan_compare", 264, 512, device.NewArgs(7).Ptr(got).Ptr(want).U64(uint64(n)).
+	if err := r.launch(devapi.KernelChanCompare, 264, 512, device.NewArgs(7).Ptr(got).Ptr(want).U64(uint64(n)).
 		U32(guardByte).U64(uint64(before)).U64(uint64(after)).Ptr(r.out.Ptr)); err != nil {
 		return 0, 0, err
 	}

@@ -1,8 +1,6 @@
-// Package devapi is the device ABI of goep's channels, seen from Go: the
-// byte layout of the structs that kernels receive (kernels/channel_abi.cuh),
-// the encoding of port channel triggers (port.go), and a Go implementation
-// of the device API (channel_device.cuh, port_device.cuh) on host memory, which the host-backend twins of the channel kernels
-// (kernels/twins/channels.go) are written in.
+// Package devapi is the Go side of the channels' device ABI: the layouts that
+// kernels read (watchdog, semaphores, memory and port channels, FIFO) and the
+// host twins of their device functions.
 //
 // Layouts are defined once, as the offset constants in layout.go; Encode
 // and Decode use nothing else, and a test checks the constants against the

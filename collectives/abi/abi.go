@@ -2,8 +2,9 @@
 // (kernels/coll_common.cuh): the goep_coll_ctx struct every collective
 // kernel receives, the layout of the scratch, packet and mailbox buffers,
 // stage numbers of timeout records, and the kernel names. The launchers in
-// package collectives and the host-backend twins in kernels/twins both use
+// package collectives and its host-backend twins (twins.go) both use
 // it; a test compiles these constants against the header with NVRTC.
+
 package abi
 
 import "encoding/binary"

@@ -9,6 +9,7 @@
 // goep_coll_fill, outputs are compared with the plain-Go reference on the
 // host (every element up to HostLimit bytes, a sample beyond) and by
 // goep_coll_check on the device (every element, any size).
+
 package colltest
 
 import (
@@ -41,8 +42,8 @@ const Guard = 0xA5
 // guardBytes is the guard checked on each side of an output.
 const guardBytes = 256
 
-// RunLocal runs fn on n goroutine ranks of this process, rank r on device
-// (kind, r), each with its own communicator (cfg). A rank whose fn fails
+// RunLocal runs fn on n goroutine ranks of this process, rank r on
+// host-backend rank r or GPU r mod the GPUs present (device.OpenRank), each with its own communicator (cfg). A rank whose fn fails
 // closes its bootstrap so the others fail fast; no rank closes its
 // communicator before every rank's fn has returned (peers may still use its
 // memory).
@@ -54,7 +55,7 @@ func RunLocal(ctx context.Context, kind device.Kind, n int, bcfg bootstrap.Confi
 // RunLocalWith is RunLocal with a configuration per rank.
 func RunLocalWith(ctx context.Context, kind device.Kind, n int, bcfg bootstrap.Config, cfg func(rank int) collectives.Config,
 	fn func(ctx context.Context, c *collectives.Communicator) error) []error {
-	open := func(r int) (device.Device, error) { return device.Open(kind, r) }
+	open := func(r int) (device.Device, error) { return device.OpenRank(kind, r) }
 	return RunDevices(ctx, n, open, bcfg, cfg, fn)
 }
 

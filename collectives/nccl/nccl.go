@@ -20,11 +20,11 @@
 // the given CUDA context (a primary context, as internal/cuda uses) current
 // on the calling thread inside the same C call, so goroutines may move
 // between threads; NCCL's runtime then uses that context's device.
+
 package nccl
 
 /*
 #cgo CFLAGS: -O2
-#cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -34,11 +34,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 // EnvLibrary pins the library to one file.
@@ -54,6 +54,16 @@ var ErrNotFound = errors.New("NCCL not found")
 type Library struct {
 	Path    string // what was dlopened
 	Version int    // ncclGetVersion, e.g. 22809 for 2.28.9
+	dl      *dl.Library
+}
+
+// Sym resolves another entry point of the loaded library (for callers that
+// forward NCCL calls goep does not wrap).
+func (l *Library) Sym(name string) (unsafe.Pointer, error) {
+	if l == nil {
+		return nil, errors.New("nccl: no library")
+	}
+	return l.dl.Sym(name)
 }
 
 // VersionString formats Version as major.minor.patch.
@@ -74,8 +84,19 @@ var (
 // Load finds and opens NCCL once per process; later calls return the first
 // result.
 func Load() (*Library, error) {
-	loadOnce.Do(func() { loaded, loadErr = load(os.Getenv, filepath.Glob, os.UserHomeDir) })
+	loadOnce.Do(func() { loaded, loadErr = load(searchSpec, dl.OSEnv()) })
 	return loaded, loadErr
+}
+
+// searchSpec is where Load looks after $GOEP_NCCL: the dynamic loader's
+// search path first (a system installation), then CUDA_HOME/CUDA_PATH,
+// /usr/local/cuda and pip wheels (nvidia-nccl-cu12, -cu13).
+var searchSpec = dl.Spec{
+	EnvVar:       EnvLibrary,
+	File:         Soname,
+	Sonames:      []string{Soname},
+	SonamesFirst: true,
+	WheelDirs:    []string{"nvidia/nccl/lib"},
 }
 
 // GuardNVLS enforces the no-multicast rule on the process environment (see
@@ -97,94 +118,53 @@ func GuardNVLS() error {
 	return nil
 }
 
-func load(getenv func(string) string, glob func(string) ([]string, error), home func() (string, error)) (*Library, error) {
+func load(spec dl.Spec, env dl.Env) (*Library, error) {
 	if err := GuardNVLS(); err != nil {
 		return nil, err
 	}
-	var tried []string
-	try := func(path string) (*Library, bool) {
-		cpath := C.CString(path)
-		defer C.free(unsafe.Pointer(cpath))
-		var buf [512]C.char
-		switch C.gn_load(cpath, &buf[0], C.int(len(buf))) {
-		case 0:
-			var v C.int
-			if r := C.gn_version(&v); r != 0 {
-				tried = append(tried, path+": ncclGetVersion failed")
-				return nil, false
-			}
-			return &Library{Path: path, Version: int(v)}, true
-		case 2:
-			tried = append(tried, path+": not an NCCL library (no "+C.GoString(&buf[0])+")")
-		default:
-			tried = append(tried, path+": "+C.GoString(&buf[0]))
-		}
-		return nil, false
+	lib, err := dl.Search(spec, env, open)
+	var nf *dl.NotFoundError
+	switch {
+	case err == nil:
+		return lib, nil
+	case errors.As(err, &nf):
+		return nil, fmt.Errorf("nccl: no usable %s (set %s to its path; tried %s): %w", Soname, EnvLibrary, strings.Join(nf.Tried, "; "), ErrNotFound)
 	}
-	if p := strings.TrimSpace(getenv(EnvLibrary)); p != "" {
-		if l, ok := try(p); ok {
-			return l, nil
-		}
-		return nil, fmt.Errorf("nccl: %s=%s cannot be used: %s: %w", EnvLibrary, p, strings.Join(tried, "; "), ErrNotFound)
-	}
-	for _, p := range candidates(getenv, glob, home) {
-		if l, ok := try(p); ok {
-			return l, nil
-		}
-	}
-	return nil, fmt.Errorf("nccl: no usable %s (set %s to its path; tried %s): %w", Soname, EnvLibrary, strings.Join(tried, "; "), ErrNotFound)
+	return nil, fmt.Errorf("nccl: %w: %w", err, ErrNotFound)
 }
 
-// pythonBases are globbed for python3.X directories holding pip wheels.
-var pythonBases = []string{
-	"$VIRTUAL_ENV/lib/python3*",
-	"/usr/lib/python3*",
-	"/usr/local/lib/python3*",
-	"~/.local/lib/python3*",
-	"/opt/*/.venv/lib/python3*",
-	"/opt/*/lib/python3*",
-}
-
-// candidates lists what Load tries, in order, after $GOEP_NCCL.
-func candidates(getenv func(string) string, glob func(string) ([]string, error), home func() (string, error)) []string {
-	out := []string{Soname}
-	seen := map[string]bool{}
-	add := func(pattern string) {
-		m, _ := glob(pattern)
-		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newer python3.X first
-		for _, f := range m {
-			if !seen[f] {
-				seen[f] = true
-				out = append(out, f)
-			}
-		}
+// open loads path, resolves every entry point and installs them. The
+// first library installed stays in use: a later one must be the same file.
+func open(path string) (*Library, error) {
+	h, err := dl.Open(path)
+	if err != nil {
+		return nil, err
 	}
-	for _, v := range []string{"CUDA_HOME", "CUDA_PATH"} {
-		if d := getenv(v); d != "" {
-			add(filepath.Join(d, "lib64", Soname))
+	n := int(C.gn_symbol_count())
+	arr := (*unsafe.Pointer)(C.calloc(C.size_t(n), C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	defer C.free(unsafe.Pointer(arr))
+	fns := unsafe.Slice(arr, n)
+	for i := range fns {
+		name := C.GoString(C.gn_symbol_name(C.int(i)))
+		p, err := h.Sym(name)
+		if err != nil && C.gn_symbol_required(C.int(i)) != 0 {
+			h.Close()
+			return nil, fmt.Errorf("not an NCCL library (no %s)", name)
 		}
+		fns[i] = p
 	}
-	add(filepath.Join("/usr/local/cuda/lib64", Soname))
-	h, herr := home()
-	for _, base := range pythonBases {
-		switch {
-		case strings.HasPrefix(base, "$VIRTUAL_ENV"):
-			venv := getenv("VIRTUAL_ENV")
-			if venv == "" {
-				continue
-			}
-			base = venv + strings.TrimPrefix(base, "$VIRTUAL_ENV")
-		case strings.HasPrefix(base, "~"):
-			if herr != nil || h == "" {
-				continue
-			}
-			base = h + strings.TrimPrefix(base, "~")
-		}
-		for _, pkgs := range []string{"site-packages", "dist-packages"} {
-			add(filepath.Join(base, pkgs, "nvidia", "nccl", "lib", Soname))
-		}
+	// Ask the version before installing, so that a library that fails
+	// here leaves nothing behind for the next candidate.
+	var v C.int
+	if r := C.gn_version_of(fns[0], &v); r != 0 {
+		h.Close()
+		return nil, fmt.Errorf("ncclGetVersion failed (%d)", int(r))
 	}
-	return out
+	if C.gn_install(arr) != 0 {
+		h.Close()
+		return nil, errors.New("another NCCL library is installed already")
+	}
+	return &Library{Path: path, Version: int(v), dl: h}, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -205,7 +185,33 @@ const (
 	Float64    DataType = 8
 	Bfloat16   DataType = 9
 	Float8e4m3 DataType = 10 // NCCL 2.24 and later
+	Float8e5m2 DataType = 11 // NCCL 2.24 and later
+	// NumTypes bounds the valid types (ncclNumTypes).
+	NumTypes = 12
 )
+
+// Size is the element size in bytes (0 for an unknown type).
+func (d DataType) Size() int {
+	switch d {
+	case Int8, Uint8, Float8e4m3, Float8e5m2:
+		return 1
+	case Float16, Bfloat16:
+		return 2
+	case Int32, Uint32, Float32:
+		return 4
+	case Int64, Uint64, Float64:
+		return 8
+	}
+	return 0
+}
+
+func (d DataType) String() string {
+	names := [...]string{"int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "bfloat16", "float8e4m3", "float8e5m2"}
+	if d >= 0 && int(d) < len(names) {
+		return names[d]
+	}
+	return fmt.Sprintf("datatype(%d)", int(d))
+}
 
 // RedOp is ncclRedOp_t.
 type RedOp int
@@ -216,7 +222,17 @@ const (
 	Max  RedOp = 2
 	Min  RedOp = 3
 	Avg  RedOp = 4
+	// NumOps bounds the built-in reductions (ncclNumOps).
+	NumOps = 5
 )
+
+func (o RedOp) String() string {
+	names := [...]string{"sum", "prod", "max", "min", "avg"}
+	if o >= 0 && int(o) < len(names) {
+		return names[o]
+	}
+	return fmt.Sprintf("redop(%d)", int(o))
+}
 
 // UniqueIDSize is sizeof(ncclUniqueId).
 const UniqueIDSize = C.GN_UNIQUE_ID_BYTES
@@ -251,6 +267,8 @@ func check(op string, r C.int, comm uintptr) error {
 		e.Msg = "NCCL is not loaded"
 	case C.GN_ERR_BIND:
 		e.Msg = "cannot make the CUDA context current (libcuda's cuCtxSetCurrent)"
+	case C.GN_ERR_MISSING:
+		e.Msg = "the loaded NCCL does not export this entry point"
 	default:
 		e.Msg = C.GoString(C.gn_error_string(r))
 		if comm != 0 {
@@ -276,19 +294,28 @@ var cudaOnce sync.Once
 var cudaErr error
 
 // loadCUDA opens the driver for the context binding (the same library
-// internal/cuda opened: $GOEP_LIBCUDA or libcuda.so.1).
+// internal/cuda opened: $GOEP_LIBCUDA or libcuda.so.1). cuCtxGetCurrent and
+// cuCtxSetCurrent have never had versioned variants, so their plain names
+// are the only ABI.
 func loadCUDA() error {
 	cudaOnce.Do(func() {
 		path := os.Getenv("GOEP_LIBCUDA")
 		if path == "" {
 			path = "libcuda.so.1"
 		}
-		cpath := C.CString(path)
-		defer C.free(unsafe.Pointer(cpath))
-		var buf [512]C.char
-		if C.gn_load_cuda(cpath, &buf[0], C.int(len(buf))) != 0 {
-			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %s", path, C.GoString(&buf[0]))
+		h, err := dl.Open(path)
+		if err != nil {
+			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %w", path, err)
+			return
 		}
+		get, err1 := h.Sym("cuCtxGetCurrent")
+		set, err2 := h.Sym("cuCtxSetCurrent")
+		if err := errors.Join(err1, err2); err != nil {
+			h.Close()
+			cudaErr = fmt.Errorf("nccl: loading %s for context binding: %w", path, err)
+			return
+		}
+		C.gn_install_cuda(get, set)
 	})
 	return cudaErr
 }
@@ -317,6 +344,14 @@ func InitRank(ctx uintptr, nranks int, id UniqueID, rank int) (*Comm, error) {
 		return nil, err
 	}
 	return &Comm{h: uintptr(r.v), ctx: ctx, rank: rank, size: nranks}, nil
+}
+
+// Handle is the ncclComm_t (0 after Destroy or Abort).
+func (c *Comm) Handle() uintptr {
+	if c == nil {
+		return 0
+	}
+	return c.h
 }
 
 // Rank and Size are the communicator's.
@@ -378,3 +413,63 @@ func (c *Comm) ReduceScatter(send, recv uintptr, count int, dt DataType, op RedO
 	return check("ncclReduceScatter", C.gn_reduce_scatter(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv),
 		C.size_t(count), C.int(dt), C.int(op), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
+
+// Broadcast enqueues ncclBroadcast of count elements from root.
+func (c *Comm) Broadcast(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	return check("ncclBroadcast", C.gn_broadcast(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
+		C.int(dt), C.int(root), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Reduce enqueues ncclReduce of count elements into root's recv.
+func (c *Comm) Reduce(send, recv uintptr, count int, dt DataType, op RedOp, root int, stream uintptr) error {
+	return check("ncclReduce", C.gn_reduce(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
+		C.int(dt), C.int(op), C.int(root), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Send enqueues ncclSend of count elements to peer.
+func (c *Comm) Send(send uintptr, count int, dt DataType, peer int, stream uintptr) error {
+	return check("ncclSend", C.gn_send(C.uintptr_t(c.ctx), C.uint64_t(send), C.size_t(count), C.int(dt), C.int(peer),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Recv enqueues ncclRecv of count elements from peer.
+func (c *Comm) Recv(recv uintptr, count int, dt DataType, peer int, stream uintptr) error {
+	return check("ncclRecv", C.gn_recv(C.uintptr_t(c.ctx), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(peer),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// AllToAll enqueues ncclAlltoAll (NCCL 2.28 and later) of count elements
+// per peer.
+func (c *Comm) AllToAll(send, recv uintptr, count int, dt DataType, stream uintptr) error {
+	return check("ncclAlltoAll", C.gn_all_to_all(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Gather enqueues ncclGather (NCCL 2.28 and later) of count elements per
+// rank into root's recv.
+func (c *Comm) Gather(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	return check("ncclGather", C.gn_gather(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// Scatter enqueues ncclScatter (NCCL 2.28 and later) of count elements
+// per rank from root's send.
+func (c *Comm) Scatter(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	return check("ncclScatter", C.gn_scatter(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root),
+		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
+}
+
+// IsMissing reports whether err is a call the loaded NCCL does not export
+// (an optional entry point; the test stand-in lacks them).
+func IsMissing(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == C.GN_ERR_MISSING
+}
+
+// GroupStart opens an NCCL group on the calling thread (ncclGroupStart):
+// the calls up to GroupEnd are issued together. NCCL's groups are per
+// thread: call both on one OS thread (runtime.LockOSThread).
+func GroupStart() error { return check("ncclGroupStart", C.gn_group_start(), 0) }
+
+// GroupEnd closes the group (ncclGroupEnd).
+func GroupEnd() error { return check("ncclGroupEnd", C.gn_group_end(), 0) }

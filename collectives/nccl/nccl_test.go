@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/collectives/internal/fakenccl"
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 // TestMain points $GOEP_NCCL at the host-memory stand-in when this machine
@@ -53,7 +54,7 @@ func TestCandidatesCoverPipWheels(t *testing.T) {
 		return out, nil
 	}
 	env := map[string]string{"CUDA_HOME": "/cuda"}
-	got := candidates(func(k string) string { return env[k] }, glob, func() (string, error) { return "/home/u", nil })
+	got := searchSpec.Candidates(dl.Env{Getenv: func(k string) string { return env[k] }, Glob: glob, Home: func() (string, error) { return "/home/u", nil }})
 	require.Equal(t, Soname, got[0], "the dynamic loader's search comes first")
 	for f := range files {
 		require.Contains(t, got, f)
@@ -73,14 +74,24 @@ func indexOf(s []string, v string) int {
 func TestMissingLibraryIsAClearError(t *testing.T) {
 	none := func(string) ([]string, error) { return nil, nil }
 	t.Setenv("NCCL_NVLS_ENABLE", "0")
-	_, err := load(func(k string) string {
+	_, err := load(searchSpec, dl.Env{Getenv: func(k string) string {
 		if k == EnvLibrary {
 			return "/nonexistent/libnccl.so.2"
 		}
 		return ""
-	}, none, os.UserHomeDir)
+	}, Glob: none, Home: os.UserHomeDir})
 	require.ErrorIs(t, err, ErrNotFound)
 	require.Contains(t, err.Error(), "/nonexistent/libnccl.so.2")
+	t.Log(err)
+
+	// Without the override, every place is named.
+	spec := searchSpec
+	spec.Sonames = []string{"libnccl-goep-test-missing.so.2"}
+	_, err = load(spec, dl.Env{Getenv: func(string) string { return "" }, Glob: none, Home: os.UserHomeDir})
+	require.ErrorIs(t, err, ErrNotFound)
+	require.Contains(t, err.Error(), "libnccl-goep-test-missing.so.2 (dynamic loader search path): ")
+	require.Contains(t, err.Error(), "/usr/local/cuda/lib64/libnccl.so.2: no match")
+	require.Contains(t, err.Error(), "$CUDA_HOME/lib64/libnccl.so.2: $CUDA_HOME is not set")
 	require.Contains(t, err.Error(), EnvLibrary)
 }
 

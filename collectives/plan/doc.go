@@ -1,6 +1,5 @@
-// Package plan loads, validates and runs MSCCL++ execution plans: the JSON
-// the MSCCL++ DSL writes (format notes: /work/shared/reference/plan-format.md
-// in the project's shared tree).
+// Package plan loads MSCCL++ execution plans, validates and resolves them, runs
+// them on the host interpreter, and picks one per call (Registry).
 //
 // Layers, each in its own files:
 //
@@ -16,6 +15,8 @@
 //   - registry.go: plans registered from files or directories and chosen
 //     per call; collectives.Communicator.UsePlans tries them first.
 //   - expect.go: the collectives' definitions, to check results.
+//   - dsl/: writing plans in Go (programs compiled to this JSON) and the
+//     builtin algorithms written that way.
 //
 // Switch-channel (NVLS multicast) plans parse and validate, and are refused
 // at execution.

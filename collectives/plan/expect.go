@@ -44,6 +44,7 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 	n := len(out) / dt.Size()
 	rop := [...]ref.Op{ReduceSum: ref.Sum, ReduceMin: ref.Min, ReduceMax: ref.Max}[op]
 	vals := make([]uint32, len(parts))
+	rdt := map[DataType]ref.DataType{BF16: ref.BF16, FP16: ref.FP16, FP32: ref.FP32}[dt] // once, not per element
 	for i := 0; i < n; i++ {
 		if dt == Int32 {
 			acc := int32(binary.LittleEndian.Uint32(parts[0][4*i:]))
@@ -61,7 +62,6 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 			binary.LittleEndian.PutUint32(out[4*i:], uint32(acc))
 			continue
 		}
-		rdt := map[DataType]ref.DataType{BF16: ref.BF16, FP16: ref.FP16, FP32: ref.FP32}[dt]
 		for r, p := range parts {
 			vals[r] = ref.Elem(p, rdt, i)
 		}
@@ -78,8 +78,8 @@ func reduceRanks(dt DataType, op ReduceOp, parts [][]byte, out []byte) {
 // definition: allreduce (every rank: the reduction of all inputs),
 // allgather (the inputs concatenated in rank order), reducescatter (rank
 // r: part r of the reduction), alltoall (rank r: block r of every rank's
-// input, in rank order) and sendrecv (a ring: rank r receives rank r-1's
-// input). Inputs are in rank order; outBytes is each output's size.
+// input, in rank order), sendrecv (a ring: rank r receives rank r-1's
+// input) and broadcast (rank 0's input everywhere). Inputs are in rank order; outBytes is each output's size.
 func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outBytes int) ([][]byte, error) {
 	W := len(inputs)
 	out := make([][]byte, W)
@@ -129,6 +129,14 @@ func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outB
 				copy(out[r][q*blk:(q+1)*blk], inputs[q][r*blk:(r+1)*blk])
 			}
 		}
+	case "broadcast":
+		// From rank 0 (the DSL's builtin root).
+		if in != outBytes {
+			return nil, fmt.Errorf("broadcast: output %d bytes, input %d", outBytes, in)
+		}
+		for r := range out {
+			copy(out[r], inputs[0])
+		}
 	case "sendrecv":
 		if in != outBytes {
 			return nil, fmt.Errorf("sendrecv: output %d bytes, input %d", outBytes, in)
@@ -137,7 +145,31 @@ func Expected(collective string, dt DataType, op ReduceOp, inputs [][]byte, outB
 			copy(out[r], inputs[(r-1+W)%W])
 		}
 	default:
-		return nil, fmt.Errorf("no definition of collective %q to check against", collective)
+		return nil, fmt.Errorf("no definition of collective %q to check against", clip(collective))
 	}
 	return out, nil
+}
+
+// CheckOutputs compares every rank's output with what collective must
+// leave there given the inputs (see Expected); the error names the first
+// rank and byte that differ.
+func CheckOutputs(collective string, dt DataType, op ReduceOp, inputs, outputs [][]byte) error {
+	if len(outputs) != len(inputs) || len(outputs) == 0 {
+		return fmt.Errorf("%s: %d outputs for %d inputs", collective, len(outputs), len(inputs))
+	}
+	want, err := Expected(collective, dt, op, inputs, len(outputs[0]))
+	if err != nil {
+		return err
+	}
+	for r := range outputs {
+		if len(outputs[r]) != len(want[r]) {
+			return fmt.Errorf("rank %d: output of %d bytes, want %d", r, len(outputs[r]), len(want[r]))
+		}
+		for i := range outputs[r] {
+			if outputs[r][i] != want[r][i] {
+				return fmt.Errorf("rank %d: output differs first at byte %d of %d (got %#x, want %#x)", r, i, len(outputs[r]), outputs[r][i], want[r][i])
+			}
+		}
+	}
+	return nil
 }

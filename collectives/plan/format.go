@@ -8,10 +8,16 @@ import (
 	"io"
 	"math"
 	"os"
+	"reflect"
+	"unicode/utf8"
 )
 
 // The structs below mirror the MSCCL++ execution-plan JSON field for field
 // (see /work/shared/reference/plan-format.md; the DSL's to_json writes it).
+//
+// Optional keys are omitempty, so that a plan written with
+// encoding/json (the DSL in plan/dsl does) has only the keys its ops use,
+// as MSCCL++'s parser expects (it tests for their presence).
 //
 // Decoding policy: wrong JSON types are errors (encoding/json reports the
 // field path); unknown fields are tolerated, because the DSL adds optional
@@ -57,9 +63,9 @@ type GPU struct {
 // all entries of that type), or one switch (NVLS) channel.
 type GPUChannel struct {
 	ChannelType string      `json:"channel_type"` // memory, port, switch
-	ConnectedTo []int       `json:"connected_to"`
-	BufferType  string      `json:"buffer_type"` // switch: i, o or s
-	RankGroups  []RankGroup `json:"rank_groups"` // switch
+	ConnectedTo []int       `json:"connected_to,omitempty"`
+	BufferType  string      `json:"buffer_type,omitempty"` // switch: i, o or s
+	RankGroups  []RankGroup `json:"rank_groups,omitempty"` // switch
 }
 
 // RankGroup is a switch channel's group of ranks.
@@ -106,26 +112,26 @@ type RemoteBufRef struct {
 // Op is one operation. Which fields matter depends on Name (see ops.go).
 type Op struct {
 	Name         string       `json:"name"`
-	ChannelType  string       `json:"channel_type"`
-	ChannelIDs   []int        `json:"channel_ids"`
-	Src          []BufRef     `json:"src_buff"`
-	Dst          []BufRef     `json:"dst_buff"`
-	ReduceOp     string       `json:"reduce_op"`
-	TBGInfo      *TBGInfo     `json:"tbg_info"`
-	BarrierID    *int         `json:"barrier_id"`
-	NumTBs       *int         `json:"num_threadblocks"`
-	SemaphoreIDs []int        `json:"semaphore_ids"`
-	IterContext  *IterContext `json:"iter_context"`
-	Ops          []Op         `json:"ops"` // pipeline body
+	ChannelType  string       `json:"channel_type,omitempty"`
+	ChannelIDs   []int        `json:"channel_ids,omitempty"`
+	Src          []BufRef     `json:"src_buff,omitempty"`
+	Dst          []BufRef     `json:"dst_buff,omitempty"`
+	ReduceOp     string       `json:"reduce_op,omitempty"`
+	TBGInfo      *TBGInfo     `json:"tbg_info,omitempty"`
+	BarrierID    *int         `json:"barrier_id,omitempty"`
+	NumTBs       *int         `json:"num_threadblocks,omitempty"`
+	SemaphoreIDs []int        `json:"semaphore_ids,omitempty"`
+	IterContext  *IterContext `json:"iter_context,omitempty"`
+	Ops          []Op         `json:"ops,omitempty"` // pipeline body
 }
 
 // BufRef is a buffer operand: local {type, index, size}, remote
 // {buffer_id, index, size} or switch {switch_channel_id, index, size}.
 // Index and size are in chunks.
 type BufRef struct {
-	Type            string `json:"type"`
-	BufferID        *int   `json:"buffer_id"`
-	SwitchChannelID *int   `json:"switch_channel_id"`
+	Type            string `json:"type,omitempty"`
+	BufferID        *int   `json:"buffer_id,omitempty"`
+	SwitchChannelID *int   `json:"switch_channel_id,omitempty"`
 	Index           int    `json:"index"`
 	Size            int    `json:"size"`
 }
@@ -207,12 +213,58 @@ func describeJSONError(data []byte, err error) error {
 	}
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		return fmt.Errorf("field %q at line %d: JSON %s where %s is expected", te.Field, lineOf(data, te.Offset), te.Value, te.Type)
+		where := "the plan"
+		if te.Field != "" {
+			where = fmt.Sprintf("field %q", clip(te.Field))
+		}
+		return fmt.Errorf("%s at line %d: JSON %s where %s is expected", where, lineOf(data, te.Offset), te.Value, jsonKind(te.Type))
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return fmt.Errorf("truncated JSON: %w", err)
 	}
 	return err
+}
+
+// jsonKind names what JSON a Go type is decoded from, so that errors speak
+// of the file's format rather than of our types.
+func jsonKind(t reflect.Type) string {
+	if t == nil {
+		return "another value"
+	}
+	switch t.Kind() {
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "a whole number"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative whole number"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	}
+	return "another value"
+}
+
+// maxEcho bounds how much of a string read from a plan an error repeats.
+const maxEcho = 200
+
+// clip shortens s, read from the input, for an error message.
+func clip(s string) string {
+	if len(s) <= maxEcho {
+		return s
+	}
+	cut := maxEcho
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s... (%d bytes in all)", s[:cut], len(s))
 }
 
 func lineOf(data []byte, off int64) int {
@@ -228,9 +280,9 @@ func lineOf(data []byte, off int64) int {
 // label names the plan in errors.
 func (p *Plan) label() string {
 	if p.Source != "" && p.Source != p.Name {
-		return fmt.Sprintf("plan %q (%s)", p.Name, p.Source)
+		return fmt.Sprintf("plan %q (%s)", clip(p.Name), p.Source)
 	}
-	return fmt.Sprintf("plan %q", p.Name)
+	return fmt.Sprintf("plan %q", clip(p.Name))
 }
 
 // World is the number of ranks the plan is written for.

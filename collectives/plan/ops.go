@@ -65,9 +65,9 @@ func ParseOpcode(name string) (Opcode, error) {
 		}
 	}
 	if name == "glre" {
-		return 0, fmt.Errorf("op %q: a standalone multimem load-reduce is not supported (the DSL fuses it into glres)", name)
+		return 0, fmt.Errorf("op %q: a standalone multimem load-reduce is not supported (the DSL fuses it into glres)", clip(name))
 	}
-	return 0, fmt.Errorf("unknown op %q", name)
+	return 0, fmt.Errorf("unknown op %q", clip(name))
 }
 
 // Packet reports whether o moves LL packets (such ops ignore pipeline
@@ -132,7 +132,7 @@ func parseChannelType(s string) (ChannelType, error) {
 	case "none", "":
 		return ChanNone, nil
 	}
-	return 0, fmt.Errorf("unknown channel type %q (want memory, port or switch)", s)
+	return 0, fmt.Errorf("unknown channel type %q (want memory, port or switch)", clip(s))
 }
 
 // BufKind is what an operand addresses.
@@ -172,7 +172,7 @@ func parseBufType(s string) (BufKind, error) {
 	case "s":
 		return BufScratch, nil
 	}
-	return BufNone, fmt.Errorf("unknown buffer type %q (want i, o or s)", s)
+	return BufNone, fmt.Errorf("unknown buffer type %q (want i, o or s)", clip(s))
 }
 
 // ReduceOp is an op's reduction.
@@ -206,7 +206,7 @@ func parseReduceOp(s string) (ReduceOp, error) {
 	case "max":
 		return ReduceMax, nil
 	}
-	return 0, fmt.Errorf("unknown reduce_op %q (want sum, min or max)", s)
+	return 0, fmt.Errorf("unknown reduce_op %q (want sum, min or max)", clip(s))
 }
 
 // Limits, as upstream's device structures have them; the GPU interpreter

@@ -50,9 +50,23 @@ func WithAccept(f func(Query) bool) EntryOption { return func(e *Entry) { e.Acce
 // Registry holds plans and picks one for a call. It is safe for concurrent
 // use; every rank must register the same plans in the same order.
 type Registry struct {
-	mu      sync.Mutex
-	entries []*Entry
-	next    int
+	mu       sync.Mutex
+	entries  []*Entry
+	next     int
+	selector Selector
+}
+
+// Selector picks the plan for a call among the entries that take it,
+// ordered best first (higher priority, then earlier registration); nil
+// means no plan (the caller falls back to its native algorithms). It is
+// MSCCL++'s set_selector.
+type Selector func(q Query, candidates []*Entry) *Entry
+
+// SetSelector installs f (nil restores the default: the first candidate).
+func (r *Registry) SetSelector(f Selector) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.selector = f
 }
 
 // Add registers a validated plan.
@@ -127,17 +141,33 @@ func (r *Registry) Select(q Query) *Entry {
 	}
 	r.mu.Lock()
 	entries := append([]*Entry(nil), r.entries...)
+	sel := r.selector
 	r.mu.Unlock()
-	var best *Entry
+	var cands []*Entry
 	for _, e := range entries {
-		if !e.matches(q) {
-			continue
-		}
-		if best == nil || e.Priority > best.Priority || e.Priority == best.Priority && e.order < best.order {
-			best = e
+		if e.matches(q) {
+			cands = append(cands, e)
 		}
 	}
-	return best
+	sort.SliceStable(cands, func(i, j int) bool {
+		a, b := cands[i], cands[j]
+		return a.Priority > b.Priority || a.Priority == b.Priority && a.order < b.order
+	})
+	if sel == nil {
+		if len(cands) == 0 {
+			return nil
+		}
+		return cands[0]
+	}
+	// The selector's answer counts only if it is one of the candidates: a
+	// plan that does not take the call must never run it.
+	got := sel(q, append([]*Entry(nil), cands...))
+	for _, e := range cands {
+		if e == got {
+			return e
+		}
+	}
+	return nil
 }
 
 // Why says why e does not take q ("" when it does).

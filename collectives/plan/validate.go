@@ -31,7 +31,7 @@ func (p *Plan) validateTop() error {
 		return errf("collective", "empty")
 	}
 	if p.Protocol != "Simple" && p.Protocol != "LL" {
-		return errf("protocol", "%q (want Simple or LL)", p.Protocol)
+		return errf("protocol", "%q (want Simple or LL)", clip(p.Protocol))
 	}
 	if p.BufferAlignment == 0 || p.BufferAlignment%8 != 0 || p.BufferAlignment > 1<<20 {
 		return errf("buffer_alignment", "%d (want a multiple of 8, at most 1 MiB)", p.BufferAlignment)
@@ -90,7 +90,7 @@ func (p *Plan) validateGPU(g int) error {
 	for i, ch := range gpu.Channels {
 		ct, err := parseChannelType(ch.ChannelType)
 		if err != nil || ct == ChanNone {
-			return errf("channels[%d]: field \"channel_type\": %q (want memory, port or switch)", i, ch.ChannelType)
+			return errf("channels[%d]: field \"channel_type\": %q (want memory, port or switch)", i, clip(ch.ChannelType))
 		}
 		if ct == ChanSwitch {
 			bt, err := parseBufType(ch.BufferType)
@@ -133,7 +133,7 @@ func (p *Plan) validateGPU(g int) error {
 		}
 		for _, a := range rb.AccessChannelTypes {
 			if ct, err := parseChannelType(a); err != nil || (ct != ChanMemory && ct != ChanPort) {
-				return errf("remote_buffers[%d]: field \"access_channel_types\": %q (want memory or port)", i, a)
+				return errf("remote_buffers[%d]: field \"access_channel_types\": %q (want memory or port)", i, clip(a))
 			}
 		}
 	}
@@ -168,7 +168,7 @@ func (c *gpuCtx) validateTB(t int) error {
 	for i, ch := range tb.Channels {
 		ct, err := parseChannelType(ch.ChannelType)
 		if err != nil || ct == ChanNone {
-			return errf("channels[%d]: field \"channel_type\": %q", i, ch.ChannelType)
+			return errf("channels[%d]: field \"channel_type\": %q", i, clip(ch.ChannelType))
 		}
 		for _, id := range ch.ChannelIDs {
 			if id < 0 || id >= c.nChan[ct] {
@@ -184,7 +184,7 @@ func (c *gpuCtx) validateTB(t int) error {
 	for i, rr := range tb.RemoteBufferRefs {
 		ct, err := parseChannelType(rr.AccessChannelType)
 		if err != nil || (ct != ChanMemory && ct != ChanPort) {
-			return errf("remote_buffer_refs[%d]: field \"access_channel_type\": %q (want memory or port)", i, rr.AccessChannelType)
+			return errf("remote_buffer_refs[%d]: field \"access_channel_type\": %q (want memory or port)", i, clip(rr.AccessChannelType))
 		}
 		for _, id := range rr.RemoteBufferIDs {
 			if id < 0 || id >= len(c.gpu.RemoteBuffers) {
@@ -232,7 +232,7 @@ const (
 )
 
 func (c *gpuCtx) validateOp(t int, nTB, nRB [4]int, op *Op, where string, inPipeline bool) error {
-	name := op.Name
+	name := clip(op.Name)
 	errf := func(field, format string, a ...any) error {
 		s := fmt.Sprintf("%s: gpu %d: threadblock %d: %s (%s)", c.p.label(), c.g, t, where, name)
 		if field != "" {
@@ -240,7 +240,7 @@ func (c *gpuCtx) validateOp(t int, nTB, nRB [4]int, op *Op, where string, inPipe
 		}
 		return fmt.Errorf("%s: %s", s, fmt.Sprintf(format, a...))
 	}
-	code, err := ParseOpcode(name)
+	code, err := ParseOpcode(op.Name)
 	if err != nil {
 		return errf("name", "%v", err)
 	}

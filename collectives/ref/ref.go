@@ -17,6 +17,7 @@
 // NCCL reduces in its own order, so its sums match these only when every
 // partial sum is exact: the FillSmallInt data makes that so (small integers,
 // exact in every type and order).
+
 package ref
 
 import (

@@ -1,4 +1,5 @@
-// Package cuda calls the CUDA driver API from Go without the CUDA toolkit.
+// Package cuda is goep's cgo layer over the CUDA driver, loaded at run time
+// through cuGetProcAddress_v2 at a fixed API version.
 //
 // Loading. The package is built with cgo but links only libdl: no cuda.h, no
 // libcuda at link time. shim.h declares, in our own names, the few types and

@@ -2,7 +2,6 @@ package cuda
 
 /*
 #cgo CFLAGS: -O2
-#cgo LDFLAGS: -ldl
 #include <stdlib.h>
 #include "shim.h"
 */
@@ -13,7 +12,8 @@ import (
 	"os"
 	"strconv"
 	"sync"
-	"unsafe"
+
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 const (
@@ -88,6 +88,15 @@ func Load() error {
 		if _, set := os.LookupEnv("CUDA_MODULE_LOADING"); !set {
 			_ = os.Setenv("CUDA_MODULE_LOADING", "EAGER")
 		}
+		// As many hardware work queues as the driver allows (the default is
+		// 8): streams beyond them share queues, and a queue is in order, so
+		// a launch that waits for a spinning kernel of its own stream holds
+		// back every stream behind it in that queue. Goroutine ranks sharing
+		// a GPU each bring several streams; with too few queues one rank's
+		// kernel can wait behind another rank's, which waits for it.
+		if _, set := os.LookupEnv("CUDA_DEVICE_MAX_CONNECTIONS"); !set {
+			_ = os.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+		}
 		loadErr = check("cuInit", C.gc_init(0))
 	})
 	return loadErr
@@ -96,20 +105,28 @@ func Load() error {
 // loadLibrary opens path and fills the entry-point table. Nothing is kept
 // when it fails, so tests may call it with paths that cannot work.
 func loadLibrary(path string, override bool) error {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
+	lib, err := dl.Open(path)
+	if err != nil {
+		return &DriverError{Path: path, Override: override, Reason: err.Error()}
+	}
+	gpa, err := lib.Sym("cuGetProcAddress_v2")
+	if err != nil {
+		lib.Close()
+		return &DriverError{Path: path, Override: override,
+			Reason: "no cuGetProcAddress_v2 (not a CUDA driver, or one older than 12.0): " + err.Error()}
+	}
 	var buf [512]C.char
 	var detail C.int
-	stage := C.gc_load(cpath, &buf[0], C.int(len(buf)), &detail)
+	stage := C.gc_load(gpa, &buf[0], C.int(len(buf)), &detail)
 	msg := C.GoString(&buf[0])
+	if stage != 0 {
+		// Loaded before (5), or unusable: this handle is not needed. A
+		// loaded library stays open for the life of the process.
+		lib.Close()
+	}
 	switch stage {
 	case 0, 5: // loaded now, or already before
 		return nil
-	case 1:
-		return &DriverError{Path: path, Override: override, Reason: dlopenPrefix + msg}
-	case 2:
-		return &DriverError{Path: path, Override: override,
-			Reason: "no cuGetProcAddress_v2 (not a CUDA driver, or one older than 12.0): " + msg}
 	case 3:
 		return &DriverError{Path: path, Override: override,
 			Reason: "cuGetProcAddress_v2(" + msg + ") failed: " + Code(detail).Error()}

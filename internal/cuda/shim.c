@@ -1,6 +1,5 @@
 // Copyright the goep authors. See doc.go for the design.
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,7 +20,6 @@
 
 static gc_api gc;         // resolved entry points; all NULL until gc_load succeeds
 static int gc_ready;      // set once the table is complete
-static void *gc_lib;      // dlopen handle, kept open for the life of the process
 
 // ---- Loader -----------------------------------------------------------------
 
@@ -31,33 +29,20 @@ static void set_err(char *err, int errlen, const char *msg) {
 	snprintf(err, (size_t)errlen, "%s", msg);
 }
 
-// gc_load opens the driver library, takes cuGetProcAddress_v2 from it and
-// resolves every entry point of GC_API through it at GC_API_VERSION. Nothing
-// is kept unless every step succeeds. Stage codes:
-//   0 ok; 1 dlopen failed (err: dlerror); 2 no cuGetProcAddress_v2 (err: dlerror);
+// gc_load resolves every entry point of GC_API through cuGetProcAddress_v2
+// (gpa_fn, which the Go side took from the driver library it opened with
+// internal/dl) at GC_API_VERSION. Nothing is kept unless every step
+// succeeds. Stage codes:
+//   0 ok;
 //   3 cuGetProcAddress_v2 failed (err: symbol, detail: CUresult);
 //   4 symbol missing or version too old (err: symbol, detail: symbol status);
 //   5 everything resolved, but a library was loaded before: the first one
-//     stays in use and this one is closed again.
-int gc_load(const char *path, char *err, int errlen, int *detail) {
-	void *lib;
+//     stays in use and the caller closes this one again.
+int gc_load(void *gpa_fn, char *err, int errlen, int *detail) {
 	gcGetProcAddressFn gpa;
 	gc_api table;
 	*detail = 0;
-	dlerror();
-	lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (lib == NULL) {
-		set_err(err, errlen, dlerror());
-		return 1;
-	}
-	dlerror();
-	*(void **)(&gpa) = dlsym(lib, "cuGetProcAddress_v2");
-	if (gpa == NULL) {
-		const char *e = dlerror();
-		set_err(err, errlen, e ? e : "cuGetProcAddress_v2 is NULL");
-		dlclose(lib);
-		return 2;
-	}
+	*(void **)(&gpa) = gpa_fn;
 	memset(&table, 0, sizeof table);
 #define GC_RESOLVE(name, impl, params)                                                  \
 	{                                                                                   \
@@ -68,19 +53,14 @@ int gc_load(const char *path, char *err, int errlen, int *detail) {
 			int stage = ((int)st != GC_GET_PROC_ADDRESS_SUCCESS) ? 4 : 3;              \
 			set_err(err, errlen, #name);                                                \
 			*detail = (stage == 4) ? (int)st : (int)r;                                  \
-			dlclose(lib);                                                               \
 			return stage;                                                               \
 		}                                                                               \
 		*(void **)(&table.name) = fn;                                                   \
 	}
 	GC_API(GC_RESOLVE)
 #undef GC_RESOLVE
-	if (gc_ready) {
-		dlclose(lib);
-		return 5;
-	}
+	if (gc_ready) return 5;
 	gc = table;
-	gc_lib = lib;
 	__atomic_store_n(&gc_ready, 1, __ATOMIC_RELEASE);
 	return 0;
 }

@@ -315,7 +315,7 @@ typedef struct {
 } gcRetPtr;
 
 // Loader. Returns a stage code (0 ok); see load.go for their meaning.
-int gc_load(const char *path, char *err, int errlen, int *detail);
+int gc_load(void *gpa_fn, char *err, int errlen, int *detail);
 int gc_is_loaded(void);
 const char *gc_error_name(int code);
 const char *gc_error_string(int code);

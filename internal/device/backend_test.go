@@ -15,7 +15,6 @@ import (
 
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/kernels"
-	_ "github.com/goep-dev/goep/kernels/twins"
 )
 
 // backends returns an opener per backend and how many ranks each can host.
@@ -50,7 +49,7 @@ func TestFillAndCheckPatternMatchesReference(t *testing.T) {
 				bad, err := d.Alloc(8)
 				require.NoError(t, err)
 				require.NoError(t, d.MemsetAsync(buf.Ptr, 0x5A, buf.Size, nil)) // poison
-				require.NoError(t, d.Launch("goep_fill_pattern", device.D1(264), device.D1(256), 0, nil,
+				require.NoError(t, d.Launch(device.KernelFillPattern, device.D1(264), device.D1(256), 0, nil,
 					device.NewArgs(3).Ptr(buf.Ptr).U64(uint64(n)).U32(seed)))
 				require.NoError(t, d.DefaultStream().Synchronize())
 				got := make([]byte, 4*n)
@@ -75,7 +74,7 @@ func TestFillAndCheckPatternMatchesReference(t *testing.T) {
 					distinct[(i*7919)%n] = true
 				}
 				require.NoError(t, d.CopyIn(bad.Ptr, make([]byte, 8)))
-				require.NoError(t, d.Launch("goep_check_pattern", device.D1(132), device.D1(512), 0, nil,
+				require.NoError(t, d.Launch(device.KernelCheckPattern, device.D1(132), device.D1(512), 0, nil,
 					device.NewArgs(4).Ptr(buf.Ptr).U64(uint64(n)).U32(seed).Ptr(bad.Ptr)))
 				var cnt [8]byte
 				require.NoError(t, d.DefaultStream().Synchronize())
@@ -114,7 +113,7 @@ func TestConversionsMatchReference(t *testing.T) {
 				binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(x))
 			}
 			require.NoError(t, d.CopyIn(pin, raw))
-			require.NoError(t, d.Launch("goep_convert_test", device.D1(128), device.D1(256), 0, nil,
+			require.NoError(t, d.Launch(device.KernelConvertTest, device.D1(128), device.D1(256), 0, nil,
 				device.NewArgs(6).Ptr(pin).Ptr(pbf).Ptr(pq).Ptr(pbfb).Ptr(pqb).U64(uint64(n))))
 			require.NoError(t, d.DefaultStream().Synchronize())
 			bf, q := make([]byte, 2*n), make([]byte, n)
@@ -149,7 +148,7 @@ func TestGoroutineRanksReadEachOther(t *testing.T) {
 				devs[r] = d
 				bufs[r], err = d.Alloc(4 * n)
 				require.NoError(t, err)
-				require.NoError(t, d.Launch("goep_fill_pattern", device.D1(132), device.D1(256), 0, nil,
+				require.NoError(t, d.Launch(device.KernelFillPattern, device.D1(132), device.D1(256), 0, nil,
 					device.NewArgs(3).Ptr(bufs[r].Ptr).U64(n).U32(uint32(1000+r))))
 				require.NoError(t, d.DefaultStream().Synchronize())
 				shared[r], err = d.Export(bufs[r])
@@ -189,7 +188,7 @@ func checkPeers(d device.Device, shared []device.Shared, self, n int) error {
 		if err := d.CopyIn(cnt.Ptr, make([]byte, 8)); err != nil {
 			return err
 		}
-		if err := d.Launch("goep_check_pattern", device.D1(132), device.D1(256), 0, nil,
+		if err := d.Launch(device.KernelCheckPattern, device.D1(132), device.D1(256), 0, nil,
 			device.NewArgs(4).Ptr(view.Ptr).U64(uint64(n)).U32(uint32(1000+peer)).Ptr(cnt.Ptr)); err != nil {
 			return err
 		}
@@ -235,7 +234,7 @@ func TestEventsTimeWork(t *testing.T) {
 			buf, err := d.Alloc(64 << 20)
 			require.NoError(t, err)
 			require.NoError(t, a.Record(s))
-			require.NoError(t, d.Launch("goep_fill_pattern", device.D1(132), device.D1(256), 0, s,
+			require.NoError(t, d.Launch(device.KernelFillPattern, device.D1(132), device.D1(256), 0, s,
 				device.NewArgs(3).Ptr(buf.Ptr).U64(16<<20).U32(7)))
 			require.NoError(t, b.Record(s))
 			require.NoError(t, b.Synchronize())
@@ -261,7 +260,7 @@ func TestHostMappedFlagWrittenByKernel(t *testing.T) {
 				m.Host[i] = 0
 			}
 			v := rand.Uint32() | 1
-			require.NoError(t, d.Launch("goep_write_host_flag", device.D1(1), device.D1(32), 0, nil,
+			require.NoError(t, d.Launch(device.KernelWriteHostFlag, device.D1(1), device.D1(32), 0, nil,
 				device.NewArgs(2).Ptr(m.Dev+8).U32(v)))
 			require.NoError(t, d.DefaultStream().Synchronize())
 			require.Equal(t, v, binary.LittleEndian.Uint32(m.Host[8:]))
@@ -291,7 +290,7 @@ func TestCapturedGraphReplays(t *testing.T) {
 				if err := d.MemsetAsync(buf.Ptr, 0, 4*n, s); err != nil {
 					return err
 				}
-				return d.Launch("goep_fill_pattern", device.D1(64), device.D1(256), 0, s,
+				return d.Launch(device.KernelFillPattern, device.D1(64), device.D1(256), 0, s,
 					device.NewArgs(3).Ptr(buf.Ptr).U64(n).U32(seed))
 			})
 			require.NoError(t, err)

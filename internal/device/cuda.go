@@ -2,6 +2,7 @@ package device
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -35,8 +36,58 @@ type cudaDevice struct {
 	allocs  map[uintptr]int
 	mapped  map[uintptr]*cuda.HostBuffer
 	imports map[uintptr]cudaImport
-	modules map[string]*cuda.Module
-	funcs   sync.Map // kernel name -> *cuda.Function
+	modules *ctxModules // shared by every Device open on this GPU
+}
+
+// ctxModules are the modules loaded into one GPU's primary context, shared
+// by every Device of this process open on that GPU. Goroutine ranks that
+// share a GPU share its context, and loading a module waits for every
+// kernel running in the context: a rank loading its own copy while another
+// rank's kernel spins waiting for it would stall until that wait timed out.
+// So a module is loaded once per context (Preload loads it before any rank
+// launches), and unloaded when the last Device on the GPU closes.
+type ctxModules struct {
+	mu    sync.Mutex
+	refs  int
+	mods  map[string]*cuda.Module // by compiler and module name
+	funcs sync.Map                // compiler and kernel name -> *cuda.Function
+}
+
+var (
+	ctxModulesMu sync.Mutex
+	ctxModulesOf = map[int]*ctxModules{} // by GPU ordinal
+)
+
+func acquireModules(ordinal int) *ctxModules {
+	ctxModulesMu.Lock()
+	defer ctxModulesMu.Unlock()
+	m := ctxModulesOf[ordinal]
+	if m == nil {
+		m = &ctxModules{mods: map[string]*cuda.Module{}}
+		ctxModulesOf[ordinal] = m
+	}
+	m.refs++
+	return m
+}
+
+// releaseModules drops one Device's reference; the last one unloads the
+// modules (and reports whether it was the last).
+func releaseModules(ctx *cuda.Context, ordinal int, m *ctxModules) (last bool, err error) {
+	ctxModulesMu.Lock()
+	defer ctxModulesMu.Unlock()
+	m.refs--
+	if m.refs > 0 {
+		return false, nil
+	}
+	delete(ctxModulesOf, ordinal)
+	// The last Device on the GPU: nothing of this process may still run.
+	errs := []error{ctx.Synchronize()}
+	for _, mod := range m.mods {
+		if err := mod.Unload(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return true, errors.Join(errs...)
 }
 
 // cudaImport remembers how a peer buffer was opened, to close it the same way.
@@ -66,7 +117,7 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 	if err != nil {
 		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
 	}
-	d := &cudaDevice{dev: dev, compiler: compiler, allocs: map[uintptr]int{}, mapped: map[uintptr]*cuda.HostBuffer{}, imports: map[uintptr]cudaImport{}, modules: map[string]*cuda.Module{}}
+	d := &cudaDevice{dev: dev, compiler: compiler, allocs: map[uintptr]int{}, mapped: map[uintptr]*cuda.HostBuffer{}, imports: map[uintptr]cudaImport{}}
 	d.info = Info{Kind: CUDA, Ordinal: ordinal}
 	if d.info.Name, err = dev.Name(); err != nil {
 		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
@@ -95,6 +146,7 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 		return nil, fmt.Errorf("device cuda:%d: default stream: %w", ordinal, err)
 	}
 	d.stream = &cudaStream{s: s, owned: true}
+	d.modules = acquireModules(ordinal)
 	return d, nil
 }
 
@@ -217,7 +269,8 @@ func (d *cudaDevice) MemsetAsync(dst uintptr, v byte, n int, s Stream) error {
 // Function returns a kernel by name, compiling (or loading from the cache)
 // and loading its module on first use.
 func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
-	if f, ok := d.funcs.Load(name); ok {
+	key := fmt.Sprintf("%p/%s", d.compiler, name)
+	if f, ok := d.modules.funcs.Load(key); ok {
 		return f.(*cuda.Function), nil
 	}
 	m, ok := kernels.ModuleForKernel(name)
@@ -225,11 +278,16 @@ func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
 		return nil, d.errorf("kernel %s is in no registered module", name)
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
 		return nil, ErrClosed
 	}
-	mod := d.modules[m.Name]
+	mods := d.modules
+	mods.mu.Lock()
+	defer mods.mu.Unlock()
+	modKey := fmt.Sprintf("%p/%s", d.compiler, m.Name)
+	mod := mods.mods[modKey]
 	if mod == nil {
 		c, err := d.compiler.Compile(m, d.target)
 		if err != nil {
@@ -238,7 +296,7 @@ func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
 		if mod, err = cuda.ModuleLoadData(d.ctx, c.CUBIN); err != nil {
 			return nil, d.errorf("load module %s: %w", m.Name, err)
 		}
-		d.modules[m.Name] = mod
+		mods.mods[modKey] = mod
 	}
 	f, err := mod.Function(name)
 	if err != nil {
@@ -250,7 +308,7 @@ func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
 	if _, err := f.Attribute(cuda.FuncAttrMaxThreadsPerBlock); err != nil {
 		return nil, d.errorf("kernel %s: %w", name, err)
 	}
-	d.funcs.Store(name, f)
+	mods.funcs.Store(key, f)
 	return f, nil
 }
 
@@ -472,7 +530,9 @@ func (d *cudaDevice) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	keep(d.ctx.Synchronize())
+	// This Device's own stream, not the context: other goroutine ranks on
+	// this GPU may still run kernels that wait for ranks yet to close.
+	keep(d.stream.Synchronize())
 	for p, imp := range d.imports {
 		keep(d.closeImport(p, imp))
 	}
@@ -482,12 +542,11 @@ func (d *cudaDevice) Close() error {
 	for _, hb := range d.mapped {
 		keep(hb.Free())
 	}
-	for _, m := range d.modules {
-		keep(m.Unload())
-	}
+	_, err := releaseModules(d.ctx, d.info.Ordinal, d.modules)
+	keep(err)
 	keep(d.stream.Close())
 	keep(d.ctx.Release())
-	d.imports, d.allocs, d.mapped, d.modules = nil, nil, nil, nil
+	d.imports, d.allocs, d.mapped = nil, nil, nil
 	if len(errs) > 0 {
 		return d.errorf("close: %v", errs)
 	}
@@ -592,4 +651,24 @@ func (d *cudaDevice) Capture(s Stream, issue func() error) (Graph, error) {
 		return nil, d.errorf("instantiate graph: %w", err)
 	}
 	return &cudaGraph{exec}, nil
+}
+
+func (d *cudaDevice) Preload(kernelNames ...string) error {
+	done := map[string]bool{}
+	for _, k := range kernelNames {
+		m, ok := kernels.ModuleForKernel(k)
+		if !ok {
+			return d.errorf("preload: kernel %s is in no registered module", k)
+		}
+		if done[m.Name] {
+			continue
+		}
+		done[m.Name] = true
+		for _, name := range m.Kernels {
+			if _, err := d.Function(name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

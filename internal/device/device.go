@@ -3,6 +3,7 @@ package device
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -115,6 +116,15 @@ type Device interface {
 	// Launch runs the kernel with this name (CUDA: from package kernels; host:
 	// its registered Go twin).
 	Launch(kernel string, grid, block Dim3, sharedMem int, s Stream, args *Args) error
+	// Preload loads, before anything is launched, the modules that hold
+	// the named kernels (every kernel of each), so that no later launch
+	// has to load code while another rank's kernel spins waiting for it:
+	// loading code into a CUDA context waits for every kernel running
+	// there, and goroutine ranks sharing a GPU share its context.
+	// Collective constructors (the EP Buffer, collectives, the plan
+	// executor) preload before their ranks meet for the last time. The host
+	// backend checks that each kernel has a twin.
+	Preload(kernels ...string) error
 
 	DefaultStream() Stream
 	NewStream() (Stream, error)
@@ -163,4 +173,79 @@ func Open(kind Kind, ordinal int) (Device, error) {
 		return OpenHost(ordinal), nil
 	}
 	return nil, fmt.Errorf("device: unknown backend %q", kind)
+}
+
+// OpenRank opens rank r's device when goroutine ranks are spread over this
+// machine's GPUs (RankOrdinal).
+func OpenRank(kind Kind, r int) (Device, error) {
+	o, err := RankOrdinal(kind, r)
+	if err != nil {
+		return nil, err
+	}
+	return Open(kind, o)
+}
+
+// rankGPUs are the GPUs goroutine ranks spread over (UseGPUs; nil: all).
+var rankGPUs struct {
+	sync.Mutex
+	ordinals []int
+}
+
+// UseGPUs limits the GPUs that RankOrdinal spreads ranks over to these
+// ordinals, in this order (nil or empty: every GPU). Each must exist.
+func UseGPUs(ordinals []int) error {
+	if len(ordinals) > 0 {
+		n, err := CUDADeviceCount()
+		if err != nil {
+			return err
+		}
+		seen := map[int]bool{}
+		for _, o := range ordinals {
+			switch {
+			case o < 0 || o >= n:
+				return fmt.Errorf("device: GPU %d: %d GPUs are visible (0..%d)", o, n, n-1)
+			case seen[o]:
+				return fmt.Errorf("device: GPU %d listed twice", o)
+			}
+			seen[o] = true
+		}
+	}
+	rankGPUs.Lock()
+	rankGPUs.ordinals = append([]int(nil), ordinals...)
+	rankGPUs.Unlock()
+	return nil
+}
+
+// RankOrdinal is the device of goroutine rank r: host-backend rank r, or
+// GPU r mod the GPUs in use (every GPU, or those UseGPUs chose), so that
+// several ranks share a GPU when there are fewer GPUs than ranks.
+func RankOrdinal(kind Kind, r int) (int, error) {
+	if kind != CUDA {
+		return r, nil
+	}
+	rankGPUs.Lock()
+	chosen := rankGPUs.ordinals
+	rankGPUs.Unlock()
+	if len(chosen) > 0 {
+		return chosen[r%len(chosen)], nil
+	}
+	n, err := CUDADeviceCount()
+	if err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return 0, errors.New("device: no CUDA GPU")
+	}
+	return r % n, nil
+}
+
+// GPUsInUse is how many GPUs RankOrdinal spreads ranks over.
+func GPUsInUse() (int, error) {
+	rankGPUs.Lock()
+	n := len(rankGPUs.ordinals)
+	rankGPUs.Unlock()
+	if n > 0 {
+		return n, nil
+	}
+	return CUDADeviceCount()
 }

@@ -1,5 +1,5 @@
-// Package device is the seam between the library's host-side logic and the
-// accelerator that moves the data.
+// Package device is the seam between host Go and the backends: one Device
+// interface, implemented on CUDA GPUs and on the host (Go twins of kernels).
 //
 // The upper layers (channels, buffer, collectives, bench) allocate memory,
 // copy, launch named kernels and share memory between ranks through the

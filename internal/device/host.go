@@ -241,3 +241,12 @@ func (g *hostGraph) Close() error        { return nil }
 func (d *hostDevice) Capture(_ Stream, issue func() error) (Graph, error) {
 	return &hostGraph{issue}, nil
 }
+
+func (d *hostDevice) Preload(kernelNames ...string) error {
+	for _, k := range kernelNames {
+		if _, ok := hostKernels.Load(k); !ok {
+			return fmt.Errorf("device host:%d: preload: kernel %s has no Go twin (is its package linked?)", d.ordinal, k)
+		}
+	}
+	return nil
+}

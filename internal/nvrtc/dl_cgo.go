@@ -3,42 +3,14 @@
 package nvrtc
 
 /*
-#cgo LDFLAGS: -ldl
-#define _GNU_SOURCE
-#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
 // Our own minimal view of the NVRTC C API: results are ints and a program is
 // an opaque pointer. The library's functions are reached through pointers
-// resolved with dlsym and called via the small trampolines below.
+// resolved by internal/dl and called via the small trampolines below.
 typedef int goep_nvrtc_result;
 typedef void *goep_nvrtc_prog;
-
-static void *goep_dlopen(const char *path, char **err) {
-	void *h = dlopen(path, RTLD_LAZY | RTLD_LOCAL);
-	if (h == NULL) {
-		const char *e = dlerror();
-		*err = strdup(e != NULL ? e : "dlopen failed");
-	}
-	return h;
-}
-
-static void *goep_dlsym(void *h, const char *name) {
-	dlerror();
-	return dlsym(h, name);
-}
-
-static void goep_dlclose(void *h) { dlclose(h); }
-
-// goep_dladdr_path returns the file name of the object that holds sym, or NULL.
-static const char *goep_dladdr_path(void *sym) {
-	Dl_info info;
-	if (dladdr(sym, &info) != 0 && info.dli_fname != NULL) {
-		return info.dli_fname;
-	}
-	return NULL;
-}
 
 static goep_nvrtc_result goep_nvrtc_version(void *f, int *major, int *minor) {
 	return ((goep_nvrtc_result (*)(int *, int *))f)(major, minor);
@@ -90,6 +62,8 @@ import (
 	"fmt"
 	"sort"
 	"unsafe"
+
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 const haveCgo = true
@@ -98,34 +72,24 @@ const haveCgo = true
 // the dynamic loader resolves) and resolves its entry points. Unlike Load it
 // does not search and does not cache.
 func Open(path string) (*Library, error) {
-	cpath := C.CString(path)
-	defer C.free(unsafe.Pointer(cpath))
-	var cerr *C.char
-	h := C.goep_dlopen(cpath, &cerr)
-	if h == nil {
-		msg := C.GoString(cerr)
-		C.free(unsafe.Pointer(cerr))
-		return nil, fmt.Errorf("dlopen: %s", msg)
+	h, err := dl.OpenLazy(path)
+	if err != nil {
+		return nil, err
 	}
-	lib := &Library{handle: h, requested: path, path: path}
+	lib := &Library{handle: h, requested: path, path: h.Path()}
 	for i, name := range symbolNames {
-		cname := C.CString(name)
-		p := C.goep_dlsym(h, cname)
-		C.free(unsafe.Pointer(cname))
-		if p == nil && symbolRequired(i) {
-			C.goep_dlclose(h)
+		p, err := h.Sym(name)
+		if err != nil && symbolRequired(i) {
+			h.Close()
 			return nil, fmt.Errorf("%s does not export %s (not an NVRTC library, or too old)", path, name)
 		}
 		lib.fn[i] = p
-	}
-	if p := C.goep_dladdr_path(lib.fn[symVersion]); p != nil {
-		lib.path = C.GoString(p)
 	}
 
 	var major, minor C.int
 	if r := C.goep_nvrtc_version(lib.fn[symVersion], &major, &minor); r != 0 {
 		err := lib.apiError("nvrtcVersion", r)
-		C.goep_dlclose(h)
+		h.Close()
 		return nil, err
 	}
 	lib.major, lib.minor = int(major), int(minor)

@@ -1,5 +1,5 @@
-// Package nvrtc loads NVIDIA's runtime compiler (libnvrtc) at run time with
-// dlopen and compiles CUDA C++ source held in memory to CUBIN or PTX.
+// Package nvrtc loads NVRTC at run time and compiles CUDA C++ to CUBIN for
+// the GPU at hand.
 //
 // Nothing links against NVRTC at build time and no CUDA header is needed:
 // the few types and entry points used here are declared in this package and

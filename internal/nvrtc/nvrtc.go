@@ -6,14 +6,16 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
+
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 // Library is a loaded NVRTC shared library. It is safe for concurrent use:
 // NVRTC allows concurrent calls on distinct programs, and each Compile uses
 // its own program.
 type Library struct {
-	handle       unsafe.Pointer
-	path         string // the file the loader mapped (resolved via dladdr)
+	handle       *dl.Library
+	path         string // the file the loader mapped
 	requested    string // what was passed to dlopen (a path or a soname)
 	major, minor int
 	archs        []int
@@ -151,36 +153,20 @@ func load(env searchEnv) (*Library, error) {
 	if !haveCgo {
 		return nil, errNoCgo
 	}
-	if p := env.getenv(EnvLibrary); p != "" {
-		lib, err := Open(p)
-		if err != nil {
-			return nil, fmt.Errorf("nvrtc: %s=%s cannot be used: %w", EnvLibrary, p, err)
-		}
+	spec := searchSpec
+	spec.Sonames = env.sonames
+	lib, err := dl.Search(spec, env.Env, Open)
+	var oe *dl.OverrideError
+	var nf *dl.NotFoundError
+	switch {
+	case err == nil:
 		return lib, nil
+	case errors.As(err, &oe):
+		return nil, fmt.Errorf("nvrtc: %w", err)
+	case errors.As(err, &nf):
+		return nil, notFound(nf.Tried)
 	}
-	var tried []string
-	for _, pl := range searchPlaces(env) {
-		switch {
-		case pl.skip != "":
-			tried = append(tried, pl.where+": "+pl.skip)
-		case len(pl.paths) == 0:
-			tried = append(tried, pl.where+": no match")
-		}
-		for _, p := range pl.paths {
-			lib, err := Open(p)
-			if err == nil {
-				return lib, nil
-			}
-			label, msg := p, err.Error()
-			if pl.soname {
-				label = pl.where
-			}
-			// dlerror() already names the file: "dlopen: <p>: <reason>".
-			msg = strings.TrimPrefix(msg, "dlopen: "+p+": ")
-			tried = append(tried, label+": "+msg)
-		}
-	}
-	return nil, &NotFoundError{Tried: tried}
+	return nil, fmt.Errorf("nvrtc: %w", err)
 }
 
 // archOption extracts the architecture from NVRTC options

@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/internal/dl"
 )
 
 // needNVRTC returns the library, or skips the test when NVRTC cannot be
@@ -154,15 +156,17 @@ func TestEnvOverrideFailureNamesTheFile(t *testing.T) {
 
 func fakeEnv(vars map[string]string, home error) searchEnv {
 	return searchEnv{
-		getenv:  func(k string) string { return vars[k] },
-		glob:    filepath.Glob,
-		sonames: sonames,
-		home: func() (string, error) {
-			if home != nil {
-				return "", home
-			}
-			return vars["HOME"], nil
+		Env: dl.Env{
+			Getenv: func(k string) string { return vars[k] },
+			Glob:   filepath.Glob,
+			Home: func() (string, error) {
+				if home != nil {
+					return "", home
+				}
+				return vars["HOME"], nil
+			},
 		},
+		sonames: sonames,
 	}
 }
 
@@ -194,7 +198,7 @@ func TestSearchPlacesOrder(t *testing.T) {
 
 	var all []string
 	for _, p := range places {
-		all = append(all, p.paths...)
+		all = append(all, p.Paths...)
 	}
 	lib64 := filepath.Join(cudaHome, "lib64")
 	venvSite := filepath.Join(venv, "lib", "python3.12", "site-packages", "nvidia")
@@ -233,8 +237,8 @@ func TestSearchPlacesOrder(t *testing.T) {
 	places = searchPlaces(fakeEnv(map[string]string{}, errors.New("no home")))
 	var skipped []string
 	for _, p := range places {
-		if p.skip != "" {
-			skipped = append(skipped, p.where+": "+p.skip)
+		if p.Skip != "" {
+			skipped = append(skipped, p.Where+": "+p.Skip)
 		}
 	}
 	joined := strings.Join(skipped, "\n")
@@ -263,7 +267,7 @@ func TestLoadReportsEveryPlaceWhenNothingIsFound(t *testing.T) {
 	env := fakeEnv(map[string]string{"CUDA_HOME": filepath.Join(root, "cuda"), "HOME": root}, nil)
 	env.sonames = []string{"libnvrtc-goep-test-missing.so.99"}
 	// Hide the machine's real installations (/usr/local/cuda, /opt/*/...).
-	env.glob = func(pattern string) ([]string, error) {
+	env.Glob = func(pattern string) ([]string, error) {
 		if !strings.HasPrefix(pattern, root) {
 			return nil, nil
 		}
@@ -284,7 +288,7 @@ func TestLoadReportsEveryPlaceWhenNothingIsFound(t *testing.T) {
 }
 
 func TestNotFoundErrorExplainsTheFix(t *testing.T) {
-	err := &NotFoundError{Tried: []string{"/usr/local/cuda/lib64/libnvrtc.so*: no match", "libnvrtc.so.12 (dynamic loader search path): dlopen: not found"}}
+	err := notFound([]string{"/usr/local/cuda/lib64/libnvrtc.so*: no match", "libnvrtc.so.12 (dynamic loader search path): dlopen: not found"})
 	msg := err.Error()
 	assert.Contains(t, msg, "/usr/local/cuda/lib64/libnvrtc.so*: no match")
 	assert.Contains(t, msg, "libnvrtc.so.12")
@@ -302,10 +306,4 @@ func TestArchOption(t *testing.T) {
 	assert.True(t, wantsCUBIN([]string{"--gpu-architecture=sm_90a"}))
 	assert.False(t, wantsCUBIN([]string{"--gpu-architecture=compute_90"}))
 	assert.False(t, wantsCUBIN(nil))
-}
-
-func TestSoVersion(t *testing.T) {
-	assert.Equal(t, []int{12, 4, 127}, soVersion("/x/libnvrtc.so.12.4.127"))
-	assert.Nil(t, soVersion("/x/libnvrtc.so"))
-	assert.Equal(t, []int{11, 2}, soVersion("libnvrtc.so.11.2"))
 }

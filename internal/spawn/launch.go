@@ -2,6 +2,7 @@
 // `torchrun --standalone`: it gives each child the torchrun-style variables
 // that bootstrap.FromEnv reads, prefixes their output with the rank, and
 // stops the whole job when one rank fails or the launcher is interrupted.
+
 package spawn
 
 import (

@@ -47,6 +47,9 @@ type RankOptions struct {
 	Timeout time.Duration
 	// WaitID is written into timeout records.
 	WaitID uint32
+	// SpinBlocks caps the grid of launches that wait on peers (ranks that
+	// share a GPU; 0: no cap). NewGroup sets it.
+	SpinBlocks int
 }
 
 // DefaultTimeout bounds device-side waits unless RankOptions says otherwise.
@@ -79,6 +82,13 @@ func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l i
 	}()
 	fail := func(what string, err error) error { return fmt.Errorf("intranode: rank %d: %s: %w", rank, what, err) }
 
+	// Every kernel is loaded before the ranks meet (a module load waits
+	// for the kernels running in the context, which ranks sharing a GPU
+	// share); the TMA module may not compile everywhere: its launch says so.
+	if err = dev.Preload(intranode.KernelNotify); err != nil {
+		return nil, fail("preload", err)
+	}
+	_ = dev.Preload(intranode.KernelDispatchTMA)
 	if r.ws, err = dev.Alloc(l.Size); err != nil {
 		return nil, fail("workspace", err)
 	}
@@ -138,7 +148,10 @@ func NewRank(ctx context.Context, dev device.Device, bs bootstrap.Bootstrap, l i
 		return nil, fail("peer table", err)
 	}
 	r.WS = intranode.Workspace{Layout: l, Rank: rank, Base: r.ws.Ptr, Size: r.ws.Size, Peers: r.table.Ptr,
-		Watchdog: r.wd.Ptr, WaitID: opt.WaitID}
+		Watchdog: r.wd.Ptr, WaitID: opt.WaitID, SpinBlocks: opt.SpinBlocks}
+	if err = r.WS.Validate(); err != nil {
+		return nil, fail("workspace", err)
+	}
 	if err = bs.Barrier(ctx); err != nil {
 		return nil, fail("barrier", err)
 	}
@@ -271,7 +284,9 @@ type Group struct {
 	boots []bootstrap.Bootstrap
 }
 
-// NewGroup opens devices 0..l.Ranks-1 of kind (GPUs, or host-backend ranks),
+// NewGroup opens a device per rank (host-backend ranks, or GPUs: rank i on
+// GPU i mod the GPUs present, the launches capped so that ranks sharing a
+// GPU stay co-resident),
 // connects them with in-process bootstraps and builds a Rank on each.
 func NewGroup(ctx context.Context, kind device.Kind, l intranode.Layout, opt RankOptions) (_ *Group, err error) {
 	if l.Size == 0 {
@@ -286,12 +301,24 @@ func NewGroup(ctx context.Context, kind device.Kind, l intranode.Layout, opt Ran
 	if g.boots, err = bootstrap.NewInProcess(l.Ranks, bootstrap.Config{}); err != nil {
 		return nil, err
 	}
+	gpus := l.Ranks
+	if kind == device.CUDA {
+		if gpus, err = device.CUDADeviceCount(); err != nil {
+			return nil, err
+		}
+	}
 	for i := 0; i < l.Ranks; i++ {
-		d, err := device.Open(kind, i)
+		// Rank i on GPU i mod the GPUs present: several goroutine ranks
+		// share a GPU when there are fewer GPUs than ranks.
+		d, err := device.Open(kind, i%gpus)
 		if err != nil {
 			return nil, err
 		}
 		g.devs = append(g.devs, d)
+	}
+	if kind == device.CUDA && opt.SpinBlocks == 0 {
+		shared := (l.Ranks + gpus - 1) / gpus
+		opt.SpinBlocks = channels.SpinBudget(g.devs[0].Info().SMs, shared)
 	}
 	err = g.Run(func(i int, _ *Rank) error {
 		r, err := NewRank(ctx, g.devs[i], g.boots[i], l, opt)

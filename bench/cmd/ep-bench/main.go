@@ -1,5 +1,6 @@
 // Command ep-bench runs, checks and measures goep: `ep-bench help` lists the
 // subcommands.
+
 package main
 
 import (

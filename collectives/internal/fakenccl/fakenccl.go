@@ -2,6 +2,7 @@
 // memory with ranks as threads of one process (the host backend's goroutine
 // ranks), so tests exercise goep's NCCL path without GPUs. It needs gcc,
 // which cgo needs anyway.
+
 package fakenccl
 
 import (

@@ -3,6 +3,7 @@
 // into the structs of kernels/plan_abi.cuh, builds the channels, remote
 // buffers and tables a plan needs once per (plan, size, buffers), and
 // launches one CUDA block per plan threadblock on the caller's stream.
+
 package gpu
 
 import (

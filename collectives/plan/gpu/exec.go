@@ -9,8 +9,8 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/collectives/plan"
-	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
 )
 
 // Executor runs plans on this rank's GPU over a channels communicator. All
@@ -62,12 +62,8 @@ func NewExecutor(comm *channels.Communicator) *Executor {
 	// running in the context, and at the first execution other ranks'
 	// kernels (on this GPU, or this rank's earlier ones) may be spinning
 	// on this rank. A failure shows again, with context, at the launch.
-	if f, ok := x.dev.(interface {
-		Function(string) (*cuda.Function, error)
-	}); ok {
-		for _, k := range kernelByType {
-			_, _ = f.Function(k)
-		}
+	for _, k := range kernelByType {
+		_ = x.dev.Preload(k)
 	}
 	return x
 }
@@ -100,6 +96,14 @@ func (x *Executor) Run(ctx context.Context, a Args) error {
 	}
 	lc := x.contexts[key]
 	if lc == nil {
+		// Every block of a plan waits on other ranks: on a GPU several
+		// ranks share, all of them must be resident at once.
+		if _, err := x.comm.Placement(ctx); err != nil {
+			return x.errorf("%w", err)
+		}
+		if err := x.comm.CheckSpinLaunch("plan "+a.Plan.Name, len(a.Plan.GPUs[x.comm.Rank()].Threadblocks)); err != nil {
+			return err
+		}
 		var err error
 		if lc, err = x.build(ctx, a); err != nil {
 			return x.errorf("%s (%d bytes): %w", a.Plan.Name, a.Bytes, err)
@@ -158,9 +162,19 @@ func (lc *launchContext) free() error {
 	return errors.Join(errs...)
 }
 
+// kernelByType names the interpreter of each element type
+// (kernels/plan_exec.cu, module "plan").
 var kernelByType = map[plan.DataType]string{
 	plan.BF16: "goep_plan_exec_bf16", plan.FP16: "goep_plan_exec_fp16",
 	plan.FP32: "goep_plan_exec_fp32", plan.Int32: "goep_plan_exec_int32",
+}
+
+func init() {
+	var names []string
+	for _, dt := range []plan.DataType{plan.BF16, plan.FP16, plan.FP32, plan.Int32} {
+		names = append(names, kernelByType[dt])
+	}
+	kernels.Register(kernels.Module{Name: "plan", File: "plan_exec.cu", Kernels: names})
 }
 
 func (lc *launchContext) launch(dt plan.DataType, s device.Stream) error {
@@ -204,229 +218,40 @@ func (lc *launchContext) upload(data []byte) (uintptr, error) {
 	return b.Ptr, nil
 }
 
-// build sets up a's context (collective).
+// build sets up a's context (collective): every rank runs the same steps in
+// the same order, since each step's exchanges pair with the peers' ones.
 func (x *Executor) build(ctx context.Context, a Args) (_ *launchContext, err error) {
-	p := a.Plan
-	me := x.comm.Rank()
-	all := make([]*plan.Resolved, len(p.GPUs))
-	for r := range all {
-		if all[r], err = plan.Resolve(p, r, a.Bytes, a.InPlace); err != nil {
-			return nil, err
-		}
-	}
-	res := all[me]
-	if len(res.SwitchChannels) > 0 {
-		return nil, errors.New("the plan uses switch channels (NVLink multicast), which goep never uses")
-	}
-	for _, b := range res.Blocks {
-		for _, in := range b.Instrs {
-			if in.Code.Switch() {
-				return nil, fmt.Errorf("threadblock %d: op %d (%s) needs NVLink multicast, which goep never uses", b.ID, in.OpIndex, in.Code)
-			}
-		}
-	}
-	if err := checkPairs(all); err != nil {
+	b := &builder{x: x, a: a, me: x.comm.Rank()}
+	if err := b.resolve(); err != nil {
 		return nil, err
 	}
-	if a.InPlace {
-		if n := max(res.InputBytes, res.OutputBytes); uint64(a.Recv.Size) < n {
-			return nil, fmt.Errorf("in place: a buffer of %d bytes; the plan needs %d", a.Recv.Size, n)
-		}
-	} else if uint64(a.Send.Size) < res.InputBytes || uint64(a.Recv.Size) < res.OutputBytes {
-		return nil, fmt.Errorf("buffers of %d and %d bytes; the plan needs input %d and output %d", a.Send.Size, a.Recv.Size, res.InputBytes, res.OutputBytes)
-	}
-	prog, err := encode(res)
+	prog, err := encode(b.res)
 	if err != nil {
 		return nil, err
 	}
-	lc := &launchContext{x: x, res: res, grid: len(res.Blocks), threads: min(max(res.Threads, 32), 1024), wrap: res.ScratchWrap}
+	b.lc = &launchContext{x: x, res: b.res, grid: len(b.res.Blocks), threads: min(max(b.res.Threads, 32), 1024), wrap: b.res.ScratchWrap}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, lc.free())
+			err = errors.Join(err, b.lc.free())
 		}
 	}()
-	tag := x.nextTag
+	b.tag = x.nextTag
 	x.nextTag += 1 << 12 // a context's exchanges use tags [tag, tag+4096)
-
-	// Buffers: this rank's three, registered and exchanged with every peer.
-	scratch, err := lc.alloc(int(res.ScratchBytes))
-	if err != nil {
+	if err := b.exchangeBuffers(ctx); err != nil {
 		return nil, err
 	}
-	var peers []int
-	for r := range all {
-		if r != me {
-			peers = append(peers, r)
-		}
-	}
-	// The whole allocations, then each rank's input, output and scratch as
-	// slices of them (in place, input and output share one allocation).
-	var whole [3]channels.RegisteredMemory
-	if whole[0], err = x.comm.RegisterMemory(a.Send); err != nil {
+	if err := b.remoteTables(); err != nil {
 		return nil, err
 	}
-	whole[1] = whole[0]
-	if a.Recv.Ptr != a.Send.Ptr {
-		if whole[1], err = x.comm.RegisterMemory(a.Recv); err != nil {
-			return nil, err
-		}
-	}
-	if whole[2], err = x.comm.RegisterMemory(scratch); err != nil {
+	if err := b.memoryChannels(ctx); err != nil {
 		return nil, err
 	}
-	theirs := make([][3]channels.RegisteredMemory, len(all)) // rank -> input, output, scratch views
-	for k := range whole {
-		got, err := x.comm.ExchangeMemory(ctx, whole[k], peers, tag+k)
-		if err != nil {
-			return nil, err
-		}
-		for i, q := range peers {
-			theirs[q][k] = got[i]
-		}
-		theirs[me][k] = whole[k]
-	}
-	for q := range all {
-		for k := range theirs[q] {
-			if theirs[q][k], err = bufferView(theirs[q][k], all[q], k); err != nil {
-				return nil, fmt.Errorf("rank %d's %s: %w", q, [3]string{"input", "output", "scratch"}[k], err)
-			}
-		}
-	}
-	regs := theirs[me]
-	remotePtrs := make([]byte, 8*max(len(res.RemoteBuffers), 1))
-	remoteHalves := make([]byte, 8*max(len(res.RemoteBuffers), 1))
-	for i, rb := range res.RemoteBuffers {
-		if rb.Rank == me || rb.Rank < 0 || rb.Rank >= len(all) {
-			return nil, fmt.Errorf("remote buffer %d: owner rank %d", i, rb.Rank)
-		}
-		binary.LittleEndian.PutUint64(remotePtrs[8*i:], uint64(theirs[rb.Rank][bufIndex(rb.Kind)].Ptr()))
-		if rb.Kind == plan.BufScratch {
-			binary.LittleEndian.PutUint64(remoteHalves[8*i:], all[rb.Rank].ScratchHalf)
-		}
-	}
-	// Memory channels: one memory semaphore each, paired by (peer, tag).
-	memSems, err := x.semaphores(ctx, res.MemoryChannels, tag+16, false)
-	if err != nil {
+	if err := b.portChannels(ctx); err != nil {
 		return nil, err
 	}
-	var semsDev uintptr
-	if len(memSems) > 0 {
-		semArray, err := x.comm.UploadSemaphores(memSems)
-		if err != nil {
-			return nil, err
-		}
-		lc.arrays = append(lc.arrays, semArray)
-		semsDev = semArray.Ptr()
-	}
-
-	// Port channels: host-to-device semaphores served by the proxy; the
-	// proxy knows this rank's buffers and every remote buffer reached
-	// through ports.
-	var portsPtr uintptr
-	localIDs := [3]channels.MemoryID{}
-	remotePortIDs := make([]byte, 4*max(len(res.RemoteBuffers), 1))
-	if len(res.PortChannels) > 0 {
-		px, err := x.proxyLocked()
-		if err != nil {
-			return nil, err
-		}
-		for k := range regs {
-			if localIDs[k], err = px.AddMemory(regs[k]); err != nil {
-				return nil, err
-			}
-		}
-		for i, rb := range res.RemoteBuffers {
-			id, err := px.AddMemory(theirs[rb.Rank][bufIndex(rb.Kind)])
-			if err != nil {
-				return nil, err
-			}
-			binary.LittleEndian.PutUint32(remotePortIDs[4*i:], uint32(id))
-		}
-		hostSems, err := x.semaphores(ctx, res.PortChannels, tag+16+plan.MaxChannelsPerBlock*64, true)
-		if err != nil {
-			return nil, err
-		}
-		chans := make([]*channels.PortChannel, len(hostSems))
-		for i, s := range hostSems {
-			peer := res.PortChannels[i].Peer
-			dstID, err := px.AddMemory(theirs[peer][2])
-			if err != nil {
-				return nil, err
-			}
-			if chans[i], err = px.NewPortChannel(s.(*channels.HostSemaphore), dstID, localIDs[2]); err != nil {
-				return nil, err
-			}
-		}
-		arr, err := x.comm.UploadPortChannels(chans)
-		if err != nil {
-			return nil, err
-		}
-		lc.arrays = append(lc.arrays, arr)
-		portsPtr = arr.Ptr()
-		if err := px.Start(); err != nil {
-			return nil, err
-		}
-	}
-
-	// Tables and state.
-	blocksPtr, err := lc.upload(prog.blocks)
-	if err != nil {
+	if err := b.uploadContext(prog); err != nil {
 		return nil, err
 	}
-	instrsPtr, err := lc.upload(prog.instrs)
-	if err != nil {
-		return nil, err
-	}
-	rpPtr, err := lc.upload(remotePtrs)
-	if err != nil {
-		return nil, err
-	}
-	rhPtr, err := lc.upload(remoteHalves)
-	if err != nil {
-		return nil, err
-	}
-	ridPtr, err := lc.upload(remotePortIDs)
-	if err != nil {
-		return nil, err
-	}
-	sems := make([]byte, 8*max(len(res.Semaphores), 1))
-	for i, v := range res.Semaphores {
-		binary.LittleEndian.PutUint64(sems[8*i:], uint64(v))
-	}
-	semsPtr, err := lc.upload(sems)
-	if err != nil {
-		return nil, err
-	}
-	bars, err := lc.alloc(8 * maxBarriers)
-	if err != nil {
-		return nil, err
-	}
-	flag, err := lc.alloc(8)
-	if err != nil {
-		return nil, err
-	}
-	smemInstrs := 0
-	if prog.maxInstrs*instrSize <= smemLimit {
-		smemInstrs = prog.maxInstrs
-		lc.smem = prog.maxInstrs * instrSize
-	}
-	c := make([]byte, ctxSize)
-	fields := []uint64{
-		uint64(regs[0].Ptr()), uint64(regs[1].Ptr()), uint64(regs[2].Ptr()), res.ScratchHalf,
-		uint64(blocksPtr), uint64(instrsPtr), uint64(semsDev), uint64(portsPtr),
-		uint64(rpPtr), uint64(rhPtr), uint64(ridPtr),
-		uint64(localIDs[0]) | uint64(localIDs[1])<<32, uint64(localIDs[2]),
-		uint64(semsPtr), uint64(bars.Ptr), uint64(flag.Ptr), uint64(x.comm.Watchdog()),
-		packetBytes(a.Packet), uint64(smemInstrs),
-	}
-	for i, v := range fields {
-		binary.LittleEndian.PutUint64(c[8*i:], v)
-	}
-	ctxPtr, err := lc.upload(c)
-	if err != nil {
-		return nil, err
-	}
-	lc.args = device.NewArgs(2).Ptr(ctxPtr).U64(res.ScratchWrap)
 	// The zeroed scratch, barriers and flag before any launch (the caller's
 	// stream need not be the default one).
 	if err := x.dev.DefaultStream().Synchronize(); err != nil {
@@ -437,7 +262,246 @@ func (x *Executor) build(ctx context.Context, a Args) (_ *launchContext, err err
 	if err := x.comm.Barrier(ctx); err != nil {
 		return nil, err
 	}
-	return lc, nil
+	return b.lc, nil
+}
+
+// builder carries one build's state from step to step.
+type builder struct {
+	x   *Executor
+	a   Args
+	me  int
+	tag int
+	lc  *launchContext
+
+	all []*plan.Resolved // every rank's part of the plan
+	res *plan.Resolved   // this rank's
+
+	theirs [][3]channels.RegisteredMemory // rank -> input, output, scratch views
+
+	remotePtrs, remoteHalves, remotePortIDs []byte // per remote buffer, as the kernel reads them
+	localIDs                                [3]channels.MemoryID
+	semsDev, portsPtr                       uintptr // device arrays of memory semaphores and port channels
+}
+
+// resolve resolves every rank's part (channels pair across ranks) and
+// refuses what the executor cannot run.
+func (b *builder) resolve() (err error) {
+	p, a := b.a.Plan, b.a
+	b.all = make([]*plan.Resolved, len(p.GPUs))
+	for r := range b.all {
+		if b.all[r], err = plan.Resolve(p, r, a.Bytes, a.InPlace); err != nil {
+			return err
+		}
+	}
+	res := b.all[b.me]
+	b.res = res
+	if len(res.SwitchChannels) > 0 {
+		return errors.New("the plan uses switch channels (NVLink multicast), which goep never uses")
+	}
+	for _, blk := range res.Blocks {
+		for _, in := range blk.Instrs {
+			if in.Code.Switch() {
+				return fmt.Errorf("threadblock %d: op %d (%s) needs NVLink multicast, which goep never uses", blk.ID, in.OpIndex, in.Code)
+			}
+		}
+	}
+	if err := checkPairs(b.all); err != nil {
+		return err
+	}
+	if a.InPlace {
+		if n := max(res.InputBytes, res.OutputBytes); uint64(a.Recv.Size) < n {
+			return fmt.Errorf("in place: a buffer of %d bytes; the plan needs %d", a.Recv.Size, n)
+		}
+	} else if uint64(a.Send.Size) < res.InputBytes || uint64(a.Recv.Size) < res.OutputBytes {
+		return fmt.Errorf("buffers of %d and %d bytes; the plan needs input %d and output %d", a.Send.Size, a.Recv.Size, res.InputBytes, res.OutputBytes)
+	}
+	return nil
+}
+
+// exchangeBuffers registers this rank's three buffers (input, output and a
+// new scratch), exchanges them with every peer and keeps each rank's views.
+func (b *builder) exchangeBuffers(ctx context.Context) (err error) {
+	x, a, me := b.x, b.a, b.me
+	scratch, err := b.lc.alloc(int(b.res.ScratchBytes))
+	if err != nil {
+		return err
+	}
+	var peers []int
+	for r := range b.all {
+		if r != me {
+			peers = append(peers, r)
+		}
+	}
+	// The whole allocations, then each rank's input, output and scratch as
+	// slices of them (in place, input and output share one allocation).
+	var whole [3]channels.RegisteredMemory
+	if whole[0], err = x.comm.RegisterMemory(a.Send); err != nil {
+		return err
+	}
+	whole[1] = whole[0]
+	if a.Recv.Ptr != a.Send.Ptr {
+		if whole[1], err = x.comm.RegisterMemory(a.Recv); err != nil {
+			return err
+		}
+	}
+	if whole[2], err = x.comm.RegisterMemory(scratch); err != nil {
+		return err
+	}
+	b.theirs = make([][3]channels.RegisteredMemory, len(b.all))
+	for k := range whole {
+		got, err := x.comm.ExchangeMemory(ctx, whole[k], peers, b.tag+k)
+		if err != nil {
+			return err
+		}
+		for i, q := range peers {
+			b.theirs[q][k] = got[i]
+		}
+		b.theirs[me][k] = whole[k]
+	}
+	for q := range b.all {
+		for k := range b.theirs[q] {
+			if b.theirs[q][k], err = bufferView(b.theirs[q][k], b.all[q], k); err != nil {
+				return fmt.Errorf("rank %d's %s: %w", q, [3]string{"input", "output", "scratch"}[k], err)
+			}
+		}
+	}
+	return nil
+}
+
+// remoteTables fills the pointer and scratch-half tables of the plan's
+// remote buffers.
+func (b *builder) remoteTables() error {
+	res := b.res
+	n := max(len(res.RemoteBuffers), 1)
+	b.remotePtrs, b.remoteHalves, b.remotePortIDs = make([]byte, 8*n), make([]byte, 8*n), make([]byte, 4*n)
+	for i, rb := range res.RemoteBuffers {
+		if rb.Rank == b.me || rb.Rank < 0 || rb.Rank >= len(b.all) {
+			return fmt.Errorf("remote buffer %d: owner rank %d", i, rb.Rank)
+		}
+		binary.LittleEndian.PutUint64(b.remotePtrs[8*i:], uint64(b.theirs[rb.Rank][bufIndex(rb.Kind)].Ptr()))
+		if rb.Kind == plan.BufScratch {
+			binary.LittleEndian.PutUint64(b.remoteHalves[8*i:], b.all[rb.Rank].ScratchHalf)
+		}
+	}
+	return nil
+}
+
+// memoryChannels makes one memory semaphore per memory channel, paired by
+// (peer, tag), and uploads them.
+func (b *builder) memoryChannels(ctx context.Context) error {
+	memSems, err := b.x.semaphores(ctx, b.res.MemoryChannels, b.tag+16, false)
+	if err != nil || len(memSems) == 0 {
+		return err
+	}
+	semArray, err := b.x.comm.UploadSemaphores(memSems)
+	if err != nil {
+		return err
+	}
+	b.lc.arrays = append(b.lc.arrays, semArray)
+	b.semsDev = semArray.Ptr()
+	return nil
+}
+
+// portChannels makes the port channels: host-to-device semaphores served
+// by the proxy; the proxy knows this rank's buffers and every remote buffer
+// reached through ports.
+func (b *builder) portChannels(ctx context.Context) error {
+	x, res := b.x, b.res
+	if len(res.PortChannels) == 0 {
+		return nil
+	}
+	px, err := x.proxyLocked()
+	if err != nil {
+		return err
+	}
+	regs := b.theirs[b.me]
+	for k := range regs {
+		if b.localIDs[k], err = px.AddMemory(regs[k]); err != nil {
+			return err
+		}
+	}
+	for i, rb := range res.RemoteBuffers {
+		id, err := px.AddMemory(b.theirs[rb.Rank][bufIndex(rb.Kind)])
+		if err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint32(b.remotePortIDs[4*i:], uint32(id))
+	}
+	hostSems, err := x.semaphores(ctx, res.PortChannels, b.tag+16+plan.MaxChannelsPerBlock*64, true)
+	if err != nil {
+		return err
+	}
+	chans := make([]*channels.PortChannel, len(hostSems))
+	for i, s := range hostSems {
+		peer := res.PortChannels[i].Peer
+		dstID, err := px.AddMemory(b.theirs[peer][2])
+		if err != nil {
+			return err
+		}
+		if chans[i], err = px.NewPortChannel(s.(*channels.HostSemaphore), dstID, b.localIDs[2]); err != nil {
+			return err
+		}
+	}
+	arr, err := x.comm.UploadPortChannels(chans)
+	if err != nil {
+		return err
+	}
+	b.lc.arrays = append(b.lc.arrays, arr)
+	b.portsPtr = arr.Ptr()
+	return px.Start()
+}
+
+// uploadContext uploads the program, the tables and the plan's state, then
+// the goep_plan_ctx that points at them, and makes the kernel's arguments.
+func (b *builder) uploadContext(prog *program) error {
+	lc, res, regs := b.lc, b.res, b.theirs[b.me]
+	var ptrs [5]uintptr // blocks, instructions, remote pointers, remote halves, remote port ids
+	for i, data := range [][]byte{prog.blocks, prog.instrs, b.remotePtrs, b.remoteHalves, b.remotePortIDs} {
+		p, err := lc.upload(data)
+		if err != nil {
+			return err
+		}
+		ptrs[i] = p
+	}
+	sems := make([]byte, 8*max(len(res.Semaphores), 1))
+	for i, v := range res.Semaphores {
+		binary.LittleEndian.PutUint64(sems[8*i:], uint64(v))
+	}
+	semsPtr, err := lc.upload(sems)
+	if err != nil {
+		return err
+	}
+	bars, err := lc.alloc(8 * maxBarriers)
+	if err != nil {
+		return err
+	}
+	flag, err := lc.alloc(8)
+	if err != nil {
+		return err
+	}
+	smemInstrs := 0
+	if prog.maxInstrs*instrSize <= smemLimit {
+		smemInstrs = prog.maxInstrs
+		lc.smem = prog.maxInstrs * instrSize
+	}
+	c := make([]byte, ctxSize)
+	fields := []uint64{
+		uint64(regs[0].Ptr()), uint64(regs[1].Ptr()), uint64(regs[2].Ptr()), res.ScratchHalf,
+		uint64(ptrs[0]), uint64(ptrs[1]), uint64(b.semsDev), uint64(b.portsPtr),
+		uint64(ptrs[2]), uint64(ptrs[3]), uint64(ptrs[4]),
+		uint64(b.localIDs[0]) | uint64(b.localIDs[1])<<32, uint64(b.localIDs[2]),
+		uint64(semsPtr), uint64(bars.Ptr), uint64(flag.Ptr), uint64(b.x.comm.Watchdog()),
+		packetBytes(b.a.Packet), uint64(smemInstrs),
+	}
+	for i, v := range fields {
+		binary.LittleEndian.PutUint64(c[8*i:], v)
+	}
+	ctxPtr, err := lc.upload(c)
+	if err != nil {
+		return err
+	}
+	lc.args = device.NewArgs(2).Ptr(ctxPtr).U64(res.ScratchWrap)
+	return nil
 }
 
 // packetBytes is the kernel's packet_type: 16 for LL16, 8 for LL8.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/goep-dev/goep/collectives/plan"
-	"github.com/goep-dev/goep/collectives/plan/gpu"
+	"github.com/goep-dev/goep/collectives/plan/plantest"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -22,8 +22,8 @@ func gpus(t *testing.T) int {
 	if err != nil {
 		t.Skipf("no CUDA: %v", err)
 	}
-	if n < 2 {
-		t.Skipf("%d GPUs: plans need 2 or 8", n)
+	if n == 0 {
+		t.Skip("no CUDA GPU")
 	}
 	return n
 }
@@ -103,7 +103,7 @@ func runPlanOn(t *testing.T, p *plan.Plan, size uint64, dt plan.DataType, pk pla
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	res, err := gpu.CheckOn(ctx, p, size, dt, pk, *planIters, gpus)
+	res, err := plantest.CheckOn(ctx, p, size, dt, pk, *planIters, gpus)
 	if err != nil {
 		t.Fatal(err)
 	}

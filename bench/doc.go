@@ -1,0 +1,3 @@
+// Package bench is ep-bench: every check and benchmark of goep behind one CLI
+// (doctor, kernels, intranode, layout, route, channels, collectives, plan, launch).
+package bench

@@ -1,0 +1,3 @@
+// Package nccltest gives tests outside collectives/ the host-memory NCCL
+// stand-in (collectives/internal/fakenccl).
+package nccltest

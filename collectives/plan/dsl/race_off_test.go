@@ -1,0 +1,5 @@
+//go:build !race
+
+package dsl
+
+const raceEnabled = false

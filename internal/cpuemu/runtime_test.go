@@ -207,6 +207,11 @@ func TestTranslateAsm(t *testing.T) {
 	require.Contains(t, out, `const char* (&s_in)[GOEP_N] = emu_shared_var<const char*[GOEP_N]>(&emu_shk_2_s_in);`)
 	require.Contains(t, out, `char* smem = (char*)emu_dyn_shared();`)
 
+	// An asm statement over lines of a macro keeps the continuations.
+	out, _, err = translate("t.cu", "#define F(p, v) \\\n  asm volatile(\"ld.acquire.gpu.global.u32 %0, [%1];\" \\\n  : \"=r\"(v) : \"l\"(p)); \\\n  x = 1\n")
+	require.NoError(t, err)
+	require.Equal(t, "#define F(p, v) \\\n  { (v) = emu_ld_u32((p), __ATOMIC_ACQUIRE); } \\\n \\\n  x = 1\n", out)
+
 	_, _, err = translate("t.cu", "__shared__ int a = 3;")
 	require.ErrorContains(t, err, "cannot rewrite")
 }

@@ -40,8 +40,17 @@ func translate(file, src string) (out string, unknown []string, err error) {
 			if unk != "" {
 				unknown = append(unknown, fmt.Sprintf("%s:%d: %s", file, lineOf(src, j), unk))
 			}
-			// Keep the line count: the asm statement may span lines.
-			b.WriteString(code + strings.Repeat("\n", strings.Count(src[j:end], "\n")))
+			// Keep the line count: the asm statement may span lines (of a
+			// macro, too: continuations stay).
+			b.WriteString(code)
+			for k := j; k < end; k++ {
+				if src[k] == '\n' {
+					if k > j && src[k-1] == '\\' {
+						b.WriteString(" \\")
+					}
+					b.WriteByte('\n')
+				}
+			}
 			i = end
 		case tokShared:
 			end := strings.IndexByte(src[j:], ';')

@@ -202,6 +202,7 @@ func build(file string) (*module, error) {
 		if err := compile(cxx, dir, so, files); err != nil {
 			return nil, fmt.Errorf("cpuemu: building %s: %w", file, err)
 		}
+		prune(dir, base, so)
 	}
 	if m.lib, err = openLibrary(so); err != nil {
 		return nil, fmt.Errorf("cpuemu: loading %s: %w", file, err)
@@ -245,6 +246,18 @@ func cacheDir() (string, error) {
 		return "", fmt.Errorf("cpuemu: cache directory: %w", err)
 	}
 	return dir, nil
+}
+
+// prune removes builds of base older than a week other than keep (every
+// change to the sources leaves a new one behind).
+func prune(dir, base, keep string) {
+	old, _ := filepath.Glob(filepath.Join(dir, base+"-*.so"))
+	for _, f := range old {
+		if st, err := os.Stat(f); err == nil && f != keep && time.Since(st.ModTime()) > 7*24*time.Hour {
+			_ = os.Remove(f)
+			_ = os.Remove(f + ".lock")
+		}
+	}
 }
 
 // compileTimeout bounds one g++ run and the wait for another process

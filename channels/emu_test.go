@@ -31,26 +31,14 @@ func emuRaw(t *testing.T, n int, fn func(ctx context.Context, bs bootstrap.Boots
 	cpuemu.SkipUnavailable(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	bss, err := bootstrap.NewInProcess(n, bootstrap.Config{Timeout: 2 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, bs := range bss {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { errs[r] = errors.Join(errs[r], bs.Close()) }()
-			dev, err := cpuemu.Open(r, cpuemu.Options{SMs: 2})
+	errs := bootstrap.RunInProcess(ctx, n, bootstrap.Config{Timeout: 2 * time.Minute},
+		func(ctx context.Context, bs bootstrap.Bootstrap) error {
+			dev, err := cpuemu.Open(bs.Rank(), cpuemu.Options{SMs: 2})
 			if err != nil {
-				errs[r] = err
-				return
+				return err
 			}
-			errs[r] = errors.Join(fn(ctx, bs, dev), dev.Close())
-		}()
-	}
-	wg.Wait()
+			return errors.Join(fn(ctx, bs, dev), dev.Close())
+		})
 	for r, err := range errs {
 		assert.NoError(t, err, "emulated rank %d", r)
 	}

@@ -65,48 +65,35 @@ func emuRunPlan(t *testing.T, p *plan.Plan, size uint64, dt plan.DataType, pk pl
 			t.Fatal(err)
 		}
 	}
-	bss, err := bootstrap.NewInProcess(W, bootstrap.Config{Timeout: 2 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	orig, got := make([][]byte, W), make([][]byte, W)
-	errs := make([]error, W)
-	var wg sync.WaitGroup
-	for me := range W {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[me] = emuPlanRank(ctx, bss[me], p, res[me], size, dt, pk, func(launch int, in, out []byte) error {
-				mu.Lock()
-				defer mu.Unlock()
-				if in != nil {
-					orig[me] = bytes.Clone(in)
-				} else {
-					got[me] = out
-				}
-				return nil
-			}, func(launch int) error {
-				mu.Lock()
-				defer mu.Unlock()
-				want, err := plan.Expected(p.Collective, dt, plan.ReduceSum, orig, len(got[0]))
-				if err != nil {
-					return err
-				}
-				for r := range got {
-					if i := firstDiff(got[r], want[r]); i >= 0 {
-						return fmt.Errorf("execution %d: rank %d: output differs first at byte %d of %d (got %#x, want %#x)",
-							launch, r, i, len(got[r]), got[r][i], want[r][i])
-					}
-				}
-				return nil
-			})
-			if errs[me] != nil {
-				_ = bss[me].Close()
+	errs := bootstrap.RunInProcess(ctx, W, bootstrap.Config{Timeout: 2 * time.Minute}, func(ctx context.Context, bs bootstrap.Bootstrap) error {
+		me := bs.Rank()
+		return emuPlanRank(ctx, bs, p, res[me], size, dt, pk, func(launch int, in, out []byte) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if in != nil {
+				orig[me] = bytes.Clone(in)
+			} else {
+				got[me] = out
 			}
-		}()
-	}
-	wg.Wait()
+			return nil
+		}, func(launch int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			want, err := plan.Expected(p.Collective, dt, plan.ReduceSum, orig, len(got[0]))
+			if err != nil {
+				return err
+			}
+			for r := range got {
+				if i := firstDiff(got[r], want[r]); i >= 0 {
+					return fmt.Errorf("execution %d: rank %d: output differs first at byte %d of %d (got %#x, want %#x)",
+						launch, r, i, len(got[r]), got[r][i], want[r][i])
+				}
+			}
+			return nil
+		})
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Fatalf("%s, %d bytes, %s, %s: rank %d: %v", p.Name, size, dt, pk, r, err)
@@ -131,7 +118,6 @@ func firstDiff(a, b []byte) int {
 func emuPlanRank(ctx context.Context, bs bootstrap.Bootstrap, p *plan.Plan, r *plan.Resolved, size uint64, dt plan.DataType,
 	pk plan.PacketType, record func(launch int, in, out []byte) error, check func(launch int) error) (err error) {
 	me := bs.Rank()
-	defer func() { err = errors.Join(err, bs.Close()) }()
 	dev, err := cpuemu.Open(me, cpuemu.Options{SMs: 2})
 	if err != nil {
 		return err

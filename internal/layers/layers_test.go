@@ -26,8 +26,10 @@ var layerTable = []struct {
 	{0, "internal/..."},
 	// 1: the CUDA C++ sources, embedded, and their compiler and cache.
 	{1, "kernels/..."},
-	// 2: the seam between host Go and the two backends.
+	// 2: the seam between host Go and the two backends; the CPU emulation
+	// of the kernels is a third backend, for tests.
 	{2, "internal/device"},
+	{2, "internal/cpuemu"},
 	// 3: bootstrap, connections, registered memory, semaphores, channels.
 	{3, "channels/..."},
 	// 4: what runs on channels: routing/layout, the EP protocols, the
@@ -47,7 +49,7 @@ var layerTable = []struct {
 }
 
 // testSupport are packages only tests (and bench) may import.
-var testSupport = []string{"channels/channeltest", "collectives/colltest", "collectives/plan/plantest",
+var testSupport = []string{"internal/cpuemu", "channels/channeltest", "collectives/colltest", "collectives/plan/plantest",
 	"intranode/intranodetest", "collectives/internal/fakenccl", "collectives/nccl/nccltest"}
 
 // mayImportTestSupport are product packages allowed to use test support:

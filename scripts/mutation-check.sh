@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Mutation check of the CPU-emulated kernel tests (issue 12): applies one
+# plausible one-line bug to each kernel source in turn, runs the emulated
+# tests that cover it, expects them to FAIL, and restores the source.
+# Prints one line per mutation; exits 1 if any mutation survived.
+#
+#   scripts/mutation-check.sh            # every mutation
+#   scripts/mutation-check.sh plan_exec  # those whose name contains plan_exec
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+
+# name | file | exact text (must occur once) | replacement | package | -run pattern
+mutations=(
+  "layout-last-block|kernels/layout.cu|s_last = (arrived == gridDim.x - 1);|s_last = (arrived == gridDim.x - 2);|./routing|TestEmulatedLayout"
+  "intranode-combine-weights|kernels/intranode.cu|acc += wv[i];|acc = wv[i];|./intranode|TestEmulatedKernels"
+  "coll_ll-reduction|kernels/coll_ll.cu|          acc.add(x);|          acc.init(x);|./collectives|TestEmulatedKernelsMatchReference/2"
+  "coll_bulk-zc-offset|kernels/coll_bulk.cu|srcs[q] = (q < W) ? s_in[q] + lo * E : nullptr;|srcs[q] = (q < W) ? s_in[q] + (lo + 1) * E : nullptr;|./collectives|TestEmulatedKernelsMatchReference/2"
+  "channel-put-no-signal|kernels/channel_kernels.cu|      goep_mc_signal(ch);\n    }\n  }\n}|      (void)ch;\n    }\n  }\n}|./channels|TestEmulatedMemoryChannels"
+  "port-put-offset|kernels/port_kernels.cu|goep_pc_put(tx, doff + h, soff + h, size - h, stage)|goep_pc_put(tx, doff + h, soff + h + 1, size - h, stage)|./channels|TestEmulatedPortChannels"
+  "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
+)
+
+survived=0
+for m in "${mutations[@]}"; do
+  IFS='|' read -r name file from to pkg run <<<"$m"
+  if [ $# -gt 0 ] && [[ "$name" != *"$1"* ]]; then continue; fi
+  backup=$(mktemp)
+  cp "$file" "$backup"
+  if ! python3 - "$file" "$from" "$to" <<'PY'
+import sys
+path, old, new = sys.argv[1], sys.argv[2].replace("\\n", "\n"), sys.argv[3].replace("\\n", "\n")
+s = open(path).read()
+if s.count(old) != 1:
+    sys.exit(f"{path}: the text to mutate occurs {s.count(old)} times, want 1: {old!r}")
+open(path, "w").write(s.replace(old, new))
+PY
+  then
+    echo "ERROR    $name: cannot apply (the source changed: update scripts/mutation-check.sh)"
+    survived=1
+    rm -f "$backup"
+    continue
+  fi
+  start=$(date +%s)
+  out=$(timeout 900 go test -count=1 -run "$run" "$pkg" 2>&1)
+  rc=$?
+  cp "$backup" "$file"
+  rm -f "$backup"
+  took=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then
+    echo "SURVIVED $name ($file): go test -run '$run' $pkg passed (${took}s)"
+    survived=1
+  elif printf '%s\n' "$out" | grep -q 'cpuemu: building'; then
+    echo "ERROR    $name ($file): the mutated source does not compile"
+    survived=1
+  else
+    first=$(printf '%s\n' "$out" | grep -m1 -E -- '--- FAIL' || true)
+    why=$(printf '%s\n' "$out" | grep -m1 -A1 -E 'Error:' | tail -1 | sed -E 's/^[[:space:]]+//' | cut -c1-200)
+    echo "KILLED   $name ($file): go test -run '$run' $pkg failed (${took}s): ${first# } ${why}"
+  fi
+done
+exit $survived

@@ -1,8 +1,8 @@
 package bench
 
 import (
-	"fmt"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"

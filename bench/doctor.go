@@ -271,16 +271,22 @@ func (d *doctor) coldAndWarm(ctx *cuda.Context) {
 			}
 			_ = mod.Unload()
 		}
+		// A slow warm load is reported, not failed: timings depend on the
+		// machine's load, and a check must not fail on a busy machine.
 		status := d.r.ok
 		if warm+load > warmLoadBudget {
-			status = d.r.fail
+			status = d.r.info
 		}
 		loaded := "not loaded: no GPU"
 		if ctx != nil {
 			loaded = "module load " + ms(load)
 		}
-		status("jit", m.Name, "%s: cold compile %s, warm cache load %s + %s (%d KiB CUBIN)",
-			c.Arch, ms(c.Duration), ms(warm), loaded, len(c.CUBIN)>>10)
+		slow := ""
+		if warm+load > warmLoadBudget {
+			slow = fmt.Sprintf("; slower than the %s goal (a busy machine?)", warmLoadBudget)
+		}
+		status("jit", m.Name, "%s: cold compile %s, warm cache load %s + %s (%d KiB CUBIN)%s",
+			c.Arch, ms(c.Duration), ms(warm), loaded, len(c.CUBIN)>>10, slow)
 	}
 }
 

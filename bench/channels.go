@@ -209,18 +209,9 @@ func (o chanOpts) commConfig() channels.Config {
 
 // channelsGoroutines runs every rank as a goroutine of this process.
 func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error {
-	n := o.ranks
-	if n == 0 {
-		n = 4
-		if o.kind == device.CUDA {
-			var err error
-			if n, err = device.GPUsInUse(); err != nil {
-				return err
-			}
-		}
-	}
-	if n < 2 {
-		return fmt.Errorf("channels needs at least 2 ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", n)
+	n, err := goroutineRanks("channels", o.kind, o.ranks, 0, 2)
+	if err != nil {
+		return err
 	}
 	if note := sharedGPUNote(o.kind, n); note != "" {
 		fmt.Fprintln(stdout, "note:", note)

@@ -26,18 +26,9 @@ type collOutcome struct {
 }
 
 func collGoroutines(ctx context.Context, o collOpts, stdout io.Writer) error {
-	n := o.ranks
-	if n == 0 {
-		n = 4
-		if o.kind == device.CUDA {
-			var err error
-			if n, err = device.GPUsInUse(); err != nil {
-				return err
-			}
-		}
-	}
-	if n < 2 {
-		return fmt.Errorf("collectives needs at least 2 ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", n)
+	n, err := goroutineRanks("collectives", o.kind, o.ranks, 0, 2)
+	if err != nil {
+		return err
 	}
 	o.progress.printf("%d goroutine ranks, %s backend: connecting", n, o.kind)
 	if note := sharedGPUNote(o.kind, n); note != "" {

@@ -84,3 +84,27 @@ func openProcessDevice(kind device.Kind, localRank int) (device.Device, error) {
 	}
 	return device.Open(kind, localRank)
 }
+
+// goroutineRanks is the rank count of a run without a launcher: --ranks
+// when given, else every GPU in use (at most most, when most > 0) or 4 host
+// ranks; fewer than least is refused.
+func goroutineRanks(cmd string, kind device.Kind, ranks, most, least int) (int, error) {
+	n := ranks
+	if n == 0 {
+		n = 4
+		if kind == device.CUDA {
+			gpus, err := device.GPUsInUse()
+			if err != nil {
+				return 0, err
+			}
+			n = gpus
+			if most > 0 {
+				n = min(n, most)
+			}
+		}
+	}
+	if n < least {
+		return 0, fmt.Errorf("%s needs at least %d ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", cmd, least, n)
+	}
+	return n, nil
+}

@@ -48,16 +48,9 @@ type inKey struct {
 
 // intranodeGoroutines runs every rank as a goroutine of this process.
 func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error {
-	n := o.ranks
-	if n == 0 {
-		n = 4
-		if o.kind == device.CUDA {
-			gpus, err := device.GPUsInUse()
-			if err != nil {
-				return err
-			}
-			n = min(gpus, 8)
-		}
+	n, err := goroutineRanks("intranode", o.kind, o.ranks, 8, 1)
+	if err != nil {
+		return err
 	}
 	if _, err := ep.SizeHints(o.config(n), n); err != nil {
 		return err

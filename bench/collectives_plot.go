@@ -9,29 +9,14 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
-	"gonum.org/v1/plot/vg"
 )
 
 // plotColl draws bus bandwidth against bytes per rank, one line per
 // collective and implementation (ours: the fastest native or selector's
 // choice; NCCL), from the flushed and eager rows.
 func plotColl(prefix string, rep collReport) error {
-	type series struct {
-		label string
-		pts   plotter.XYs
-	}
-	var order []string
-	byLabel := map[string]*series{}
-	add := func(label string, x, y float64) {
-		s := byLabel[label]
-		if s == nil {
-			s = &series{label: label}
-			byLabel[label] = s
-			order = append(order, label)
-		}
-		s.pts = append(s.pts, plotter.XY{X: x, Y: y})
-	}
+	var ls lineSet
+	add := ls.add
 	if len(rep.Compare) > 0 {
 		for _, c := range rep.Compare {
 			if c.Mode == "graph" {
@@ -55,7 +40,7 @@ func plotColl(prefix string, rep collReport) error {
 			add(coll+" goep", x, v)
 		}
 	}
-	if len(order) == 0 {
+	if len(ls.order) == 0 {
 		return errors.New("nothing to plot")
 	}
 	p := plot.New()
@@ -66,24 +51,9 @@ func plotColl(prefix string, rep collReport) error {
 	p.X.Tick.Marker = plot.LogTicks{}
 	p.Legend.Top, p.Legend.Left = true, true
 	p.Add(plotter.NewGrid())
-	sort.Strings(order)
-	for i, label := range order {
-		s := byLabel[label]
-		sort.Slice(s.pts, func(a, b int) bool { return s.pts[a].X < s.pts[b].X })
-		line, points, err := plotter.NewLinePoints(s.pts)
-		if err != nil {
-			return err
-		}
-		line.Color = plotutil.Color(i)
-		points.Color = plotutil.Color(i)
-		points.Shape = plotutil.Shape(i)
-		p.Add(line, points)
-		p.Legend.Add(label, line, points)
+	sort.Strings(ls.order)
+	if err := ls.draw(p, false); err != nil {
+		return err
 	}
-	for _, ext := range []string{"png", "svg"} {
-		if err := p.Save(10*vg.Inch, 6*vg.Inch, prefix+"."+ext); err != nil {
-			return err
-		}
-	}
-	return nil
+	return savePlot(p, prefix)
 }

@@ -176,7 +176,7 @@ func TestBadArguments(t *testing.T) {
 		want string
 	}{
 		{"no x", ep.DispatchArgs{TopK: ids}, "no x"},
-		{"x f32", ep.DispatchArgs{X: ep.NewTensor(x.Ptr, ep.F32, T, H), TopK: ids}, "dtype f32 not supported"},
+		{"x f32", ep.DispatchArgs{X: ep.NewTensor(x.Ptr, ep.F32, T, H), TopK: ids}, "dtype fp32 not supported"},
 		{"x hidden", ep.DispatchArgs{X: ep.NewTensor(x.Ptr, ep.BF16, T, 128), TopK: ids}, "shape [6 128], want [*, 256]"},
 		{"x 3-d", ep.DispatchArgs{X: ep.NewTensor(x.Ptr, ep.BF16, 1, T, H), TopK: ids}, "3 dimensions"},
 		{"too many tokens", ep.DispatchArgs{X: ep.NewTensor(x.Ptr, ep.BF16, 9, H), TopK: ep.NewTensor(ids.Ptr, ep.I64, 9, K)}, "at most 8 (Config.MaxTokens)"},
@@ -187,7 +187,7 @@ func TestBadArguments(t *testing.T) {
 		{"scales dtype", ep.DispatchArgs{X: x8, Scales: ep.NewTensor(sc.Ptr, ep.BF16, T, 2), TopK: ids}, "scales: dtype bf16"},
 		{"scales with bf16", ep.DispatchArgs{X: x, Scales: sc, TopK: ids}, "scales given for BF16 x"},
 		{"no ids", ep.DispatchArgs{X: x}, "no top-k ids"},
-		{"f32 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.F32, T, K)}, "top-k ids: dtype f32 not supported (want i64 or i32)"},
+		{"f32 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.F32, T, K)}, "top-k ids: dtype fp32 not supported (want int64 or int32)"},
 		{"misaligned i64 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr+4, ep.I64, T, K)}, "top-k ids: pointer"},
 		{"misaligned i32 ids", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr+2, ep.I32, T, K)}, "not 4-byte aligned"},
 		{"i32 ids columns", ep.DispatchArgs{X: x, TopK: ep.NewTensor(ids.Ptr, ep.I32, T, K+1)}, "top-k ids: shape [6 5], want [6, 4]"},
@@ -200,7 +200,7 @@ func TestBadArguments(t *testing.T) {
 		{"handle tokens", ep.DispatchArgs{X: ep.NewTensor(x.Ptr, ep.BF16, T-1, H), Handle: h}, "the handle was built for 6"},
 		{"launch threads", ep.DispatchArgs{X: x, TopK: ids, Launch: &ep.LaunchConfig{Threads: 48}}, "48 threads per block"},
 		{"launch sms", ep.DispatchArgs{X: x, TopK: ids, Launch: &ep.LaunchConfig{SMs: -2}}, "-2 SMs"},
-		{"out dtype", ep.DispatchArgs{X: x, Handle: h, Out: &ep.DispatchOutputs{X: ep.NewTensor(x.Ptr, ep.F32, 16, H)}}, "out x: dtype f32"},
+		{"out dtype", ep.DispatchArgs{X: x, Handle: h, Out: &ep.DispatchOutputs{X: ep.NewTensor(x.Ptr, ep.F32, 16, H)}}, "out x: dtype fp32"},
 		{"out rows", ep.DispatchArgs{X: x, Handle: h, WorstCase: true, Out: &ep.DispatchOutputs{SrcToken: ep.NewTensor(x.Ptr, ep.I32, 3)}}, "needs at least 16"},
 		{"out weights without weights", ep.DispatchArgs{X: x, Handle: h, Out: &ep.DispatchOutputs{Weights: w}}, "out weights given, but this dispatch has none"},
 	}
@@ -245,7 +245,7 @@ func TestBadArguments(t *testing.T) {
 		want string
 	}{
 		{"no ids", ep.LayoutArgs{}, "no top-k ids"},
-		{"f32 ids", ep.LayoutArgs{TopK: ep.NewTensor(ids.Ptr, ep.F32, T, K)}, "dtype f32 not supported (want i64 or i32)"},
+		{"f32 ids", ep.LayoutArgs{TopK: ep.NewTensor(ids.Ptr, ep.F32, T, K)}, "dtype fp32 not supported (want int64 or int32)"},
 		{"ids columns", ep.LayoutArgs{TopK: ep.NewTensor(ids.Ptr, ep.I64, T, 3)}, "want [*, 4]"},
 		{"too many tokens", ep.LayoutArgs{TopK: ep.NewTensor(ids.Ptr, ep.I32, 9, K)}, "at most 8"},
 	}

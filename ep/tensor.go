@@ -3,56 +3,24 @@ package ep
 import (
 	"fmt"
 	"strings"
+
+	"github.com/goep-dev/goep/dtype"
 )
 
-// DType is the element type of a Tensor.
-type DType uint8
+// DType is the element type of a Tensor: goep's one element type
+// (package dtype), shared with the collectives and the plan executor.
+type DType = dtype.DType
 
 // Element types. The zero value is "no dtype": a Tensor left zero is an
 // absent optional argument.
 const (
-	BF16    DType = iota + 1 // bfloat16
-	FP8E4M3                  // float8 e4m3fn (FP8 rows, with float32 scales)
-	F32
-	I32
-	I64
-	U8 // bytes, and torch.bool storage (0 or 1)
+	BF16    = dtype.BF16    // bfloat16
+	FP8E4M3 = dtype.FP8E4M3 // float8 e4m3fn (FP8 rows, with float32 scales)
+	F32     = dtype.FP32
+	I32     = dtype.I32
+	I64     = dtype.I64
+	U8      = dtype.U8 // bytes, and torch.bool storage (0 or 1)
 )
-
-// Size is the size of one element in bytes.
-func (d DType) Size() int {
-	switch d {
-	case BF16:
-		return 2
-	case FP8E4M3, U8:
-		return 1
-	case F32, I32:
-		return 4
-	case I64:
-		return 8
-	}
-	return 0
-}
-
-func (d DType) String() string {
-	switch d {
-	case BF16:
-		return "bf16"
-	case FP8E4M3:
-		return "fp8_e4m3"
-	case F32:
-		return "f32"
-	case I32:
-		return "i32"
-	case I64:
-		return "i64"
-	case U8:
-		return "u8"
-	case 0:
-		return "none"
-	}
-	return fmt.Sprintf("dtype(%d)", uint8(d))
-}
 
 // Tensor is a dense row-major array in device memory: a pointer (a
 // CUdeviceptr, or a host-backend address), a shape and a dtype. No

@@ -32,11 +32,12 @@
 #define GOEP_COLL_MAX_THREADS 512
 #define GOEP_COLL_DESC_SIZE 32
 
-// Element types (collectives/ref.DataType).
-#define GOEP_COLL_BF16 0
-#define GOEP_COLL_FP16 1
-#define GOEP_COLL_FP32 2
-#define GOEP_COLL_FP8E4M3 3
+// Element types: goep's dtype.DType values (package dtype; collectives/abi
+// checks them against the Go side).
+#define GOEP_COLL_BF16 1
+#define GOEP_COLL_FP16 7
+#define GOEP_COLL_FP32 3
+#define GOEP_COLL_FP8E4M3 2
 
 // Reductions (collectives/ref.Op; only these three run natively).
 #define GOEP_COLL_SUM 0

@@ -101,6 +101,11 @@ for s in $STEPS; do
 		step shared-channels "$BIN/ep-bench" channels --ranks "${SHARED_RANKS:-8}" --check --json "$LOGS/shared-channels.json"
 		step shared-plan "$BIN/ep-bench" plan --plan collectives/plan/testdata/plans/allreduce_pkt.json --backend cuda --size 64K,1M
 		;;
+	# The NCCL-API shim under PyTorch (make nccl-shim): one rank per GPU
+	# present, with and without the shim, then the comparison.
+	torch-shim) step torch-shim python3 scripts/torch_shim_check.py --shim "$BIN/libgoep_nccl.so" ${TORCH_BENCH:+--bench} --out "$LOGS/torch-shim" ;;
+	# A test pattern repeated: RUN_PKG RUN_BIN RUN_PATTERN RUN_COUNT.
+	repeat) step "repeat-$RUN_BIN" gotest "$RUN_PKG" "$RUN_BIN" -test.v -test.count="${RUN_COUNT:-5}" -test.run "$RUN_PATTERN" -test.timeout=9m ;;
 	*) echo "unknown step $s" ;;
 	esac
 done

@@ -247,6 +247,17 @@ func (r *Rank) CheckCounterWait(ctx context.Context) error {
 		return err
 	}
 	wg.Wait()
+	// Every rank's wait ends before any rank frees its counter: a free
+	// synchronizes the whole context, which ranks sharing a GPU share, so a
+	// rank freeing early would wait for a peer's kernel that in turn waits for
+	// that peer's host store (seen as a consistent timeout with 8 ranks on one
+	// GPU).
+	if err := r.barrier(ctx); err != nil {
+		if launchErr != nil {
+			err = errors.Join(r.errorf("counter wait: %w", launchErr), err)
+		}
+		return err
+	}
 	if launchErr != nil {
 		return r.errorf("counter wait: %w", launchErr)
 	}

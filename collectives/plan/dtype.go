@@ -4,69 +4,36 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
-	"strings"
 
 	"github.com/goep-dev/goep/collectives/ref"
+	"github.com/goep-dev/goep/dtype"
 	"github.com/goep-dev/goep/kernels"
 )
 
-// DataType is the element type of a plan execution (reductions depend on
-// it; copies do not).
-type DataType uint8
+// DataType is the element type of a plan execution (goep's one
+// dtype.DType; reductions depend on it, copies do not).
+type DataType = dtype.DType
 
+// The element types the executors run.
 const (
-	BF16 DataType = iota
-	FP16
-	FP32
-	Int32
+	BF16  = dtype.BF16
+	FP16  = dtype.FP16
+	FP32  = dtype.FP32
+	Int32 = dtype.I32
 )
 
 // DataTypes lists the types the executors run.
 var DataTypes = []DataType{BF16, FP16, FP32, Int32}
 
-// Size is the element size in bytes.
-func (d DataType) Size() int {
-	if d == BF16 || d == FP16 {
-		return 2
-	}
-	return 4
-}
-
-func (d DataType) String() string {
-	switch d {
-	case BF16:
-		return "bf16"
-	case FP16:
-		return "fp16"
-	case FP32:
-		return "fp32"
-	case Int32:
-		return "int32"
-	}
-	return fmt.Sprintf("dtype(%d)", uint8(d))
-}
-
 // ParseDataType accepts bf16, fp16, fp32 and int32.
-func ParseDataType(s string) (DataType, error) {
-	for _, d := range DataTypes {
-		if strings.EqualFold(strings.TrimSpace(s), d.String()) {
-			return d, nil
-		}
-	}
-	return 0, fmt.Errorf("unknown data type %q (want bf16, fp16, fp32 or int32)", s)
-}
+func ParseDataType(s string) (DataType, error) { return dtype.ParseOf(s, DataTypes) }
 
-// FromRef maps the collectives' element types (fp8 has no plan executor).
-func FromRef(d ref.DataType) (DataType, error) {
-	switch d {
-	case ref.BF16:
-		return BF16, nil
-	case ref.FP16:
-		return FP16, nil
-	case ref.FP32:
-		return FP32, nil
+// Runs reports whether the executors run d (fp8 has no plan executor).
+func Runs(d DataType) error {
+	if !dtype.In(d, DataTypes) {
+		return fmt.Errorf("plans run %s, not %s", dtype.List(DataTypes), d)
 	}
-	return 0, fmt.Errorf("plans run bf16, fp16, fp32 and int32, not %s", d)
+	return nil
 }
 
 // ReduceInto sets acc[i] = acc[i] op x[i] element by element, rounding to

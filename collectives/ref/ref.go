@@ -26,68 +26,28 @@ import (
 	"math"
 	"strings"
 
+	"github.com/goep-dev/goep/dtype"
 	"github.com/goep-dev/goep/kernels"
 )
 
-// DataType is an element type. The values are the kernels' GOEP_COLL_*
-// dtype codes.
-type DataType uint32
+// DataType is an element type (goep's one dtype.DType). Its values are the
+// collective kernels' GOEP_COLL_* dtype codes (collectives/abi checks them).
+type DataType = dtype.DType
 
+// The element types the collectives run.
 const (
-	BF16    DataType = 0
-	FP16    DataType = 1
-	FP32    DataType = 2
-	FP8E4M3 DataType = 3
+	BF16    = dtype.BF16
+	FP16    = dtype.FP16
+	FP32    = dtype.FP32
+	FP8E4M3 = dtype.FP8E4M3
 )
 
-// DataTypes lists every element type.
+// DataTypes lists every element type the collectives run.
 var DataTypes = []DataType{BF16, FP16, FP32, FP8E4M3}
-
-// Size is the element size in bytes.
-func (d DataType) Size() int {
-	switch d {
-	case BF16, FP16:
-		return 2
-	case FP32:
-		return 4
-	case FP8E4M3:
-		return 1
-	}
-	return 0
-}
-
-// Valid reports whether d is a known type.
-func (d DataType) Valid() bool { return d.Size() != 0 }
-
-func (d DataType) String() string {
-	switch d {
-	case BF16:
-		return "bf16"
-	case FP16:
-		return "fp16"
-	case FP32:
-		return "fp32"
-	case FP8E4M3:
-		return "fp8_e4m3"
-	}
-	return fmt.Sprintf("dtype(%d)", uint32(d))
-}
 
 // ParseDataType accepts bf16, fp16 (half, f16), fp32 (float, f32) and
 // fp8_e4m3 (fp8, e4m3).
-func ParseDataType(s string) (DataType, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "bf16", "bfloat16":
-		return BF16, nil
-	case "fp16", "f16", "half", "float16":
-		return FP16, nil
-	case "fp32", "f32", "float", "float32":
-		return FP32, nil
-	case "fp8_e4m3", "fp8", "e4m3", "float8_e4m3fn":
-		return FP8E4M3, nil
-	}
-	return 0, fmt.Errorf("unknown data type %q (want bf16, fp16, fp32 or fp8_e4m3)", s)
-}
+func ParseDataType(s string) (DataType, error) { return dtype.ParseOf(s, DataTypes) }
 
 // Op is a reduction operator. Sum, Min and Max are native (GOEP_COLL_*
 // codes); Prod and Avg exist only through the NCCL fallback.

@@ -24,6 +24,7 @@ var layerTable = []struct {
 }{
 	// 0: loaders and plain utilities, no goep imports above them.
 	{0, "internal/..."},
+	{0, "dtype"},
 	// 1: the CUDA C++ sources, embedded, and their compiler and cache.
 	{1, "kernels/..."},
 	// 2: the seam between host Go and the two backends; the CPU emulation

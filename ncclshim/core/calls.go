@@ -184,7 +184,7 @@ func (c *Comm) planMatches(x Call, d decision) bool {
 	if c.plans == nil {
 		return false
 	}
-	if _, err := plan.FromRef(d.dt); err != nil {
+	if plan.Runs(d.dt) != nil {
 		return false
 	}
 	n := uint64(d.count * d.dt.Size())

@@ -13,7 +13,12 @@ import (
 // Event marks a point in a stream: a CUevent on the CUDA backend (Handle),
 // nothing on the host backend. Calls take one in After (the stream waits
 // for it first) and return one in Done. Buffer.NewEvent makes one; WrapEvent
-// wraps an engine's own CUevent.
+// wraps an engine's own CUevent. A call given no Done returns an event of
+// the Buffer's pool bound to that call: Release it when nothing will wait
+// on it any more; held past Config.Events later calls, it is recycled and
+// its methods return ErrEventRecycled. SynchronizeContext blocks the host
+// until the event's work is done or ctx ends. Every method is safe on a
+// nil *Event and after its Buffer closed (an error, or 0 from Handle).
 type Event = buffer.Event
 
 // WrapEvent makes an engine's own CUevent (a cudaEvent_t on dev's GPU)

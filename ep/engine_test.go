@@ -426,7 +426,10 @@ func TestEndedContextRefusedBeforeLaunch(t *testing.T) {
 						_, err := b.Combine(c, ep.CombineArgs{X: res[i].RecvX, Handle: res[i].Handle, Stream: st})
 						return err
 					},
-					"layout":  func(c context.Context) error { _, err := b.Layout(c, ep.LayoutArgs{TopK: io[i].args(s, i).TopK}); return err },
+					"layout": func(c context.Context) error {
+						_, err := b.Layout(c, ep.LayoutArgs{TopK: io[i].args(s, i).TopK})
+						return err
+					},
 					"barrier": func(c context.Context) error { _, err := b.Barrier(c, st, nil); return err },
 				}
 				for name, call := range calls {

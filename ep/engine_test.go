@@ -88,6 +88,7 @@ func TestDoneEventPerCall(t *testing.T) {
 					a := io[i].args(s, i)
 					outs[i][round] = s.outs(t, r.devs[i], b.MaxRecv())
 					a.Stream, a.Out = r.streams[i], outs[i][round]
+					var err error
 					res[round][i], err = b.Dispatch(ctx, a)
 					return err
 				}))

@@ -193,6 +193,7 @@ func (r *inRank) timeBF16(sh *inShared, in inTensors, res ep.DispatchResult, com
 				inStep{dk.with(t, "notify+dispatch", "bf16", "graph"), bytes, func() (float64, float64, error) {
 					var last *ep.Handle
 					us, err := r.timeGraph(o.warmup, o.iters, func() error {
+						last.Release() // the host backend re-runs the closure: the last run's handle
 						x, err := r.buf.Dispatch(ctx, worstFull)
 						last = x.Handle
 						return err
@@ -264,6 +265,7 @@ func (r *inRank) timeFP8(sh *inShared, in inTensors, res ep.DispatchResult, byte
 		if err := r.measure(dk.with(t, "notify+dispatch", "fp8", "graph"), bytes, n, false, func() (float64, float64, error) {
 			var last *ep.Handle
 			us, err := r.timeGraph(o.warmup, o.iters, func() error {
+				last.Release() // the host backend re-runs the closure: the last run's handle
 				x, err := r.buf.Dispatch(ctx, full)
 				last = x.Handle
 				return err

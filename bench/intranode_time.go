@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -138,7 +139,7 @@ func (r *inRank) timeBF16(sh *inShared, in inTensors, res ep.DispatchResult, com
 	h := res.Handle
 	if err := r.measure(inKey{Tokens: t, Op: "layout", Dtype: "i64", Mode: "events"}, 0, 0, false, func() (float64, float64, error) {
 		return r.timeCalls(o.warmup, o.iters, func() error {
-			_, err := r.buf.Layout(ep.LayoutArgs{TopK: in.ids, Stream: r.st})
+			_, err := r.buf.Layout(r.ctx, ep.LayoutArgs{TopK: in.ids, Stream: r.st})
 			return err
 		})
 	}); err != nil {
@@ -157,7 +158,7 @@ func (r *inRank) timeBF16(sh *inShared, in inTensors, res ep.DispatchResult, com
 		full := ep.DispatchArgs{X: in.x, TopK: in.ids, Weights: in.w, Stream: r.st, Launch: dl}
 		combine := ep.CombineArgs{X: res.RecvX, Weights: res.RecvWeights, Handle: h, Stream: r.st, Launch: cl}
 		dispatchCall := func(a ep.DispatchArgs) func() error {
-			return func() error { _, err := r.buf.Dispatch(ctx, a); return err }
+			return func() error { return r.dispatchOnce(ctx, a) }
 		}
 		combineCall := func() error { _, err := r.buf.Combine(ctx, combine); return err }
 		steps := []inStep{
@@ -192,6 +193,7 @@ func (r *inRank) timeBF16(sh *inShared, in inTensors, res ep.DispatchResult, com
 				inStep{dk.with(t, "notify+dispatch", "bf16", "graph"), bytes, func() (float64, float64, error) {
 					var last *ep.Handle
 					us, err := r.timeGraph(o.warmup, o.iters, func() error {
+						last.Release() // the host backend re-runs the closure: the last run's handle
 						x, err := r.buf.Dispatch(ctx, worstFull)
 						last = x.Handle
 						return err
@@ -233,7 +235,7 @@ func (r *inRank) timeFP8(sh *inShared, in inTensors, res ep.DispatchResult, byte
 		cached := ep.DispatchArgs{X: in.x8, Scales: in.scales, Handle: res.Handle, Stream: r.st, Launch: dl}
 		full := ep.DispatchArgs{X: in.x8, Scales: in.scales, TopK: in.ids, Stream: r.st, Launch: dl}
 		call := func(a ep.DispatchArgs) func() error {
-			return func() error { _, err := r.buf.Dispatch(ctx, a); return err }
+			return func() error { return r.dispatchOnce(ctx, a) }
 		}
 		if err := r.measure(dk.with(t, "dispatch", "fp8", "cached"), bytes, n, false, func() (float64, float64, error) {
 			us, _, err := r.timeCalls(o.warmup, o.iters, call(cached))
@@ -263,6 +265,7 @@ func (r *inRank) timeFP8(sh *inShared, in inTensors, res ep.DispatchResult, byte
 		if err := r.measure(dk.with(t, "notify+dispatch", "fp8", "graph"), bytes, n, false, func() (float64, float64, error) {
 			var last *ep.Handle
 			us, err := r.timeGraph(o.warmup, o.iters, func() error {
+				last.Release() // the host backend re-runs the closure: the last run's handle
 				x, err := r.buf.Dispatch(ctx, full)
 				last = x.Handle
 				return err
@@ -279,4 +282,16 @@ func (r *inRank) timeFP8(sh *inShared, in inTensors, res ep.DispatchResult, byte
 		}
 	}
 	return nil
+}
+
+// dispatchOnce is one timed dispatch: a non-cached one's new handle is
+// released at once (handles live until released; the next dispatch on the
+// same stream may take the slot).
+func (r *inRank) dispatchOnce(ctx context.Context, a ep.DispatchArgs) error {
+	res, err := r.buf.Dispatch(ctx, a)
+	if a.Handle == nil {
+		res.Handle.Release()
+	}
+	res.Done.Release()
+	return err
 }

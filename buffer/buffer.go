@@ -73,8 +73,14 @@ type Buffer struct {
 	dispatchLaunch, combineLaunch LaunchConfig
 	spinBlocks, sharedGPU         int
 
-	mu     sync.Mutex
+	// calls is held (read) by every call for its whole run and taken by
+	// Close before it frees anything, so nothing frees memory a call is
+	// still reading.
+	calls sync.RWMutex
+
+	mu     sync.Mutex // guards the fields below, and mapped reads
 	events []*Event
+	pool   *eventPool
 	closed bool
 	broken error
 }
@@ -101,8 +107,11 @@ const StageBarrier = 100
 // memory afterwards. dev and bs stay the caller's: Close does not close
 // them.
 func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Config) (_ *Buffer, err error) {
-	if bs == nil || dev == nil {
-		return nil, errors.New("buffer: New needs a bootstrap and a device")
+	if bs == nil || dev == nil || ctx == nil {
+		return nil, errors.New("buffer: New needs a context, a bootstrap and a device")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, ctxError(fmt.Sprintf("buffer: rank %d: new", bs.Rank()), err)
 	}
 	hint, err := SizeHints(cfg, bs.Size())
 	if err != nil {
@@ -121,6 +130,9 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 			err = errors.Join(err, b.free())
 		}
 	}()
+	if b.pool, err = newEventPool(b.ctx, cfg.events()); err != nil {
+		return nil, b.errorf("%w", err)
+	}
 	if err := b.checkConfigs(ctx); err != nil {
 		return nil, err
 	}
@@ -142,7 +154,7 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	}
 	// Nobody launches into a peer's workspace before every rank has it.
 	if _, err := b.exchangeAll(ctx, tagReady, nil); err != nil {
-		return nil, b.errorf("meeting the peers: %w", err)
+		return nil, b.errorf("meeting the peers: %w", timeoutError(err))
 	}
 	return b, nil
 }
@@ -160,7 +172,7 @@ func (b *Buffer) checkConfigs(ctx context.Context) error {
 		c.MaxTokens, c.Hidden, c.TopK, c.Experts, c.FP8, b.hint.Workspace, c.Tag)
 	theirs, err := b.exchangeAll(ctx, tagConfig, []byte(mine))
 	if err != nil {
-		return b.errorf("config check: %w", err)
+		return b.errorf("config check: %w", timeoutError(err))
 	}
 	for r, t := range theirs {
 		if t != nil && string(t) != mine {
@@ -338,32 +350,94 @@ const (
 )
 
 // Mode is the protocol this Buffer runs (chosen by New from the group).
-func (b *Buffer) Mode() Mode { return b.mode }
+// Accessors are safe on a nil *Buffer (zero values) and after Close.
+func (b *Buffer) Mode() Mode {
+	if b == nil {
+		return ""
+	}
+	return b.mode
+}
 
 // Rank is this rank; Ranks the group size.
-func (b *Buffer) Rank() int { return b.rank }
+func (b *Buffer) Rank() int {
+	if b == nil {
+		return 0
+	}
+	return b.rank
+}
 
 // Ranks is the number of ranks in the group.
-func (b *Buffer) Ranks() int { return b.ranks }
+func (b *Buffer) Ranks() int {
+	if b == nil {
+		return 0
+	}
+	return b.ranks
+}
 
 // Config is the configuration the Buffer was built with.
-func (b *Buffer) Config() Config { return b.cfg }
+func (b *Buffer) Config() Config {
+	if b == nil {
+		return Config{}
+	}
+	return b.cfg
+}
 
 // SizeHint is what the Buffer was sized with.
-func (b *Buffer) SizeHint() SizeHint { return b.hint }
+func (b *Buffer) SizeHint() SizeHint {
+	if b == nil {
+		return SizeHint{}
+	}
+	return b.hint
+}
 
 // Device is the caller's device.
-func (b *Buffer) Device() device.Device { return b.user }
+func (b *Buffer) Device() device.Device {
+	if b == nil {
+		return nil
+	}
+	return b.user
+}
 
-// Stream is the Buffer's own stream.
-func (b *Buffer) Stream() device.Stream { return b.stream }
+// Stream is the Buffer's own stream (nil once closed).
+func (b *Buffer) Stream() device.Stream {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	return b.stream
+}
 
 // Memory reports what the Buffer holds now on this rank, its communicator
-// included.
-func (b *Buffer) Memory() Memory { return b.dev.live() }
+// included (nothing once closed).
+func (b *Buffer) Memory() Memory {
+	if b == nil {
+		return Memory{}
+	}
+	return b.dev.live()
+}
 
 // HandleSlots is the number of handle slots.
-func (b *Buffer) HandleSlots() int { return b.cfg.handles() }
+func (b *Buffer) HandleSlots() int {
+	if b == nil {
+		return 0
+	}
+	return b.cfg.handles()
+}
+
+// Events reports the pool of Done events: how many are held by results
+// the engine has not released, the pool's size, and how many held events
+// were recycled because the ring wrapped (each one an engine bug that
+// Event methods report as ErrEventRecycled).
+func (b *Buffer) Events() (held, size int, wraps uint64) {
+	if b == nil || b.pool == nil {
+		return 0, 0, 0
+	}
+	return b.pool.stats()
+}
 
 func (b *Buffer) mappedI32(off int) *atomic.Int32 {
 	return (*atomic.Int32)(unsafe.Pointer(&b.mapped.Host[off]))
@@ -371,12 +445,28 @@ func (b *Buffer) mappedI32(off int) *atomic.Int32 {
 
 func (b *Buffer) storeMapped(off int, v int32) { b.mappedI32(off).Store(v) }
 
+// loadMapped reads a host-mapped counter, 0 once closed: it holds b.mu,
+// which Close takes before freeing, so a reader on another goroutine never
+// touches freed memory.
+func (b *Buffer) loadMapped(off int) int32 {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || len(b.mapped.Host) < off+4 {
+		return 0
+	}
+	return b.mappedI32(off).Load()
+}
+
 // NotifyInvalid reads the invalid-id count the last notify wrote (complete
-// once its stream has passed it); LayoutInvalid the layout kernel's.
-func (b *Buffer) NotifyInvalid() int { return int(b.mappedI32(mappedNotifyInvalid).Load()) }
+// once its stream has passed it); LayoutInvalid the layout kernel's. Both
+// are 0 once closed.
+func (b *Buffer) NotifyInvalid() int { return int(b.loadMapped(mappedNotifyInvalid)) }
 
 // LayoutInvalid reads the invalid-id count of the last layout launch.
-func (b *Buffer) LayoutInvalid() int { return int(b.mappedI32(mappedLayoutInvalid).Load()) }
+func (b *Buffer) LayoutInvalid() int { return int(b.loadMapped(mappedLayoutInvalid)) }
 
 // expertCounts reads the host-mapped per-local-expert counts of the last
 // notify that wrote them.
@@ -396,6 +486,7 @@ const busyPoll = 5 * time.Millisecond
 // gives up on ctx, on a device-side timeout of this rank (the watchdog's
 // record), or when nothing arrives within the wait timeout plus a second
 // (the stream never reached the kernel); each makes the Buffer unusable.
+// The caller holds b.calls, so the counters stay mapped.
 func (b *Buffer) waitRecvCount(ctx context.Context, what string) (int, error) {
 	p := b.mappedI32(mappedRecvCount)
 	if n := p.Load(); n >= 0 {
@@ -411,10 +502,10 @@ func (b *Buffer) waitRecvCount(ctx context.Context, what string) (int, error) {
 			return 0, err
 		}
 		if err := ctx.Err(); err != nil {
-			return 0, b.Fail(b.errorf("%s: waiting for the received count: %w", what, err))
+			return 0, b.Fail(ctxError(fmt.Sprintf("buffer: rank %d: %s: waiting for the received count", b.rank, what), err))
 		}
 		if time.Since(start) > limit {
-			return 0, b.Fail(b.errorf("%s: the received count did not arrive within %s (is the stream blocked?)", what, limit))
+			return 0, b.Fail(b.errorf("%s: the received count did not arrive within %s (is the stream blocked?): %w", what, limit, channels.ErrTimeout))
 		}
 		// Busy-poll (yielding) while the count is expected soon, as DeepEP's
 		// host does: a timer sleep overshoots by tens of microseconds or more,
@@ -430,6 +521,9 @@ func (b *Buffer) waitRecvCount(ctx context.Context, what string) (int, error) {
 // NewEvent creates an event on the Buffer's device, closed with the
 // Buffer unless closed before.
 func (b *Buffer) NewEvent() (*Event, error) {
+	if b == nil {
+		return nil, errNil
+	}
 	if err := b.Usable(); err != nil {
 		return nil, err
 	}
@@ -438,16 +532,42 @@ func (b *Buffer) NewEvent() (*Event, error) {
 		return nil, b.errorf("%w", err)
 	}
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed { // closed meanwhile: nobody would close e
+		return nil, errors.Join(b.errorf("%w", channels.ErrClosed), e.Close())
+	}
 	b.events = append(b.events, e)
-	b.mu.Unlock()
+	return e, nil
+}
+
+// CallEvent is a new call's Done event from the Buffer's pool (see
+// Event): bound to that call until the engine releases it or the pool's
+// ring wraps (Config.Events).
+func (b *Buffer) CallEvent() (*Event, error) {
+	if b == nil {
+		return nil, errNil
+	}
+	if err := b.Usable(); err != nil {
+		return nil, err
+	}
+	e, err := b.pool.get()
+	if err != nil {
+		return nil, b.errorf("%w", err)
+	}
 	return e, nil
 }
 
 // IsCapturing reports whether s is being captured into a CUDA graph
 // (never on the host backend).
 func (b *Buffer) IsCapturing(s device.Stream) (bool, error) {
+	if b == nil {
+		return false, errNil
+	}
 	if b.ctx == nil {
 		return false, nil
+	}
+	if err := b.Usable(); err != nil {
+		return false, err
 	}
 	var h uintptr
 	if s != nil {
@@ -465,6 +585,11 @@ func (b *Buffer) IsCapturing(s device.Stream) (bool, error) {
 // reached its own Barrier. Its waits are bounded like the kernels'; a
 // timeout names the rank that never arrived (Check).
 func (b *Buffer) Barrier(s device.Stream) error {
+	if b == nil {
+		return errNil
+	}
+	b.calls.RLock()
+	defer b.calls.RUnlock()
 	if err := b.Usable(); err != nil {
 		return err
 	}
@@ -484,6 +609,9 @@ func (b *Buffer) Barrier(s device.Stream) error {
 	return nil
 }
 
+// errNil is what methods on a nil *Buffer return.
+var errNil = errors.New("buffer: nil Buffer")
+
 // Usable returns nil while the Buffer may be used: not closed, and no
 // device-side wait of it has timed out (see Check) nor Fail been called.
 func (b *Buffer) Usable() error { return b.Check() }
@@ -494,6 +622,9 @@ func (b *Buffer) Usable() error { return b.Check() }
 // Close. A timeout error wraps *channels.TimeoutError (errors.As) and names
 // the stage and the rank waited on.
 func (b *Buffer) Check() error {
+	if b == nil {
+		return errNil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -529,6 +660,9 @@ func (b *Buffer) describe(err error) error {
 // after its peers' kernels started leaves the protocol state unknown) and
 // returns it; an earlier failure wins.
 func (b *Buffer) Fail(err error) error {
+	if b == nil {
+		return errors.Join(errNil, err)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.broken == nil && !b.closed {
@@ -546,8 +680,18 @@ func (b *Buffer) Fail(err error) error {
 // mappings, slots, counters, events, stream and the communicator. It checks
 // that every allocation was freed. The bootstrap and device stay open.
 // Close after a failure still meets the peers, bounded by ctx and the
-// bootstrap's timeout, and frees everything whatever the outcome.
+// bootstrap's timeout (a timeout wraps channels.ErrTimeout), and frees
+// everything whatever the outcome. It first waits for a call in progress
+// on another goroutine; accessors called meanwhile or later return zero
+// values and calls return ErrClosed. Closing twice, or a nil Buffer, is a
+// no-op.
 func (b *Buffer) Close(ctx context.Context) error {
+	if b == nil {
+		return nil
+	}
+	if ctx == nil {
+		ctx = context.Background() // Close must free whatever it is given
+	}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -555,12 +699,14 @@ func (b *Buffer) Close(ctx context.Context) error {
 	}
 	b.closed = true
 	b.mu.Unlock()
+	b.calls.Lock() // no call is running from here on
+	defer b.calls.Unlock()
 	var errs []error
 	if err := b.stream.Synchronize(); err != nil {
 		errs = append(errs, b.errorf("close: stream: %w", err))
 	}
 	if _, err := b.exchangeAll(ctx, tagClose, nil); err != nil {
-		errs = append(errs, b.errorf("close: meeting the peers: %w", err))
+		errs = append(errs, b.errorf("close: meeting the peers: %w", timeoutError(err)))
 	}
 	errs = append(errs, b.free())
 	return errors.Join(errs...)
@@ -572,13 +718,17 @@ func (b *Buffer) free() error {
 	b.mu.Lock()
 	events := b.events
 	b.events = nil
+	stream := b.stream
+	b.stream = nil
 	b.mu.Unlock()
 	for _, e := range events {
 		errs = append(errs, e.Close())
 	}
-	if b.stream != nil {
-		errs = append(errs, b.stream.Close())
-		b.stream = nil
+	if b.pool != nil {
+		errs = append(errs, b.pool.close())
+	}
+	if stream != nil {
+		errs = append(errs, stream.Close())
 	}
 	for _, p := range []*device.Buffer{&b.ws, &b.table, &b.slots, &b.layout, &b.combine, &b.barrier, &b.ids} {
 		if p.Ptr != 0 {
@@ -586,9 +736,12 @@ func (b *Buffer) free() error {
 			*p = device.Buffer{}
 		}
 	}
-	if b.mapped.Dev != 0 {
-		errs = append(errs, b.dev.FreeHostMapped(b.mapped))
-		b.mapped = device.HostMapped{}
+	b.mu.Lock()
+	mapped := b.mapped
+	b.mapped = device.HostMapped{}
+	b.mu.Unlock()
+	if mapped.Dev != 0 {
+		errs = append(errs, b.dev.FreeHostMapped(mapped))
 	}
 	if b.comm != nil {
 		errs = append(errs, b.comm.Close()) // peers' mappings, semaphores, watchdog
@@ -599,3 +752,33 @@ func (b *Buffer) free() error {
 	}
 	return errors.Join(errs...)
 }
+
+// timeoutErr marks an error as a timeout for errors.Is(err,
+// channels.ErrTimeout) too: bootstrap timeouts and context deadlines are
+// timeouts to an engine, like a device-side wait that ran out.
+type timeoutErr struct{ err error }
+
+func (e *timeoutErr) Error() string   { return e.err.Error() }
+func (e *timeoutErr) Unwrap() []error { return []error{e.err, channels.ErrTimeout} }
+
+// timeoutError wraps err so that it also matches channels.ErrTimeout when
+// it is a bootstrap timeout or a context deadline (nil stays nil).
+func timeoutError(err error) error {
+	if err == nil || errors.Is(err, channels.ErrTimeout) {
+		return err
+	}
+	if errors.Is(err, bootstrap.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		return &timeoutErr{err}
+	}
+	return err
+}
+
+// ctxError is what a call whose context ended returns: what it was doing
+// and ctx's error, a timeout (channels.ErrTimeout too) on a deadline.
+func ctxError(what string, err error) error {
+	return timeoutError(fmt.Errorf("%s: %w", what, err))
+}
+
+// CtxError is ctxError for package ep: a call refused because its context
+// had already ended.
+func CtxError(what string, err error) error { return ctxError(what, err) }

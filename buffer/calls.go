@@ -2,6 +2,7 @@ package buffer
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/intranode"
@@ -39,11 +40,18 @@ type DispatchCall struct {
 	// WorstCase marks the received top-k region "no expert" first, so that
 	// views sized for MaxRecv rows read -1 past the received count.
 	WorstCase bool
-	// ExpertAlignment rounds each local expert's count up (non-cached).
+	// ExpertAlignment rounds each local expert's count up (non-cached),
+	// 0..MaxExpertAlignment.
 	ExpertAlignment int
+	// ScaleStrides are the FP8 scales' element strides {token, column}
+	// (zero: row-major, {Hidden/FP8Block, 1}).
+	ScaleStrides [2]int64
 	// Launch is the resolved launch configuration (LaunchConfig.Resolve).
 	Launch LaunchConfig
 }
+
+// MaxExpertAlignment is the largest DispatchCall.ExpertAlignment.
+const MaxExpertAlignment = intranode.MaxExpertAlignment
 
 // DispatchOutcome is what a dispatch learnt on the host.
 type DispatchOutcome struct {
@@ -65,11 +73,25 @@ type DispatchOutcome struct {
 func (b *Buffer) Dispatch(ctx context.Context, c DispatchCall) (DispatchOutcome, error) {
 	const op = "dispatch"
 	out := DispatchOutcome{NumRecv: -1}
+	if b == nil {
+		return out, errNil
+	}
+	b.calls.RLock()
+	defer b.calls.RUnlock()
 	if err := b.Usable(); err != nil {
 		return out, err
 	}
+	if ctx == nil {
+		return out, b.errorf("%s: nil context", op)
+	}
+	if err := ctx.Err(); err != nil { // refused before anything is enqueued
+		return out, ctxError(fmt.Sprintf("buffer: rank %d: %s: refused before launch", b.rank, op), err)
+	}
 	if c.Slot < 0 || c.Slot >= b.cfg.handles() {
 		return out, b.errorf("%s: handle slot %d of %d", op, c.Slot, b.cfg.handles())
+	}
+	if c.ExpertAlignment < 0 || c.ExpertAlignment > intranode.MaxExpertAlignment {
+		return out, b.errorf("%s: expert alignment %d: want 0..%d", op, c.ExpertAlignment, intranode.MaxExpertAlignment)
 	}
 	s, l := c.Stream, b.hint.Layout
 	slot := b.slot(c.Slot, c.Tokens)
@@ -95,7 +117,8 @@ func (b *Buffer) Dispatch(ctx context.Context, c DispatchCall) (DispatchOutcome,
 			return out, b.Fail(b.errorf("%s: %w", op, err))
 		}
 	}
-	da := intranode.DispatchArgs{X: c.X, FP8: c.FP8, Scales: c.Scales, TopK: topk, Weights: c.Weights, Handle: slot.handle}
+	da := intranode.DispatchArgs{X: c.X, FP8: c.FP8, Scales: c.Scales, ScaleStrides: c.ScaleStrides, TopK: topk,
+		Weights: c.Weights, Handle: slot.handle}
 	launch := c.Launch.intranode()
 	if c.Cached {
 		if err := b.work.Dispatch(b.dev, s, da, launch); err != nil {
@@ -149,6 +172,11 @@ type CombineCall struct {
 // Combine runs a combine. A failed launch makes the Buffer unusable.
 func (b *Buffer) Combine(c CombineCall) error {
 	const op = "combine"
+	if b == nil {
+		return errNil
+	}
+	b.calls.RLock()
+	defer b.calls.RUnlock()
 	if err := b.Usable(); err != nil {
 		return err
 	}
@@ -171,6 +199,11 @@ func (b *Buffer) Combine(c CombineCall) error {
 // int32) top-k ids on s and returns its outputs, views into the Buffer
 // valid until the next Layout. Local: no other rank takes part.
 func (b *Buffer) Layout(s device.Stream, topk uintptr, i32 bool, tokens int, cfg routing.LayoutConfig) (routing.LayoutOutput, error) {
+	if b == nil {
+		return routing.LayoutOutput{}, errNil
+	}
+	b.calls.RLock()
+	defer b.calls.RUnlock()
 	if err := b.Usable(); err != nil {
 		return routing.LayoutOutput{}, err
 	}
@@ -199,8 +232,12 @@ type Recv struct {
 	NumRecv, RankPrefix, ExpertCounts uintptr
 }
 
-// RecvViews returns the receive region and slot i's counts.
+// RecvViews returns the receive region and slot i's counts (zero for a
+// slot out of range, a nil Buffer, or once closed).
 func (b *Buffer) RecvViews(slot int) Recv {
+	if !b.isOpen() || slot < 0 || slot >= b.cfg.handles() {
+		return Recv{}
+	}
 	v := b.work.Recv()
 	s := b.slot(slot, 0)
 	return Recv{X: v.X, Scales: v.Scales, SrcToken: v.SrcToken, TopK: v.TopK, Weights: v.Weights,
@@ -210,6 +247,9 @@ func (b *Buffer) RecvViews(slot int) Recv {
 // CombineInput is this rank's combine input region: BF16 [MaxRecv][Hidden]
 // and float32 [MaxRecv][TopK], read in place by Combine.
 func (b *Buffer) CombineInput() (x, weights uintptr) {
+	if !b.isOpen() {
+		return 0, 0
+	}
 	v := b.work.CombineInput()
 	return v.X, v.Weights
 }
@@ -217,7 +257,21 @@ func (b *Buffer) CombineInput() (x, weights uintptr) {
 // CombineOutputs are the default combine outputs: BF16 [MaxTokens][Hidden]
 // and float32 [MaxTokens][TopK].
 func (b *Buffer) CombineOutputs() (x, weights uintptr) {
+	if !b.isOpen() {
+		return 0, 0
+	}
 	return b.combine.Ptr, b.combine.Ptr + uintptr(alignUp(2*b.cfg.MaxTokens*b.cfg.Hidden))
+}
+
+// isOpen reports a Buffer not closed (perhaps failed): its memory is
+// still there, so views may still be described.
+func (b *Buffer) isOpen() bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.closed
 }
 
 // slotMem is handle slot i's device memory as the kernels see it.

@@ -28,6 +28,10 @@ type Config struct {
 	// Handles is the number of handle slots: how many dispatch handles can
 	// be alive at once (0 means DefaultHandles).
 	Handles int
+	// Events is the size of the pool of per-call Done events (0 means
+	// DefaultEvents): how many results' Done events an engine may hold
+	// unreleased before the oldest is recycled.
+	Events int
 	// WorkspaceBytes, when not 0, is the size of the NVLink workspace to
 	// allocate, like DeepEP's num_nvl_bytes; it must hold every region of
 	// the layout SizeHints computes. 0 means exactly the layout's size.
@@ -46,11 +50,26 @@ type Config struct {
 	Tag int
 }
 
-// DefaultHandles is the number of handle slots when Config.Handles is 0.
-const DefaultHandles = 4
+// DefaultHandles is the number of handle slots when Config.Handles is 0:
+// a pipeline of a few layers and two micro-batches keeps its handles alive
+// until their combines (a slot is small: SizeHint.HandleSlot).
+const DefaultHandles = 16
+
+// MaxHandles and MaxEvents bound Config.Handles and Config.Events.
+const (
+	MaxHandles = 1 << 16
+	MaxEvents  = 1 << 16
+)
 
 // MaxTag is the largest Config.Tag.
 const MaxTag = 1<<24 - 1
+
+func (c Config) events() int {
+	if c.Events == 0 {
+		return DefaultEvents
+	}
+	return c.Events
+}
 
 func (c Config) handles() int {
 	if c.Handles == 0 {
@@ -68,8 +87,10 @@ func (c Config) intranode(ranks int) (intranode.Config, error) {
 		return intranode.Config{}, fmt.Errorf("%d experts do not divide evenly over %d ranks", c.Experts, ranks)
 	case c.MaxTokens < 1 || c.MaxTokens > routing.MaxTokens:
 		return intranode.Config{}, fmt.Errorf("max tokens %d: want 1..%d", c.MaxTokens, routing.MaxTokens)
-	case c.Handles < 0:
-		return intranode.Config{}, fmt.Errorf("%d handle slots", c.Handles)
+	case c.Handles < 0 || c.Handles > MaxHandles:
+		return intranode.Config{}, fmt.Errorf("%d handle slots: want 0..%d", c.Handles, MaxHandles)
+	case c.Events < 0 || c.Events > MaxEvents:
+		return intranode.Config{}, fmt.Errorf("%d done events: want 0..%d", c.Events, MaxEvents)
 	case c.WorkspaceBytes < 0:
 		return intranode.Config{}, fmt.Errorf("workspace of %d bytes", c.WorkspaceBytes)
 	case c.Timeout < 0:

@@ -154,6 +154,9 @@ func (c LaunchConfig) resolveWithin(ranks int, op Op, budget int) (LaunchConfig,
 // the defaults, within this rank's share of a shared GPU), every field
 // filled in.
 func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) {
+	if b == nil {
+		return LaunchConfig{}, errNil
+	}
 	def := b.dispatchLaunch
 	if op == OpCombine {
 		def = b.combineLaunch

@@ -250,28 +250,52 @@ func TestBadArguments(t *testing.T) {
 		{"too many tokens", ep.LayoutArgs{TopK: ep.NewTensor(ids.Ptr, ep.I32, 9, K)}, "at most 8"},
 	}
 	for _, c := range lcases {
-		_, err := b.Layout(c.a)
+		_, err := b.Layout(context.Background(), c.a)
 		require.Error(t, err, c.name)
 		assert.ErrorIs(t, err, ep.ErrInvalidArgument, c.name)
 		assert.Contains(t, err.Error(), c.want, c.name)
 	}
 
-	// Expired handles: Handles is 2, so the third non-cached dispatch
-	// takes the least recently used slot (h's, unless pinned).
-	require.NoError(t, handles[0].Pin())
-	require.NoError(t, handles[1].Pin())
-	for round := 0; round < 2; round++ {
-		require.NoError(t, r.run(func(i int, b *ep.Buffer) error { _, err := b.Dispatch(ctx, good(i)); return err }))
-	}
+	// Handle lifetimes: Handles is 2. The handles above live however many
+	// dispatches follow; a dispatch that finds no free slot is refused on
+	// the spot (every rank alike, before anything is launched) and the
+	// Buffer stays usable; a released handle is refused.
+	second := make([]*ep.Handle, 2)
+	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+		res, err := b.Dispatch(ctx, good(i))
+		second[i] = res.Handle
+		return err
+	}))
+	live, slots, bytes := b.Handles()
+	require.Equal(t, 2, live)
+	require.Equal(t, 2, slots)
+	require.Equal(t, int64(2*b.SizeHint().HandleSlot), bytes)
+	require.Equal(t, b.SizeHint().HandleSlot, h.Bytes())
+	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+		_, err := b.Dispatch(ctx, good(i))
+		if !errors.Is(err, ep.ErrNoHandleSlot) || !errors.Is(err, ep.ErrInvalidArgument) {
+			return fmt.Errorf("a dispatch with every slot live: want ErrNoHandleSlot, got %v", err)
+		}
+		return b.Check()
+	}))
 	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
 		_, err := b.Combine(ctx, ep.CombineArgs{X: recv[i], Handle: handles[i]})
 		return err
-	}), "pinned handles survive later dispatches")
+	}), "handles live until released, whatever dispatches follow")
+	require.NoError(t, handles[0].Pin(), "Pin: a no-op on a live handle")
 	handles[0].Release()
+	handles[0].Release() // twice: nothing
+	require.False(t, h.Live())
+	require.Zero(t, h.Bytes())
 	_, err = b.Combine(ctx, ep.CombineArgs{X: y, Handle: h})
 	require.ErrorIs(t, err, ep.ErrExpiredHandle)
-	assert.Contains(t, err.Error(), "Config.Handles is 2")
+	assert.Contains(t, err.Error(), "released")
+	require.ErrorIs(t, h.Pin(), ep.ErrExpiredHandle)
 	require.NoError(t, b.Check())
+	handles[1].Release()
+	for _, x := range second {
+		x.Release()
+	}
 
 	// Out tensors too small for the received count, found after the host
 	// wait: the result is valid and usable all the same.
@@ -292,6 +316,7 @@ func TestBadArguments(t *testing.T) {
 			return err
 		}
 		_, err = b.Combine(ctx, ep.CombineArgs{X: res.RecvX, Handle: res.Handle})
+		res.Handle.Release()
 		return err
 	}))
 
@@ -301,6 +326,7 @@ func TestBadArguments(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		defer res.Handle.Release()
 		_, err = b.Combine(ctx, ep.CombineArgs{X: res.RecvX, Handle: res.Handle})
 		return err
 	}))
@@ -439,7 +465,7 @@ func TestInvalidIDs(t *testing.T) {
 				}
 				// The layout kernel counts them too.
 				b, d := r.bufs[0], r.devs[0]
-				lr, err := b.Layout(ep.LayoutArgs{TopK: io[0].args(s, 0).TopK, Stream: r.streams[0]})
+				lr, err := b.Layout(context.Background(), ep.LayoutArgs{TopK: io[0].args(s, 0).TopK, Stream: r.streams[0]})
 				require.NoError(t, err)
 				require.NoError(t, lr.Done.Synchronize())
 				require.NoError(t, r.streams[0].Synchronize())
@@ -467,7 +493,7 @@ func TestLayout(t *testing.T) {
 					dt = ep.I32
 				}
 				ids := toDev(t, d, rt.Encode(as32))
-				res, err := b.Layout(ep.LayoutArgs{TopK: ep.NewTensor(ids, dt, 300, 8), Stream: r.streams[0]})
+				res, err := b.Layout(context.Background(), ep.LayoutArgs{TopK: ep.NewTensor(ids, dt, 300, 8), Stream: r.streams[0]})
 				require.NoError(t, err)
 				require.NoError(t, r.streams[0].Synchronize())
 				got := routing.NewLayout(want.Shape)
@@ -523,7 +549,7 @@ func TestMissingRankTimesOut(t *testing.T) {
 					_, err = b.Combine(ctx, ep.CombineArgs{X: res[0].RecvX, Handle: res[0].Handle, Stream: r.streams[0]})
 					stage = "intranode combine entry"
 				case "barrier":
-					_, err = b.Barrier(r.streams[0], nil)
+					_, err = b.Barrier(context.Background(), r.streams[0], nil)
 					stage = "device barrier"
 				}
 				if err == nil { // GPUs: the kernel runs on; it shows when it gives up
@@ -544,9 +570,9 @@ func TestMissingRankTimesOut(t *testing.T) {
 				_, err2 := b.Dispatch(ctx, args(0))
 				require.ErrorIs(t, err2, ep.ErrTimeout)
 				require.Equal(t, err.Error(), err2.Error())
-				_, err2 = b.Layout(ep.LayoutArgs{TopK: args(0).TopK})
+				_, err2 = b.Layout(context.Background(), ep.LayoutArgs{TopK: args(0).TopK})
 				require.ErrorIs(t, err2, ep.ErrTimeout)
-				_, err2 = b.Barrier(nil, nil)
+				_, err2 = b.Barrier(context.Background(), nil, nil)
 				require.ErrorIs(t, err2, ep.ErrTimeout)
 				_, err2 = b.NewEvent()
 				require.ErrorIs(t, err2, ep.ErrTimeout)
@@ -563,7 +589,7 @@ func TestBarrierAndEvents(t *testing.T) {
 			r := newRig(t, kind, 4, ep.Config{MaxTokens: 4, Hidden: 128, TopK: 2, Experts: 8})
 			require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
 				for range 20 {
-					ev, err := b.Barrier(r.streams[i], nil)
+					ev, err := b.Barrier(context.Background(), r.streams[i], nil)
 					if err != nil {
 						return err
 					}

@@ -13,7 +13,12 @@ import (
 // Event marks a point in a stream: a CUevent on the CUDA backend (Handle),
 // nothing on the host backend. Calls take one in After (the stream waits
 // for it first) and return one in Done. Buffer.NewEvent makes one; WrapEvent
-// wraps an engine's own CUevent.
+// wraps an engine's own CUevent. A call given no Done returns an event of
+// the Buffer's pool bound to that call: Release it when nothing will wait
+// on it any more; held past Config.Events later calls, it is recycled and
+// its methods return ErrEventRecycled. SynchronizeContext blocks the host
+// until the event's work is done or ctx ends. Every method is safe on a
+// nil *Event and after its Buffer closed (an error, or 0 from Handle).
 type Event = buffer.Event
 
 // WrapEvent makes an engine's own CUevent (a cudaEvent_t on dev's GPU)
@@ -30,10 +35,10 @@ type Memory = buffer.Memory
 
 // Buffer is one rank's expert-parallel communication buffer on a node: the
 // NVLink workspace shared with every other rank of the group, handle
-// slots, counters, a stream and events (see package buffer). Every rank of
-// the group builds its Buffer at the same time (NewBuffer) and then issues
-// the same collective calls (Layout is local; Dispatch, Combine and Barrier
-// are collective) in the same order.
+// slots, counters, a stream and a pool of Done events (see package
+// buffer). Every rank of the group builds its Buffer at the same time
+// (NewBuffer) and then issues the same collective calls (Layout is local;
+// Dispatch, Combine and Barrier are collective) in the same order.
 //
 // Goroutines: a Buffer's methods may be called from any goroutine and are
 // serialised by the Buffer, but the collective calls of one Buffer must be
@@ -42,34 +47,33 @@ type Memory = buffer.Memory
 // driven by its own goroutine, their kernels may run at once on different
 // streams, and their Tags must differ when they are built or closed
 // concurrently. Check, Memory, InvalidIDs and the accessors may be called
-// at any time, even while another goroutine is in a call.
+// at any time, even while another goroutine is in a call or in Close.
+//
+// Every method is safe on a nil *Buffer and after Close: calls return an
+// error (ErrClosed after Close), accessors their zero value.
 type Buffer struct {
 	b     *buffer.Buffer
 	cfg   Config
 	rank  int
 	ranks int
 
-	mu    sync.Mutex // serialises calls
-	slots []slotState
-	tick  uint64
-	done  map[string]*Event // default Done events, one per operation
-}
-
-// slotState is who holds a handle slot.
-type slotState struct {
-	owner  *Handle
-	used   uint64 // tick of the last use, for least-recently-used reuse
-	pinned bool
+	mu     sync.Mutex // serialises calls
+	slots  []*Handle  // live handle of each slot (nil: free)
+	poison bool       // GOEP_EP_POISON: poison views when they expire
+	// The views of the last call of each kind, poisoned (in debug mode)
+	// when the next call of that kind makes them expire.
+	lastDispatch, lastCombine, lastLayout []poisonView
 }
 
 // NewBuffer builds rank bs.Rank()'s Buffer on dev for a group of bs.Size()
 // ranks (1..8 GPUs of one node, or host-backend goroutine ranks). Every
 // rank calls it at the same time with the same Config. All memory is
 // allocated here: no call on the Buffer allocates device memory. dev and bs
-// stay the caller's; close the Buffer first.
+// stay the caller's; close the Buffer first. A bootstrap timeout or ctx
+// deadline satisfies errors.Is(err, ErrTimeout).
 func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Config) (*Buffer, error) {
-	if bs == nil || dev == nil {
-		return nil, errors.New("ep: NewBuffer needs a bootstrap and a device")
+	if bs == nil || dev == nil || ctx == nil {
+		return nil, &argError{errors.New("ep: NewBuffer needs a context, a bootstrap and a device")}
 	}
 	if _, err := SizeHints(cfg, bs.Size()); err != nil {
 		return nil, &argError{fmt.Errorf("ep: rank %d: %w", bs.Rank(), err)}
@@ -78,62 +82,126 @@ func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Conf
 	if err != nil {
 		return nil, err
 	}
-	eb := &Buffer{b: b, cfg: cfg, rank: b.Rank(), ranks: b.Ranks(),
-		slots: make([]slotState, b.HandleSlots()), done: map[string]*Event{}}
-	for _, op := range []string{"layout", "dispatch", "combine", "barrier"} {
-		e, err := b.NewEvent()
-		if err != nil {
-			return nil, errors.Join(err, b.Close(ctx))
-		}
-		eb.done[op] = e
-	}
-	return eb, nil
+	return &Buffer{b: b, cfg: cfg, rank: b.Rank(), ranks: b.Ranks(),
+		slots: make([]*Handle, b.HandleSlots()), poison: poisonViews()}, nil
 }
 
-// Rank is this rank.
-func (b *Buffer) Rank() int { return b.rank }
+// Rank is this rank (0 for a nil Buffer).
+func (b *Buffer) Rank() int {
+	if b == nil {
+		return 0
+	}
+	return b.rank
+}
 
-// Ranks is the size of the group.
-func (b *Buffer) Ranks() int { return b.ranks }
+// Ranks is the size of the group (0 for a nil Buffer).
+func (b *Buffer) Ranks() int {
+	if b == nil {
+		return 0
+	}
+	return b.ranks
+}
 
 // Config is the configuration the Buffer was built with.
-func (b *Buffer) Config() Config { return b.cfg }
+func (b *Buffer) Config() Config {
+	if b == nil {
+		return Config{}
+	}
+	return b.cfg
+}
 
 // SizeHint is what the Buffer was sized with.
-func (b *Buffer) SizeHint() SizeHint { return b.b.SizeHint() }
+func (b *Buffer) SizeHint() SizeHint {
+	if b == nil {
+		return SizeHint{}
+	}
+	return b.b.SizeHint()
+}
 
-// Memory reports the device and host-mapped memory the Buffer holds now.
-func (b *Buffer) Memory() Memory { return b.b.Memory() }
+// Memory reports the device and host-mapped memory the Buffer holds now
+// (zero once closed).
+func (b *Buffer) Memory() Memory {
+	if b == nil {
+		return Memory{}
+	}
+	return b.b.Memory()
+}
 
-// Device is the Buffer's device.
-func (b *Buffer) Device() Device { return b.b.Device() }
+// Device is the Buffer's device (nil for a nil Buffer).
+func (b *Buffer) Device() Device {
+	if b == nil {
+		return nil
+	}
+	return b.b.Device()
+}
 
-// Stream is the Buffer's own stream, used by calls whose Stream is nil.
-func (b *Buffer) Stream() Stream { return b.b.Stream() }
+// Stream is the Buffer's own stream, used by calls whose Stream is nil
+// (nil once closed).
+func (b *Buffer) Stream() Stream {
+	if b == nil {
+		return nil
+	}
+	return b.b.Stream()
+}
 
 // MaxRecv is the most rows a rank can receive in one dispatch,
 // Ranks*MaxTokens: the row count of worst-case outputs.
-func (b *Buffer) MaxRecv() int { return b.ranks * b.cfg.MaxTokens }
+func (b *Buffer) MaxRecv() int {
+	if b == nil {
+		return 0
+	}
+	return b.ranks * b.cfg.MaxTokens
+}
 
 // LocalExperts is the number of experts on each rank.
-func (b *Buffer) LocalExperts() int { return b.cfg.Experts / b.ranks }
+func (b *Buffer) LocalExperts() int {
+	if b == nil || b.ranks == 0 {
+		return 0
+	}
+	return b.cfg.Experts / b.ranks
+}
 
 // NewEvent creates an event for After and Done, closed with the Buffer.
 // Engines record it on their stream (Record, or cudaEventRecord on its
 // Handle) to order a call after their work.
-func (b *Buffer) NewEvent() (*Event, error) { return b.b.NewEvent() }
+func (b *Buffer) NewEvent() (*Event, error) {
+	if b == nil {
+		return nil, errNilBuffer
+	}
+	return b.b.NewEvent()
+}
+
+// Events reports the Buffer's pool of per-call Done events: how many the
+// engine holds unreleased, the pool's size (Config.Events), and how many
+// held ones were recycled because the ring wrapped (each such event's
+// methods return ErrEventRecycled; a non-zero count is an engine bug).
+func (b *Buffer) Events() (held, size int, wraps uint64) {
+	if b == nil {
+		return 0, 0, 0
+	}
+	return b.b.Events()
+}
 
 // Check returns nil while the Buffer is usable, else the error that made
 // it unusable (a device-side timeout names the stage and the rank waited
 // on; errors.Is(err, ErrTimeout)). Cheap: it reads host-mapped memory.
-func (b *Buffer) Check() error { return b.b.Check() }
+func (b *Buffer) Check() error {
+	if b == nil {
+		return errNilBuffer
+	}
+	return b.b.Check()
+}
 
 // InvalidIDs reports top-k ids outside [-1, Experts) counted by the last
 // dispatch and by the last layout launch of this Buffer, one
-// *InvalidIDsError each (joined; nil when none). Dispatches that wait on
-// the host report theirs from the call itself; for worst-case dispatches
-// and Layout, call this once their Done event has completed.
+// *InvalidIDsError each (joined; nil when none, and once closed).
+// Dispatches that wait on the host report theirs from the call itself; for
+// worst-case dispatches and Layout, call this once their Done event has
+// completed.
 func (b *Buffer) InvalidIDs() error {
+	if b == nil {
+		return nil
+	}
 	var errs []error
 	if n := b.b.NotifyInvalid(); n > 0 {
 		errs = append(errs, &InvalidIDsError{Rank: b.rank, Op: "dispatch", Count: n, Experts: b.cfg.Experts})
@@ -146,12 +214,18 @@ func (b *Buffer) InvalidIDs() error {
 
 // Barrier enqueues a device-side barrier of all ranks on s (nil: the
 // Buffer's stream), after After: work issued on s afterwards starts once
-// every rank's stream has reached its Barrier. Collective. It returns the
-// Buffer's barrier event, recorded after the barrier.
-func (b *Buffer) Barrier(s Stream, after *Event) (*Event, error) {
+// every rank's stream has reached its Barrier. Collective. It returns a
+// Done event of its own (see Event), recorded after the barrier. A ctx
+// that has already ended is refused before anything is enqueued.
+//
+// Changed in this version: Barrier takes a ctx (every blocking call does).
+func (b *Buffer) Barrier(ctx context.Context, s Stream, after *Event) (*Event, error) {
+	if b == nil {
+		return nil, errNilBuffer
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s, err := b.begin("barrier", s, after)
+	s, err := b.begin(ctx, "barrier", s, after)
 	if err != nil {
 		return nil, err
 	}
@@ -164,18 +238,24 @@ func (b *Buffer) Barrier(s Stream, after *Event) (*Event, error) {
 // Close waits for the Buffer's stream, meets every rank, and frees all the
 // Buffer holds, checking nothing is left. Each rank must first have
 // synchronised the streams it used the Buffer on (no kernel of any rank may
-// still read or write the Buffer's memory). Views and handles die with it.
+// still read or write the Buffer's memory). Views, handles and Done events
+// die with it (handles and events then return ErrClosed / errors).
 // Collective; it also works after a failure (bounded by ctx and the
-// bootstrap timeout).
+// bootstrap timeout: a timeout satisfies errors.Is(err, ErrTimeout)).
+// Closing twice, or a nil Buffer, is a no-op.
 func (b *Buffer) Close(ctx context.Context) error {
+	if b == nil {
+		return nil
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for i := range b.slots {
-		if h := b.slots[i].owner; h != nil {
-			h.expired = true
+	for i, h := range b.slots {
+		if h != nil {
+			h.state.Store(handleClosed)
 		}
-		b.slots[i] = slotState{}
+		b.slots[i] = nil
 	}
+	b.lastDispatch, b.lastCombine, b.lastLayout = nil, nil, nil
 	return b.b.Close(ctx)
 }
 
@@ -187,25 +267,44 @@ func (b *Buffer) stream(s Stream) Stream {
 	return s
 }
 
-// begin is the start of every call: the Buffer must be usable, s defaults
-// to the Buffer's stream, and s waits for after.
-func (b *Buffer) begin(op string, s Stream, after *Event) (Stream, error) {
+// usable is the start of every call: not closed nor failed, and a context
+// that has not ended (refused before anything is enqueued).
+func (b *Buffer) usable(ctx context.Context, op string) error {
 	if err := b.b.Usable(); err != nil {
+		return err
+	}
+	if ctx == nil {
+		return b.invalid(op, "nil context")
+	}
+	if err := ctx.Err(); err != nil {
+		return buffer.CtxError(fmt.Sprintf("ep: rank %d: %s: refused before launch", b.rank, op), err)
+	}
+	return nil
+}
+
+// begin is the start of every call's enqueueing: s defaults to the
+// Buffer's stream, and s waits for after.
+func (b *Buffer) begin(ctx context.Context, op string, s Stream, after *Event) (Stream, error) {
+	if err := b.usable(ctx, op); err != nil {
 		return nil, err
 	}
 	s = b.stream(s)
 	if after != nil {
 		if err := after.Wait(s); err != nil {
-			return nil, fmt.Errorf("ep: rank %d: %s: waiting for the After event: %w", b.rank, op, err)
+			return nil, b.invalid(op, "waiting for the After event: %v", err)
 		}
 	}
 	return s, nil
 }
 
-// finish records the call's Done event (done, or the Buffer's own for op).
+// finish records the call's Done event (done, or a new one of the
+// Buffer's pool, bound to this call).
 func (b *Buffer) finish(op string, s Stream, done *Event) (*Event, error) {
 	if done == nil {
-		done = b.done[op]
+		var err error
+		if done, err = b.b.CallEvent(); err != nil {
+			return nil, err
+		}
 	}
 	if err := done.Record(s); err != nil {
 		return nil, b.b.Fail(fmt.Errorf("ep: rank %d: %s: recording the Done event: %w", b.rank, op, err))

@@ -33,8 +33,8 @@ type CombineArgs struct {
 	// view into the Buffer, valid until the next Combine); OutWeights is
 	// F32 [T, TopK], optional likewise (with Weights).
 	Out, OutWeights Tensor
-	// Stream (nil: the Buffer's stream), After, Done and Launch are as in
-	// DispatchArgs.
+	// Stream (nil: the Buffer's stream), After, Done (else an event bound
+	// to this call) and Launch are as in DispatchArgs.
 	Stream Stream
 	After  *Event
 	Done   *Event
@@ -61,6 +61,9 @@ type CombineResult struct {
 // on its stream (the other ranks have read it by then), and must not be
 // written again until the Combine that reads it has.
 func (b *Buffer) CombineInput(h *Handle) (x, weights Tensor, err error) {
+	if b == nil {
+		return Tensor{}, Tensor{}, errNilBuffer
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err := b.b.Usable(); err != nil {
@@ -80,12 +83,16 @@ func (b *Buffer) CombineInput(h *Handle) (x, weights Tensor, err error) {
 // Combine is the reverse of the handle's dispatch: every token's owner
 // reads the rows the ranks it went to computed for it (over NVLink, from
 // their combine inputs) and sums them in fp32. Collective. It never waits on the host, so it can be captured into a CUDA
-// graph. Arguments are checked before any launch, as in Dispatch.
+// graph. Arguments are checked before any launch, as in Dispatch; a ctx
+// that has already ended is refused before anything is enqueued.
 func (b *Buffer) Combine(ctx context.Context, a CombineArgs) (CombineResult, error) {
+	if b == nil {
+		return CombineResult{}, errNilBuffer
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	const op = "combine"
-	if err := b.b.Usable(); err != nil {
+	if err := b.usable(ctx, op); err != nil {
 		return CombineResult{}, err
 	}
 	c := b.cfg
@@ -138,15 +145,25 @@ func (b *Buffer) Combine(ctx context.Context, a CombineArgs) (CombineResult, err
 	if err != nil {
 		return CombineResult{}, err
 	}
-	s, err := b.begin(op, a.Stream, a.After)
+	s, err := b.begin(ctx, op, a.Stream, a.After)
 	if err != nil {
 		return CombineResult{}, err
+	}
+	// The last combine's default output expires here, in stream order.
+	if err := b.poisonExpired(s, &b.lastCombine); err != nil {
+		return CombineResult{}, b.fail(op, err)
 	}
 	call := buffer.CombineCall{Stream: s, Slot: h.slot, Tokens: t, Rows: max(h.numRecv, 0), X: a.X.Ptr,
 		Weights: a.Weights.Ptr, Bias0: a.Bias[0].Ptr, Bias1: a.Bias[1].Ptr, Out: res.X.Ptr, OutWeights: res.Weights.Ptr,
 		Launch: launch}
 	if err := b.b.Combine(call); err != nil {
 		return CombineResult{}, err
+	}
+	if !a.Out.Present() {
+		b.lastCombine = b.viewsToPoison(res.X)
+	}
+	if !a.OutWeights.Present() {
+		b.lastCombine = append(b.lastCombine, b.viewsToPoison(res.Weights)...)
 	}
 	if res.Done, err = b.finish(op, s, a.Done); err != nil {
 		return CombineResult{}, err

@@ -24,11 +24,16 @@ type Config struct {
 	Experts int
 	// FP8 makes room for FP8 dispatch (float32 scales per 128 elements).
 	FP8 bool
-	// Handles is how many dispatch handles may be alive at once (0: 4).
-	// A non-cached dispatch takes a slot; when none is free it takes the
-	// least recently used one that is not pinned, and the handle that had
-	// it expires (using it is an error).
+	// Handles is how many dispatch handles may be alive at once (0: 16,
+	// at most 65536). A non-cached dispatch takes a free slot and its
+	// handle keeps it until Release (or Close); with none free the
+	// dispatch is refused (ErrNoHandleSlot). A slot is SizeHint.HandleSlot
+	// bytes.
 	Handles int
+	// Events is the size of the pool of per-call Done events (0: 64, at
+	// most 65536): how many results' Done events the engine may hold
+	// unreleased before the oldest is recycled (see Event).
+	Events int
 	// WorkspaceBytes, when not 0, is the NVLink workspace size, like
 	// DeepEP's num_nvl_bytes; it must hold every region (SizeHints).
 	WorkspaceBytes int
@@ -88,7 +93,7 @@ func DefaultLaunch(ranks int, op Op) LaunchConfig { return buffer.DefaultLaunch(
 
 func (c Config) buffer() buffer.Config {
 	return buffer.Config{MaxTokens: c.MaxTokens, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts, FP8: c.FP8,
-		Handles: c.Handles, WorkspaceBytes: c.WorkspaceBytes, Timeout: c.Timeout, Tag: c.Tag,
+		Handles: c.Handles, Events: c.Events, WorkspaceBytes: c.WorkspaceBytes, Timeout: c.Timeout, Tag: c.Tag,
 		Dispatch: c.Dispatch, Combine: c.Combine}
 }
 

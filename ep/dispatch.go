@@ -13,7 +13,12 @@ type DispatchArgs struct {
 	// X is this rank's tokens: BF16 [T, Hidden], or FP8E4M3 [T, Hidden]
 	// with Scales; 16-byte aligned. T <= Config.MaxTokens; T may be 0.
 	X Tensor
-	// Scales is F32 [T, Hidden/128], FP8 only.
+	// Scales is F32 [T, Hidden/128], FP8 only, 4-byte aligned, with any
+	// positive element strides (Tensor.Strides; nil: row-major), read by
+	// the dispatch kernel in place: row-major, rows padded to a larger
+	// stride, column-major ([1, T] strides, as grouped-GEMM kernels write
+	// them) and column-major with T padded for TMA ([1, align(T, 4)]) all
+	// work without a copy. Strides are in elements, like torch's stride().
 	Scales Tensor
 	// TopK is the routing, I64 [T, TopK] (what torch.topk returns) or I32
 	// [T, TopK]: global expert ids, -1 for none. Required unless Handle is
@@ -55,7 +60,8 @@ type DispatchArgs struct {
 	Stream Stream
 	After  *Event
 	// Done, when given, is recorded after the dispatch and returned; else
-	// the Buffer's dispatch event is (re-recorded by every dispatch).
+	// a Done event of the Buffer's pool is, bound to this call alone (see
+	// Event: Release it when no longer needed).
 	Done *Event
 	// Launch overrides Config.Dispatch for this call (tuning).
 	Launch *LaunchConfig
@@ -104,9 +110,11 @@ type DispatchResult struct {
 	// device after a worst-case non-cached dispatch.
 	TokensPerExpert       []int
 	TokensPerExpertDevice Tensor
-	// Handle is the new handle (non-cached) or the one passed in.
+	// Handle is the new handle (non-cached) or the one passed in. A new
+	// handle lives until Handle.Release.
 	Handle *Handle
-	// Done is recorded after the dispatch.
+	// Done is recorded after the dispatch: DispatchArgs.Done, or an event
+	// bound to this call (Release it when done with it).
 	Done *Event
 }
 
@@ -130,10 +138,13 @@ type DispatchResult struct {
 // that never arrived, a launch error) makes the Buffer refuse calls until
 // Close.
 func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, error) {
+	if b == nil {
+		return DispatchResult{}, errNilBuffer
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	const op = "dispatch"
-	if err := b.b.Usable(); err != nil {
+	if err := b.usable(ctx, op); err != nil {
 		return DispatchResult{}, err
 	}
 	t, fp8, err := b.checkDispatch(a)
@@ -144,24 +155,32 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 	if err != nil {
 		return DispatchResult{}, err
 	}
+	if a.Handle == nil && !b.freeSlot() { // refused at dispatch time, not at combine time
+		_, err := b.takeSlot(op, t)
+		return DispatchResult{}, err
+	}
 	// Only a non-cached dispatch cares whether it is being captured (a
-	// host wait cannot be; a captured handle stays pinned).
-	capturing := false
+	// host wait cannot be).
 	if a.Handle == nil {
-		if capturing, err = b.b.IsCapturing(b.stream(a.Stream)); err != nil {
+		capturing, err := b.b.IsCapturing(b.stream(a.Stream))
+		if err != nil {
 			return DispatchResult{}, err
 		}
+		if capturing && !a.WorstCase {
+			return DispatchResult{}, b.invalid(op, "a non-cached dispatch that waits on the host cannot be captured into a graph: set WorstCase")
+		}
 	}
-	if capturing && !a.WorstCase {
-		return DispatchResult{}, b.invalid(op, "a non-cached dispatch that waits on the host cannot be captured into a graph: set WorstCase")
-	}
-	s, err := b.begin(op, a.Stream, a.After)
+	s, err := b.begin(ctx, op, a.Stream, a.After)
 	if err != nil {
 		return DispatchResult{}, err
 	}
+	// The last dispatch's views expire here, in stream order.
+	if err := b.poisonExpired(s, &b.lastDispatch); err != nil {
+		return DispatchResult{}, b.fail(op, err)
+	}
 	h := a.Handle
 	if h == nil {
-		if h, err = b.takeSlot(op, t, capturing); err != nil {
+		if h, err = b.takeSlot(op, t); err != nil {
 			return DispatchResult{}, err
 		}
 	}
@@ -172,8 +191,15 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 		TopK: a.TopK.Ptr, TopKI32: a.TopK.DType == I32, Weights: a.Weights.Ptr, Slot: h.slot,
 		Cached: a.Handle != nil, HostWait: a.Handle == nil && !a.WorstCase, WorstCase: worst,
 		ExpertAlignment: a.ExpertAlignment, Launch: launch}
+	if fp8 {
+		call.ScaleStrides = scaleStrides(a.Scales)
+	}
 	got, err := b.b.Dispatch(ctx, call)
 	if err != nil {
+		if a.Handle == nil && b.b.Usable() == nil { // refused before launch: the slot is free again
+			h.state.Store(handleReleased)
+			b.slots[h.slot] = nil
+		}
 		return DispatchResult{}, err
 	}
 	var soft []error // the collective completed: the result is valid
@@ -187,6 +213,7 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 	if a.Handle == nil && a.WorstCase {
 		res.TokensPerExpertDevice = NewTensor(b.b.RecvViews(h.slot).ExpertCounts, I32, b.LocalExperts())
 	}
+	b.lastDispatch = b.viewsToPoison(res.RecvX, res.RecvScales, res.RecvWeights, res.RecvTopK, res.RecvSrcToken)
 	if a.Out != nil {
 		if err := b.copyOut(s, res, a.Out); err != nil {
 			if b.b.Usable() != nil {
@@ -199,6 +226,24 @@ func (b *Buffer) Dispatch(ctx context.Context, a DispatchArgs) (DispatchResult, 
 		return DispatchResult{}, err
 	}
 	return res, errors.Join(soft...)
+}
+
+// freeSlot reports whether a non-cached dispatch would find a slot.
+func (b *Buffer) freeSlot() bool {
+	for _, h := range b.slots {
+		if h == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// scaleStrides is the element strides of validated FP8 scales [T, S].
+func scaleStrides(t Tensor) [2]int64 {
+	if t.Strides == nil {
+		return [2]int64{int64(t.Shape[1]), 1}
+	}
+	return [2]int64{int64(t.Strides[0]), int64(t.Strides[1])}
 }
 
 // views describes the receive region as the result's tensors.
@@ -258,7 +303,7 @@ func (b *Buffer) checkDispatch(a DispatchArgs) (t int, fp8 bool, err error) {
 	case fp8 && !a.Scales.Present():
 		return 0, false, b.invalid(op, "FP8 x needs scales, F32 [%d, %d]", t, c.Hidden/buffer.FP8Block)
 	case fp8:
-		if err := (check{"scales", []DType{F32}, []int{t, c.Hidden / buffer.FP8Block}, false, 4}).validate(a.Scales); err != nil {
+		if err := (check{"scales", []DType{F32}, []int{t, c.Hidden / buffer.FP8Block}, false, 4}).validateStrided(a.Scales, true); err != nil {
 			return 0, false, b.invalid(op, "%v", err)
 		}
 	case a.Scales.Present():
@@ -278,8 +323,8 @@ func (b *Buffer) checkDispatch(a DispatchArgs) (t int, fp8 bool, err error) {
 			return 0, false, b.invalid(op, "%v", err)
 		}
 	}
-	if a.ExpertAlignment < 0 {
-		return 0, false, b.invalid(op, "expert alignment %d", a.ExpertAlignment)
+	if a.ExpertAlignment < 0 || a.ExpertAlignment > MaxExpertAlignment {
+		return 0, false, b.invalid(op, "expert alignment %d: want 0..%d", a.ExpertAlignment, MaxExpertAlignment)
 	}
 	if a.Handle != nil {
 		if err := b.own(a.Handle, op); err != nil {
@@ -372,4 +417,13 @@ func (b *Buffer) launchConfig(o *LaunchConfig, op Op) (LaunchConfig, error) {
 // every field filled in. On a GPU that several ranks share, the defaults
 // shrink to this rank's share of its SMs and an override above it is
 // refused (every rank's kernels must be resident at once).
-func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) { return b.b.LaunchFor(op, o) }
+func (b *Buffer) LaunchFor(op Op, o *LaunchConfig) (LaunchConfig, error) {
+	if b == nil {
+		return LaunchConfig{}, errNilBuffer
+	}
+	return b.b.LaunchFor(op, o)
+}
+
+// MaxExpertAlignment is the largest DispatchArgs.ExpertAlignment (the
+// kernels round counts up in 32 bits).
+const MaxExpertAlignment = buffer.MaxExpertAlignment

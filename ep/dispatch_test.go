@@ -243,6 +243,9 @@ func runSpec(t *testing.T, r *rig, s spec) {
 			checkDispatch(t, s, r, i, results[i], want[i], outs[i], false, fmt.Sprintf("round %d cached", it))
 		}
 		runCombine(t, r, s, results, want, uint64(it))
+		for _, h := range handles { // a handle lives until released
+			h.Release()
+		}
 		if it == 0 {
 			allocs = r.allocations()
 		}

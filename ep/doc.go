@@ -16,16 +16,20 @@
 //	// experts read res.RecvX / res.RecvTopK / res.RecvWeights on s after res.Done,
 //	// and write their outputs into buf.CombineInput(res.Handle)
 //	out, err := buf.Combine(ctx, ep.CombineArgs{X: y, Handle: res.Handle, Stream: s})
+//	res.Handle.Release() // the handle lives until released
+//	res.Done.Release()   // so does the call's Done event, once nothing waits on it
 //
-// Tensors are device pointers with a shape and a dtype (Tensor); no tensor
-// framework is involved. Streams belong to the engine: wrap a CUstream with
-// WrapStream, or pass nil for the Buffer's own stream. Every call may be
-// ordered after an event (After) and records an event when its work is
-// done (Done), so communication overlaps the engine's compute on other
-// streams. Events are Buffer.NewEvent's (CUevents: an engine records them
-// on its streams with cudaEventRecord on Event.Handle, or Event.Record), or
-// the engine's own CUevents wrapped with WrapEvent: the call's stream waits
-// on them on the device (cuStreamWaitEvent), never on the host.
+// Tensors are device pointers with a shape, a dtype and optional strides
+// (Tensor); no tensor framework is involved. Streams belong to the engine:
+// wrap a CUstream with WrapStream, or pass nil for the Buffer's own stream.
+// Every call may be ordered after an event (After) and records an event
+// when its work is done (Done), so communication overlaps the engine's
+// compute on other streams. Events are Buffer.NewEvent's (CUevents: an
+// engine records them on its streams with cudaEventRecord on Event.Handle,
+// or Event.Record), or the engine's own CUevents wrapped with WrapEvent:
+// the call's stream waits on them on the device (cuStreamWaitEvent), never
+// on the host. Every call that may block takes a ctx; one that has already
+// ended is refused before anything is enqueued.
 //
 // Top-k ids may be I64 (torch.topk's dtype) or I32 in Layout and Dispatch:
 // Dispatch widens I32 ids into int64 on the call's stream (a small kernel,
@@ -43,24 +47,56 @@
 // Combine always takes a Handle and never waits on the host. Layout runs
 // DeepEP's get_dispatch_layout for the engine (Dispatch does not need it).
 //
-// # Outputs and their lifetime
+// # What an engine holds, and for how long
 //
-// Dispatch returns views into this rank's workspace, where the peers'
-// kernels wrote the rows directly; they stay valid for work ordered before
-// the next Dispatch of the Buffer (in this rank's stream order: peers write
-// again only once this rank's stream has entered the next dispatch).
-// DispatchArgs.Out copies them into caller buffers instead. Combine writes
-// CombineArgs.Out, or a Buffer-owned view valid until the next Combine.
-// The combine input is fastest in the workspace (CombineInput, or the
-// received rows themselves); anything else is copied there first.
+// Borrowed views. Dispatch returns views into this rank's workspace, where
+// the peers' kernels wrote the rows directly; they are valid for work
+// ordered before the next Dispatch of the Buffer (in this rank's stream
+// order: peers write again only once this rank's stream has entered the
+// next dispatch). Combine's default output (no CombineArgs.Out) is valid
+// until the next Combine, Layout's outputs until the next Layout. The rule
+// is not checked (that would cost a copy); DispatchArgs.Out and
+// CombineArgs.Out copy into caller buffers instead. With the environment
+// variable GOEP_EP_POISON=1 when the Buffer is built, every expired view
+// is overwritten in stream order (NaN rows, 0x80 ids) just before the call
+// that ends it, so a test that reads a view too late fails. The combine
+// input is fastest in the workspace (CombineInput, or the received rows
+// themselves); anything else is copied there first.
+//
+// Done events. A call without its own Done returns an event of the
+// Buffer's pool (Config.Events, default 64), bound to that call: no later
+// call records it again while the engine holds it. Event.Release gives it
+// back. An engine that holds more than the pool's size makes the ring wrap:
+// the oldest held event is recycled for a new call, and its methods then
+// return ErrEventRecycled (Handle returns 0; Buffer.Events counts wraps).
+//
+// Handles. A non-cached dispatch returns a Handle that lives until
+// Handle.Release or Close, whatever else runs, so an engine may keep the
+// handles of a whole pipeline (layers x micro-batches) and combine them in
+// any order. The Buffer has Config.Handles slots (default 16, Handle.Bytes
+// each; Buffer.Handles reports them): a dispatch that finds none free is
+// refused at once with ErrNoHandleSlot, before anything is launched.
+//
+// Strided scales. FP8 scales (DispatchArgs.Scales) may have any positive
+// element strides: column-major and TMA-aligned layouts from grouped-GEMM
+// kernels are read in place by the dispatch kernel. Every other tensor
+// argument must be row-major.
+//
+// Changed in this version (no engine depended on the old forms): Layout
+// and Barrier take a ctx; handles no longer expire by least-recent use
+// (Handle.Pin is a no-op); a call without Done no longer re-records one
+// shared event per operation.
 //
 // # Validation and failures
 //
 // Every argument is checked on the host before anything is launched:
-// dtypes, shapes against Config and against each other, token counts,
-// pointer alignment, launch parameters, handles (another Buffer's, or
-// expired). A refusal wraps ErrInvalidArgument and leaves the Buffer
-// usable. Expert ids cannot be checked on the host without a copy: the
+// dtypes, shapes against Config and against each other, strides, sizes
+// (computed with overflow checks: a size that does not fit is refused,
+// never wrapped), token counts, pointer alignment, launch parameters and
+// every value packed into a 32-bit kernel argument, handles (another
+// Buffer's, released, or none free), events (released or recycled). A
+// refusal wraps ErrInvalidArgument and leaves the Buffer usable; so does a
+// ctx that has already ended (its error, and ErrTimeout on a deadline). Expert ids cannot be checked on the host without a copy: the
 // kernels count ids outside [-1, Experts), treat them as -1, and the call
 // reports them as an *InvalidIDsError with a valid result (WorstCase
 // dispatches and Layout: Buffer.InvalidIDs after Done); engines with host
@@ -73,7 +109,13 @@
 // the rank (errors.Is(err, ErrTimeout); errors.As to
 // *channels.TimeoutError), returned by the call, or for asynchronous work
 // by Check and the next call; from then on the Buffer refuses every call
-// with it until Close.
+// with it until Close. Bootstrap timeouts (NewBuffer, Close) and context
+// deadlines also satisfy errors.Is(err, ErrTimeout).
+//
+// Every method is safe on a nil receiver (*Buffer, *Handle, *Event) and
+// after Close: calls return an error (ErrClosed, ErrExpiredHandle), and
+// accessors their zero value, even when polled from another goroutine
+// while Close runs.
 //
 // # Goroutines
 //

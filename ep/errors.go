@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/goep-dev/goep/buffer"
 	"github.com/goep-dev/goep/channels"
 )
 
@@ -17,9 +18,19 @@ var (
 	ErrClosed = channels.ErrClosed
 	// ErrForeignHandle: a handle from another Buffer.
 	ErrForeignHandle = errors.New("handle belongs to another buffer")
-	// ErrExpiredHandle: a handle whose slot a later dispatch took (see
-	// Config.Handles, Handle.Pin) or that was released.
+	// ErrExpiredHandle: a handle that was released, or whose Buffer was
+	// closed.
 	ErrExpiredHandle = errors.New("handle expired")
+	// ErrNoHandleSlot: a non-cached dispatch found every handle slot held
+	// by a live handle (Config.Handles); it also wraps ErrInvalidArgument:
+	// nothing was launched and the Buffer stays usable.
+	ErrNoHandleSlot = errors.New("no free handle slot")
+	// ErrEventRecycled: a call's Done event held unreleased while more
+	// than Config.Events later calls took theirs: the pool's ring wrapped
+	// and gave its CUevent to a later call (Buffer.Events counts these).
+	ErrEventRecycled = buffer.ErrEventRecycled
+	// ErrEventReleased: a Done event used after Event.Release.
+	ErrEventReleased = buffer.ErrEventReleased
 	// ErrInvalidArgument: validation refused the call before any launch;
 	// the Buffer stays usable.
 	ErrInvalidArgument = errors.New("invalid argument")
@@ -38,6 +49,9 @@ type InvalidIDsError struct {
 func (e *InvalidIDsError) Error() string {
 	return fmt.Sprintf("ep: rank %d: %s: %d top-k ids outside [-1, %d) (treated as -1)", e.Rank, e.Op, e.Count, e.Experts)
 }
+
+// errNilBuffer is what calls on a nil *Buffer return.
+var errNilBuffer = &argError{errors.New("ep: nil Buffer")}
 
 // argError marks a validation failure.
 type argError struct{ err error }

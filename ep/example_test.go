@@ -104,9 +104,13 @@ func rank(bs bootstrap.Bootstrap, r, tokens, hidden, topk, experts int) string {
 	if err != nil {
 		return err.Error()
 	}
-	if err := comb.Done.Synchronize(); err != nil {
+	if err := comb.Done.SynchronizeContext(ctx); err != nil {
 		return err.Error()
 	}
+	// Both Done events and the handle are this engine's until released.
+	res.Done.Release()
+	comb.Done.Release()
+	res.Handle.Release()
 	got := download[uint16](dev, comb.X.Ptr, tokens*hidden)
 	text := fmt.Sprintf("rank %d: received %d rows, tokens per local expert %v\n", r, n, res.TokensPerExpert)
 	for t := 0; t < 2; t++ {

@@ -2,107 +2,161 @@ package ep
 
 import (
 	"fmt"
+	"sync/atomic"
 )
 
 // Handle is what a non-cached dispatch learns about its routing (each
 // token's position at every destination, where every source's rows start,
 // how many rows arrive) and what cached dispatches and combines reuse. Its
-// device memory is one of the Buffer's handle slots; it holds a copy of the
-// routing, so a cached dispatch needs only x.
+// device memory is one of the Buffer's handle slots (Bytes; Config.Handles
+// of them); it holds a copy of the routing, so a cached dispatch needs only
+// x.
 //
-// A handle stays valid until Config.Handles later non-cached dispatches of
-// its Buffer have taken every other slot and then its own (least recently
-// used first; pinned handles are never taken), until Release, or until the
-// Buffer closes; an expired handle is refused (ErrExpiredHandle), never
-// silently misused. A handle from another Buffer is refused
-// (ErrForeignHandle). A dispatch that takes a slot rewrites it in its own
-// stream's order: with several streams on one Buffer, work that still uses
-// the slot's old handle must have completed first (or Pin the handle).
-// Handles of one Buffer are used by one goroutine at a time, like the
-// Buffer.
+// Lifetime: a handle lives until Release, or until its Buffer closes;
+// nothing else ends it. A non-cached dispatch takes a free slot, and when
+// every slot holds a live handle it is refused before anything is launched
+// (ErrNoHandleSlot, wrapping ErrInvalidArgument: the Buffer stays usable),
+// so running out shows at dispatch time, never at combine time. Release
+// the handle once its last cached dispatch and combine are issued: the
+// next dispatch that takes the slot rewrites it in its own stream's order,
+// so with several streams on one Buffer, work that still uses a released
+// handle must have completed first. A released handle, or one of a closed
+// Buffer, is refused (ErrExpiredHandle); a handle from another Buffer is
+// refused (ErrForeignHandle). Handles of one Buffer are used by one
+// goroutine at a time, like the Buffer; the accessors may be read from any
+// goroutine, and every method is safe on a nil *Handle.
+//
+// Changed in this version: handles no longer expire when later dispatches
+// need their slot (least recently used); Pin is a no-op kept for source
+// compatibility.
 type Handle struct {
 	buf             *Buffer
 	slot            int
 	tokens          int
 	numRecv         int // -1: not read on the host (worst case)
 	tokensPerExpert []int
-	expired         bool
+	state           atomic.Int32
 }
 
-// Tokens is the number of tokens this rank dispatched.
-func (h *Handle) Tokens() int { return h.tokens }
+// Handle states.
+const (
+	handleLive int32 = iota
+	handleReleased
+	handleClosed
+)
+
+// Tokens is the number of tokens this rank dispatched (0 for nil).
+func (h *Handle) Tokens() int {
+	if h == nil {
+		return 0
+	}
+	return h.tokens
+}
 
 // NumRecv is the number of rows this rank received, or -1 when the
-// dispatch did not wait on the host (worst case): the count is then on the
-// device (DispatchResult.RecvCount).
-func (h *Handle) NumRecv() int { return h.numRecv }
+// dispatch did not wait on the host (worst case; also for nil): the count
+// is then on the device (DispatchResult.RecvCount).
+func (h *Handle) NumRecv() int {
+	if h == nil {
+		return -1
+	}
+	return h.numRecv
+}
 
 // TokensPerExpert is the received (token, local expert) pairs per local
 // expert, rounded up to the expert alignment (nil in the worst case).
-func (h *Handle) TokensPerExpert() []int { return h.tokensPerExpert }
-
-// Pin keeps the handle's slot from being taken by later dispatches (a
-// handle used by a captured graph must stay pinned while the graph may be
-// replayed; a non-cached dispatch captured into a graph pins its handle
-// itself). Release unpins.
-func (h *Handle) Pin() error {
-	h.buf.mu.Lock()
-	defer h.buf.mu.Unlock()
-	if err := h.buf.own(h, "pin"); err != nil {
-		return err
+func (h *Handle) TokensPerExpert() []int {
+	if h == nil {
+		return nil
 	}
-	h.buf.slots[h.slot].pinned = true
-	return nil
+	return h.tokensPerExpert
 }
 
-// Release frees the handle's slot now; the handle expires.
-func (h *Handle) Release() {
+// Live reports whether the handle may be used: not released, and its
+// Buffer not closed.
+func (h *Handle) Live() bool { return h != nil && h.state.Load() == handleLive }
+
+// Bytes is the device memory the handle holds while it lives: one handle
+// slot (send positions, prefixes, counts and a copy of the routing,
+// SizeHint.HandleSlot), 0 once released.
+func (h *Handle) Bytes() int {
+	if !h.Live() {
+		return 0
+	}
+	return h.buf.b.SizeHint().HandleSlot
+}
+
+// Pin checks that the handle is live. Handles no longer expire by use, so
+// there is nothing to pin; it is kept for source compatibility.
+//
+// Deprecated: a handle lives until Release.
+func (h *Handle) Pin() error {
+	if h == nil {
+		return &argError{fmt.Errorf("ep: pin: no handle")}
+	}
 	h.buf.mu.Lock()
 	defer h.buf.mu.Unlock()
-	if h.expired {
+	return h.buf.own(h, "pin")
+}
+
+// Release frees the handle's slot now; the handle expires (later uses are
+// refused with ErrExpiredHandle). Releasing twice, a nil handle, or one of
+// a closed Buffer does nothing.
+func (h *Handle) Release() {
+	if h == nil {
 		return
 	}
-	h.expired = true
-	h.buf.slots[h.slot] = slotState{}
+	h.buf.mu.Lock()
+	defer h.buf.mu.Unlock()
+	if !h.state.CompareAndSwap(handleLive, handleReleased) {
+		return
+	}
+	if h.buf.slots[h.slot] == h {
+		h.buf.slots[h.slot] = nil
+	}
 }
 
-// own checks that h is a live handle of b.
+// own checks that h is a live handle of b (b.mu held).
 func (b *Buffer) own(h *Handle, op string) error {
 	switch {
 	case h == nil:
 		return b.invalid(op, "no handle")
 	case h.buf != b:
 		return &argError{fmt.Errorf("ep: rank %d: %s: %w (handle of rank %d's buffer %p, this is %p)", b.rank, op, ErrForeignHandle, h.buf.rank, h.buf, b)}
-	case h.expired || b.slots[h.slot].owner != h:
-		return &argError{fmt.Errorf("ep: rank %d: %s: %w: its slot was taken by a later dispatch or it was released (Config.Handles is %d; Pin handles kept long)",
-			b.rank, op, ErrExpiredHandle, len(b.slots))}
+	case h.state.Load() == handleClosed:
+		return &argError{fmt.Errorf("ep: rank %d: %s: %w: its Buffer was closed", b.rank, op, ErrExpiredHandle)}
+	case h.state.Load() != handleLive || b.slots[h.slot] != h:
+		return &argError{fmt.Errorf("ep: rank %d: %s: %w: it was released", b.rank, op, ErrExpiredHandle)}
 	}
-	b.tick++
-	b.slots[h.slot].used = b.tick
 	return nil
 }
 
-// takeSlot gives a new handle a slot: a free one, else the least recently
-// used unpinned one, whose handle expires.
-func (b *Buffer) takeSlot(op string, tokens int, pin bool) (*Handle, error) {
-	best := -1
+// Handles reports the handles alive on this Buffer, the slots there are
+// (Config.Handles), and the device memory the live ones hold.
+func (b *Buffer) Handles() (live, slots int, bytes int64) {
+	if b == nil {
+		return 0, 0, 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, h := range b.slots {
+		if h != nil {
+			live++
+		}
+	}
+	return live, len(b.slots), int64(live) * int64(b.b.SizeHint().HandleSlot)
+}
+
+// takeSlot gives a new handle a free slot; when every slot holds a live
+// handle the dispatch is refused, before anything is launched.
+func (b *Buffer) takeSlot(op string, tokens int) (*Handle, error) {
 	for i, s := range b.slots {
-		if s.owner == nil {
-			best = i
-			break
-		}
-		if !s.pinned && (best < 0 || s.used < b.slots[best].used) {
-			best = i
+		if s == nil {
+			h := &Handle{buf: b, slot: i, tokens: tokens, numRecv: -1}
+			b.slots[i] = h
+			return h, nil
 		}
 	}
-	if best < 0 {
-		return nil, b.invalid(op, "all %d handle slots hold pinned handles (Release some, or raise Config.Handles)", len(b.slots))
-	}
-	if old := b.slots[best].owner; old != nil {
-		old.expired = true
-	}
-	b.tick++
-	h := &Handle{buf: b, slot: best, tokens: tokens, numRecv: -1}
-	b.slots[best] = slotState{owner: h, used: b.tick, pinned: pin}
-	return h, nil
+	return nil, &argError{fmt.Errorf("ep: rank %d: %s: %w: all %d slots hold live handles (%d bytes each): Release the handles whose combines are issued, or raise Config.Handles",
+		b.rank, op, ErrNoHandleSlot, len(b.slots), b.b.SizeHint().HandleSlot)}
 }

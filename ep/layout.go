@@ -1,6 +1,7 @@
 package ep
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/goep-dev/goep/routing"
@@ -11,8 +12,8 @@ type LayoutArgs struct {
 	// TopK is the routing, I64 or I32 [T, TopK], T <= MaxTokens; ids
 	// outside [-1, Experts) are ignored and counted (Buffer.InvalidIDs).
 	TopK Tensor
-	// Stream (nil: the Buffer's stream), After and Done are as in
-	// DispatchArgs.
+	// Stream (nil: the Buffer's stream), After and Done (else an event
+	// bound to this call) are as in DispatchArgs.
 	Stream Stream
 	After  *Event
 	Done   *Event
@@ -29,12 +30,18 @@ type LayoutResult struct {
 }
 
 // Layout runs the dispatch-layout kernel on this rank's routing. Local (no
-// other rank takes part), no host synchronisation: it can be captured.
-func (b *Buffer) Layout(a LayoutArgs) (LayoutResult, error) {
+// other rank takes part), no host synchronisation: it can be captured. A
+// ctx that has already ended is refused before anything is enqueued.
+//
+// Changed in this version: Layout takes a ctx (every blocking call does).
+func (b *Buffer) Layout(ctx context.Context, a LayoutArgs) (LayoutResult, error) {
+	if b == nil {
+		return LayoutResult{}, errNilBuffer
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	const op = "layout"
-	if err := b.b.Usable(); err != nil {
+	if err := b.usable(ctx, op); err != nil {
 		return LayoutResult{}, err
 	}
 	c := b.cfg
@@ -48,9 +55,13 @@ func (b *Buffer) Layout(a LayoutArgs) (LayoutResult, error) {
 	if t > c.MaxTokens {
 		return LayoutResult{}, b.invalid(op, "%d tokens: the buffer was sized for at most %d (Config.MaxTokens)", t, c.MaxTokens)
 	}
-	s, err := b.begin(op, a.Stream, a.After)
+	s, err := b.begin(ctx, op, a.Stream, a.After)
 	if err != nil {
 		return LayoutResult{}, err
+	}
+	// The last layout's outputs expire here, in stream order.
+	if err := b.poisonExpired(s, &b.lastLayout); err != nil {
+		return LayoutResult{}, b.fail(op, err)
 	}
 	out, err := b.b.Layout(s, a.TopK.Ptr, a.TopK.DType == I32, t, c.Layout)
 	if err != nil {
@@ -61,6 +72,7 @@ func (b *Buffer) Layout(a LayoutArgs) (LayoutResult, error) {
 		TokensPerExpert: NewTensor(out.TokensPerExpert, I32, c.Experts),
 		IsTokenInRank:   NewTensor(out.IsTokenInRank, U8, t, b.ranks),
 	}
+	b.lastLayout = b.viewsToPoison(res.TokensPerRank, res.TokensPerExpert, res.IsTokenInRank)
 	if res.Done, err = b.finish(op, s, a.Done); err != nil {
 		return LayoutResult{}, err
 	}

@@ -93,6 +93,8 @@ func checkLaunch(t *testing.T, params []cParam, a *device.Args, want map[string]
 				got = uint64(a.GetPtr(i))
 			case p.typ == "u64":
 				got = a.GetU64(i)
+			case p.typ == "i64":
+				got = uint64(a.GetI64(i))
 			case p.typ == "int" || p.typ == "u32":
 				got = uint64(a.GetU32(i))
 			default:
@@ -145,18 +147,27 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 		"recv_base", "num_recv"))
 
 	dispatchWant := func(a intranode.DispatchArgs, rowBytes, scales, slices, skip uint64) map[string]uint64 {
+		st := [2]uint64{uint64(a.ScaleStrides[0]), uint64(a.ScaleStrides[1])}
+		if a.FP8 && st == [2]uint64{} {
+			st = [2]uint64{scales, 1} // row-major
+		}
 		return with(map[string]uint64{
+			"scale_token_stride": st[0], "scale_hidden_stride": st[1],
 			"off_recv_x": off(l.RecvX), "off_recv_scales": off(l.RecvScales), "off_recv_src": off(l.RecvSrcToken),
 			"off_recv_topk": off(l.RecvTopK), "off_recv_weights": off(l.RecvWeights), "x": 0xb010,
 			"scales": uint64(a.Scales), "topk_idx": 0xb108, "topk_weights": 0xb204, "local_experts": 3,
 			"row_bytes": rowBytes, "num_scales": scales, "num_slices": slices, "skip_entry": skip,
 		}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "recv_base")
 	}
-	for _, fp8 := range []bool{false, true} {
+	for _, kind := range []string{"bf16", "fp8", "fp8-column-major"} {
+		fp8 := kind != "bf16"
 		a := intranode.DispatchArgs{X: 0xb010, TopK: 0xb108, Weights: 0xb204, Handle: h, FP8: fp8}
 		rowBytes, scales := uint64(512), uint64(0)
 		if fp8 {
 			a.Scales, rowBytes, scales = 0xb304, 256, 2
+		}
+		if kind == "fp8-column-major" {
+			a.ScaleStrides = [2]int64{1, 8} // T=5 padded to 8 (TMA-aligned)
 		}
 		require.NoError(t, ws.Dispatch(rec, nil, a, intranode.LaunchConfig{NumSMs: 20, Threads: 64}))
 		require.Equal(t, intranode.KernelDispatch, rec.kernel)

@@ -86,6 +86,10 @@ type emuCase struct {
 	// 1024 threads: more than 4 ranks of it exceed the threads the
 	// emulation runs at once).
 	separateNotify bool
+	// stridedScales uploads FP8 scales column-major with T padded to 4
+	// (TMA-aligned) on even iterations and with rows padded by 3 on odd
+	// ones; the kernel reads them in place at those strides.
+	stridedScales bool
 }
 
 func emuRandBF16(rng *rand.Rand, n int) []uint16 {
@@ -99,6 +103,28 @@ func emuRandBF16(rng *rand.Rand, n int) []uint16 {
 		}
 	}
 	return x
+}
+
+// emuStridedScales uploads row-major scales [n][s] column-major with n
+// padded to a multiple of 4, or row-major with rows padded by 3, with the
+// rest of the allocation poisoned, and returns the element strides.
+func emuStridedScales(t *testing.T, d device.Device, sc []float32, n, s int, colMajor bool) (uintptr, [2]int64) {
+	st := [2]int64{int64(s + 3), 1}
+	size := n * (s + 3)
+	if colMajor {
+		st = [2]int64{1, int64((n + 3) / 4 * 4)}
+		size = int(st[1]) * s
+	}
+	buf := make([]float32, size)
+	for i := range buf {
+		buf[i] = float32(math.NaN())
+	}
+	for tok := 0; tok < n; tok++ {
+		for c := 0; c < s; c++ {
+			buf[int64(tok)*st[0]+int64(c)*st[1]] = sc[tok*s+c]
+		}
+	}
+	return emuUp(t, d, buf), st
 }
 
 func emuRunCase(t *testing.T, c emuCase) {
@@ -173,6 +199,9 @@ func emuRunCase(t *testing.T, c emuCase) {
 					ins[i].Scales[j] = rng.Float32()
 				}
 				a.X, a.Scales = emuUp(t, r.Dev, ins[i].XFP8), emuUp(t, r.Dev, ins[i].Scales)
+				if c.stridedScales {
+					a.Scales, a.ScaleStrides = emuStridedScales(t, r.Dev, ins[i].Scales, n, c.hidden/128, it%2 == 0)
+				}
 			} else {
 				ins[i].X = emuRandBF16(rng, n*c.hidden)
 				a.X = emuUp(t, r.Dev, ins[i].X)
@@ -338,7 +367,7 @@ func TestEmulatedKernels(t *testing.T) {
 		{ranks: 4, hidden: 2048, topk: 3, experts: 16, tokens: []int{3, 1, 2, 0}, weights: true, bias: 2,
 			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 128}, iters: 2, separateNotify: true},
 		{ranks: 3, hidden: 1152, topk: 4, experts: 12, tokens: []int{5, 7, 2}, fp8: true, weights: true,
-			cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 64}, iters: 2},
+			cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 64}, iters: 2, stridedScales: true},
 		{ranks: 8, hidden: 256, topk: 8, experts: 256, tokens: []int{100, 90, 80, 120, 64, 0, 1, 99}, weights: true, bias: 2,
 			cfg: intranode.LaunchConfig{NumSMs: 3, Threads: 256}, gen: routing.GenOptions{Masked: 50}, iters: 3,
 			separateNotify: true},
@@ -348,7 +377,7 @@ func TestEmulatedKernels(t *testing.T) {
 		{ranks: 7, hidden: 128, topk: 5, experts: 35, tokens: []int{9, 0, 30, 4, 11, 2, 17}, weights: true,
 			cfg: intranode.LaunchConfig{NumSMs: 2, Threads: 64}, iters: 2, separateNotify: true},
 	} {
-		t.Run(fmt.Sprintf("R%d-H%d-K%d-T%v-fp8=%v", c.ranks, c.hidden, c.topk, c.tokens, c.fp8), func(t *testing.T) {
+		t.Run(fmt.Sprintf("R%d-H%d-K%d-T%v-fp8=%v-strided=%v", c.ranks, c.hidden, c.topk, c.tokens, c.fp8, c.stridedScales), func(t *testing.T) {
 			emuRunCase(t, c)
 		})
 	}

@@ -171,6 +171,10 @@ type LaunchConfig struct {
 	Copy CopyMode
 }
 
+// MaxExpertAlignment is the largest NotifyArgs.ExpertAlignment: the kernel
+// rounds per-expert counts up in int32.
+const MaxExpertAlignment = 1 << 24
+
 // Launch defaults.
 const (
 	DefaultSMs                 = 24
@@ -289,6 +293,15 @@ func (w *Workspace) Notify(dev device.Device, s device.Stream, a NotifyArgs, cfg
 	if threads < 32 || threads > NotifyMaxThreads || threads%32 != 0 {
 		return fmt.Errorf("intranode: notify: %d threads: want a multiple of 32 in 32..%d", threads, NotifyMaxThreads)
 	}
+	// Every value packed into a 32-bit argument is range-checked: the
+	// kernel rounds counts up in int32 ((n + a - 1) / a * a, n <= MaxRecv).
+	if a.ExpertAlignment < 0 || a.ExpertAlignment > MaxExpertAlignment ||
+		int64(l.MaxRecv())+int64(a.ExpertAlignment) > math.MaxInt32 {
+		return fmt.Errorf("intranode: notify: expert alignment %d: want 0..%d (and counts rounded up must fit int32)", a.ExpertAlignment, MaxExpertAlignment)
+	}
+	if a.Handle.Tokens < 0 || a.Handle.Tokens > l.MaxTokens {
+		return fmt.Errorf("intranode: notify: %d tokens: the layout holds 0..%d", a.Handle.Tokens, l.MaxTokens)
+	}
 	args := device.NewArgs(20).
 		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(uint64(l.Counts.Offset)).U64(uint64(l.ExpertCounts.Offset)).
 		Ptr(a.TopK).I32(int32(a.Handle.Tokens)).I32(int32(l.TopK)).I32(int32(l.Experts())).
@@ -308,8 +321,11 @@ type DispatchArgs struct {
 	// FP8; 16-byte aligned.
 	X   uintptr
 	FP8 bool
-	// Scales is float32 [Tokens][Hidden/128] (FP8 only).
-	Scales uintptr
+	// Scales is float32 [Tokens][Hidden/128] (FP8 only), element (token,
+	// c) at Scales + 4*(token*ScaleStrides[0] + c*ScaleStrides[1]); zero
+	// strides mean row-major, {Hidden/128, 1}. Strides are positive.
+	Scales       uintptr
+	ScaleStrides [2]int64
 	// TopK is int64 [Tokens][TopK], the routing the handle was built from.
 	TopK uintptr
 	// Weights is float32 [Tokens][TopK], optional.
@@ -392,14 +408,24 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 	perBlock := ((t + blocks - 1) / blocks) * sl
 	threads = min(threads, max(1, perBlock)*lanesPerWarp)
 	scales := 0
+	strides := a.ScaleStrides
 	if a.FP8 {
 		scales = l.ScalesPerRow()
+		if strides == [2]int64{} {
+			strides = [2]int64{int64(scales), 1}
+		}
+		if strides[0] < 1 || strides[1] < 1 {
+			return fmt.Errorf("intranode: dispatch: scale strides %v: want positive element strides", strides)
+		}
+	}
+	if t < 0 || t > l.MaxTokens {
+		return fmt.Errorf("intranode: dispatch: %d tokens: the layout holds 0..%d", t, l.MaxTokens)
 	}
 	skip := int32(0)
 	if afterNotify {
 		skip = 1
 	}
-	args := device.NewArgs(26).
+	args := device.NewArgs(28).
 		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(uint64(l.RecvX.Offset)).U64(uint64(l.RecvScales.Offset)).
 		U64(uint64(l.RecvSrcToken.Offset)).U64(uint64(l.RecvTopK.Offset)).U64(uint64(l.RecvWeights.Offset)).
 		Ptr(a.X).Ptr(a.Scales).Ptr(a.TopK).Ptr(a.Weights).Ptr(a.Handle.SendPos).Ptr(a.Handle.RecvBase).
@@ -414,7 +440,7 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		smem = threads / lanesPerWarp * TMAStages * piece
 		args.I32(int32(piece)).I32(TMAStages)
 	}
-	args.Ptr(w.Watchdog).U32(w.WaitID)
+	args.Ptr(w.Watchdog).U32(w.WaitID).I64(strides[0]).I64(strides[1])
 	if err := dev.Launch(kernel, device.D1(blocks), device.D1(threads), smem, s, args); err != nil {
 		return fmt.Errorf("intranode: dispatch (%v): %w", mode, err)
 	}
@@ -467,6 +493,9 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 	}
 	l := w.Layout
 	t := a.Handle.Tokens
+	if t < 0 || t > l.MaxTokens {
+		return fmt.Errorf("intranode: combine: %d tokens: the layout holds 0..%d", t, l.MaxTokens)
+	}
 	if a.Rows < 0 || a.Rows > l.MaxRecv() {
 		return fmt.Errorf("intranode: combine: %d rows: the workspace holds 0..%d", a.Rows, l.MaxRecv())
 	}

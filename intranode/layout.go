@@ -40,6 +40,10 @@ const (
 	MaxRanks   = 8    // one NVLink domain; destination masks are 8 bits
 	MaxTopK    = 32   // one lane per top-k slot
 	MaxExperts = 4096 // notify counts experts in shared memory
+	// MaxHidden bounds the row length (elements): row bytes are int32 on
+	// the device, and every region size (rows x MaxRecv, MaxRecv < 2^31)
+	// then fits an int64 with room to spare.
+	MaxHidden = 1 << 24
 	// BF16 rows move as 16-byte vectors: hidden must be a multiple of 8.
 	HiddenMultiple = 8
 	// FP8 scales cover 128 elements each: FP8 hidden must be a multiple of 128.
@@ -139,6 +143,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("intranode: %d ranks: intranode kernels take 1..%d", c.Ranks, MaxRanks)
 	case c.MaxTokens < 1:
 		return fmt.Errorf("intranode: max tokens %d: want >= 1", c.MaxTokens)
+	case c.Hidden > MaxHidden:
+		return fmt.Errorf("intranode: hidden %d: at most %d", c.Hidden, MaxHidden)
 	case c.Hidden < HiddenMultiple || c.Hidden%HiddenMultiple != 0:
 		return fmt.Errorf("intranode: hidden %d: want a positive multiple of %d (rows move as 16-byte vectors)", c.Hidden, HiddenMultiple)
 	case c.FP8 && c.Hidden%FP8Block != 0:

@@ -2,6 +2,8 @@ package intranode
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 
 	"github.com/goep-dev/goep/kernels"
 )
@@ -31,8 +33,12 @@ func (s Shape) Validate() error {
 		return fmt.Errorf("intranode: %d experts do not divide evenly over %d ranks", s.Experts, s.Ranks)
 	case s.TopK < 1:
 		return fmt.Errorf("intranode: top-k %d", s.TopK)
-	case s.Hidden < 1:
-		return fmt.Errorf("intranode: hidden %d", s.Hidden)
+	case s.Hidden < 1 || s.Hidden > MaxHidden:
+		return fmt.Errorf("intranode: hidden %d: want 1..%d", s.Hidden, MaxHidden)
+	case s.TopK > MaxTopK:
+		return fmt.Errorf("intranode: top-k %d: at most %d", s.TopK, MaxTopK)
+	case s.Experts > MaxExperts*MaxRanks:
+		return fmt.Errorf("intranode: %d experts: at most %d", s.Experts, MaxExperts*MaxRanks)
 	}
 	return nil
 }
@@ -155,6 +161,9 @@ func checkInput(s Shape, r int, x RankInput, fp8 bool) error {
 		return fmt.Errorf("intranode: rank %d: top-k ids have %d entries, not a multiple of top-k %d", r, len(x.TopK), s.TopK)
 	}
 	t := x.Tokens(s)
+	if _, ok := mulNonNeg(t, 2*s.Hidden); !ok {
+		return fmt.Errorf("intranode: rank %d: %d tokens of hidden %d overflow a byte count", r, t, s.Hidden)
+	}
 	for i, e := range x.TopK {
 		if e < -1 || e >= int64(s.Experts) {
 			return fmt.Errorf("intranode: rank %d: token %d slot %d: expert id %d outside [-1, %d)", r, i/s.TopK, i%s.TopK, e, s.Experts)
@@ -209,7 +218,13 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 	out := make([]CombineOutput, s.Ranks)
 	withWeights := in[0].Weights != nil
 	for r := range acc {
-		acc[r] = make([]float32, tokens[r]*h)
+		// Sizes from the caller are checked before any make: a count times
+		// hidden that overflows (or is negative) is an error, not a panic.
+		n, ok := mulNonNeg(tokens[r], h)
+		if !ok || tokens[r] > math.MaxInt/max(s.TopK, 1) {
+			return nil, fmt.Errorf("intranode: rank %d: %d tokens of hidden %d: negative or too large", r, tokens[r], h)
+		}
+		acc[r] = make([]float32, n)
 		if withWeights {
 			out[r].Weights = make([]float32, tokens[r]*s.TopK)
 		}
@@ -250,4 +265,17 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 		out[r].X = x
 	}
 	return out, nil
+}
+
+// mulNonNeg is a*b for non-negative a and b, false when either is negative
+// or the product overflows an int.
+func mulNonNeg(a, b int) (int, bool) {
+	if a < 0 || b < 0 {
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt {
+		return 0, false
+	}
+	return int(lo), true
 }

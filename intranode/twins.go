@@ -197,7 +197,7 @@ func notifyTwin(l *device.HostLaunch) error {
 //	 const i32* send_pos, const i32* recv_base, int num_tokens, int k,
 //	 int num_ranks, int rank, int local_experts, int row_bytes,
 //	 int num_scales, int num_slices, int skip_entry, goep_watchdog* wd,
-//	 u32 wait_id)
+//	 u32 wait_id, i64 scale_token_stride, i64 scale_hidden_stride)
 func dispatchTwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 22) }
 
 // dispatchTMATwin is goep_intranode_dispatch_tma: the same parameters with
@@ -206,7 +206,7 @@ func dispatchTwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 22) 
 func dispatchTMATwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 24) }
 
 // dispatchRows runs a dispatch whose watchdog and wait id are parameters
-// wdArg and wdArg+1.
+// wdArg and wdArg+1, and the scales' element strides wdArg+2 and wdArg+3.
 func dispatchRows(a *device.Args, wdArg int) error {
 	offX, offScales, offSrc := uintptr(a.GetU64(2)), uintptr(a.GetU64(3)), uintptr(a.GetU64(4))
 	offTopK, offW := uintptr(a.GetU64(5)), uintptr(a.GetU64(6))
@@ -220,9 +220,18 @@ func dispatchRows(a *device.Args, wdArg int) error {
 		return nil
 	}
 	x := device.HostSlice[byte](a.GetPtr(7), t*rowBytes)
-	var scales, weights []float32
-	if ns > 0 {
-		scales = device.HostSlice[float32](a.GetPtr(8), t*ns)
+	var weights []float32
+	var scales []float32 // row-major copy of the strided scales, [t][ns]
+	if ns > 0 && t > 0 {
+		st, sc := a.GetI64(wdArg+2), a.GetI64(wdArg+3)
+		span := int64(t-1)*st + int64(ns-1)*sc + 1
+		src := device.HostSlice[float32](a.GetPtr(8), int(span))
+		scales = make([]float32, t*ns)
+		for tok := 0; tok < t; tok++ {
+			for c := 0; c < ns; c++ {
+				scales[tok*ns+c] = src[int64(tok)*st+int64(c)*sc]
+			}
+		}
 	}
 	ids := device.HostSlice[int64](a.GetPtr(9), t*k)
 	if p := a.GetPtr(10); p != 0 {

@@ -58,14 +58,16 @@ __global__ void __launch_bounds__(GOEP_IN_DISPATCH_MAX_THREADS)
                             u64 off_recv_topk, u64 off_recv_weights, const u8* x, const float* scales,
                             const i64* topk_idx, const float* topk_weights, const i32* send_pos, const i32* recv_base,
                             int num_tokens, int k, int num_ranks, int rank, int local_experts, int row_bytes,
-                            int num_scales, int num_slices, int skip_entry, goep_watchdog* wd, u32 wait_id);
+                            int num_scales, int num_slices, int skip_entry, goep_watchdog* wd, u32 wait_id,
+                            i64 scale_token_stride, i64 scale_hidden_stride);
 __global__ void __launch_bounds__(GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
     goep_intranode_dispatch_wide(const u64* peers, u64 off_ctrl, u64 off_recv_x, u64 off_recv_scales,
                                  u64 off_recv_src, u64 off_recv_topk, u64 off_recv_weights, const u8* x,
                                  const float* scales, const i64* topk_idx, const float* topk_weights,
                                  const i32* send_pos, const i32* recv_base, int num_tokens, int k, int num_ranks,
                                  int rank, int local_experts, int row_bytes, int num_scales, int num_slices,
-                                 int skip_entry, goep_watchdog* wd, u32 wait_id);
+                                 int skip_entry, goep_watchdog* wd, u32 wait_id,
+                                 i64 scale_token_stride, i64 scale_hidden_stride);
 __global__ void __launch_bounds__(GOEP_IN_COMBINE_MAX_THREADS)
     goep_intranode_combine(const u64* peers, u64 off_ctrl, u64 off_y, u64 off_w, const i32* recv_base,
                            const i32* send_pos, const u8* bias0, const u8* bias1, u8* out, float* out_weights,
@@ -311,7 +313,8 @@ extern "C" __global__ void goep_intranode_dispatch(const u64* peers, u64 off_ctr
                                                    const i32* send_pos, const i32* recv_base, int num_tokens, int k,
                                                    int num_ranks, int rank, int local_experts, int row_bytes,
                                                    int num_scales, int num_slices, int skip_entry,
-                                                   goep_watchdog* wd, u32 wait_id) {
+                                                   goep_watchdog* wd, u32 wait_id,
+                                                   i64 scale_token_stride, i64 scale_hidden_stride) {
   GOEP_IN_DISPATCH_KERNEL_BODY(GOEP_IN_UNROLL, false, GOEP_IN_DISPATCH_MAX_THREADS)
 }
 
@@ -322,7 +325,8 @@ extern "C" __global__ void goep_intranode_dispatch_wide(const u64* peers, u64 of
                                                         const i32* send_pos, const i32* recv_base, int num_tokens,
                                                         int k, int num_ranks, int rank, int local_experts,
                                                         int row_bytes, int num_scales, int num_slices,
-                                                        int skip_entry, goep_watchdog* wd, u32 wait_id) {
+                                                        int skip_entry, goep_watchdog* wd, u32 wait_id,
+                                                        i64 scale_token_stride, i64 scale_hidden_stride) {
   GOEP_IN_DISPATCH_KERNEL_BODY(GOEP_IN_WIDE_UNROLL, true, GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
 }
 

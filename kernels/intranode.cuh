@@ -295,12 +295,14 @@ __device__ __forceinline__ void goep_in_dispatch_finish(const u64* peers, u64 of
 
 // Per-row metadata of token t to its nd destinations (warp-collective):
 // local expert ids and weights (lanes < k), the source token (lane 0), the
-// FP8 scales (lanes strided).
+// FP8 scales (lanes strided), read at element strides {scale_stride_t,
+// scale_stride_c} (row-major {num_scales, 1}, column-major {1, T}, ...).
 __device__ __forceinline__ void goep_in_dispatch_meta(const u64* s_peers, u64 off_recv_scales, u64 off_recv_src,
                                                       u64 off_recv_topk, u64 off_recv_weights, const float* scales,
                                                       const i64* topk_idx, const float* topk_weights, i64 t, int k,
-                                                      int local_experts, int num_scales, int nd, const int* dst,
-                                                      const int* row, int lane) {
+                                                      int local_experts, int num_scales, i64 scale_stride_t,
+                                                      i64 scale_stride_c, int nd, const int* dst, const int* row,
+                                                      int lane) {
   i64 eid = -1;
   float w = 0.0f;
   if (lane < k) {
@@ -328,7 +330,7 @@ __device__ __forceinline__ void goep_in_dispatch_meta(const u64* s_peers, u64 of
     }
   }
   for (int c = lane; c < num_scales; c += 32) {
-    const float v = scales[t * num_scales + c];
+    const float v = scales[t * scale_stride_t + (i64)c * scale_stride_c];  // strided scales, read in place
 #pragma unroll
     for (int i = 0; i < GOEP_IN_MAX_RANKS; ++i) {
       if (i < nd) {
@@ -380,7 +382,8 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
                                                       const float* scales, const i64* topk_idx,
                                                       const float* topk_weights, const i32* send_pos,
                                                       int num_tokens, int k, int num_ranks, int local_experts,
-                                                      int row_bytes, int num_scales, int num_slices) {
+                                                      int row_bytes, int num_scales, i64 scale_stride_t,
+                                                      i64 scale_stride_c, int num_slices) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   const u32 rank_mask = (1u << num_ranks) - 1u;
   const int nchunks = row_bytes >> 4;
@@ -409,7 +412,8 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
       int dst[GOEP_IN_MAX_RANKS], row[GOEP_IN_MAX_RANKS];
       goep_in_gather_dests(pos, row_here, rank_mask, dst, row);
       goep_in_dispatch_meta(s_peers, off_recv_scales, off_recv_src, off_recv_topk, off_recv_weights, scales,
-                            topk_idx, topk_weights, t, k, local_experts, num_scales, nd, dst, row, lane);
+                            topk_idx, topk_weights, t, k, local_experts, num_scales, scale_stride_t,
+                            scale_stride_c, nd, dst, row, lane);
     }
     __syncwarp();
 
@@ -468,7 +472,8 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
   goep_in_dispatch_rows<UNROLL, PREFETCH>(s_peers, s_base, s_drow[tid >> 5], off_recv_x, off_recv_scales,        \
                                           off_recv_src, off_recv_topk, off_recv_weights, x, scales, topk_idx,     \
                                           topk_weights, send_pos, num_tokens, k, num_ranks, local_experts,        \
-                                          row_bytes, num_scales, num_slices);                                     \
+                                          row_bytes, num_scales, scale_token_stride, scale_hidden_stride,        \
+                                          num_slices);                                                            \
   goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, wd, wait_id);
 
 #endif  // GOEP_INTRANODE_CUH

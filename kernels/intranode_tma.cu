@@ -29,7 +29,8 @@ __global__ void __launch_bounds__(GOEP_IN_DISPATCH_TMA_MAX_THREADS)
                                 const float* scales, const i64* topk_idx, const float* topk_weights,
                                 const i32* send_pos, const i32* recv_base, int num_tokens, int k, int num_ranks,
                                 int rank, int local_experts, int row_bytes, int num_scales, int num_slices,
-                                int skip_entry, int piece_bytes, int stages, goep_watchdog* wd, u32 wait_id);
+                                int skip_entry, int piece_bytes, int stages, goep_watchdog* wd, u32 wait_id,
+                                i64 scale_token_stride, i64 scale_hidden_stride);
 }
 
 #if GOEP_ENABLE_TMA
@@ -125,7 +126,8 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
                                                        const i32* send_pos, const i32* recv_base, int num_tokens,
                                                        int k, int num_ranks, int rank, int local_experts,
                                                        int row_bytes, int num_scales, int num_slices, int skip_entry,
-                                                       int piece_bytes, int stages, goep_watchdog* wd, u32 wait_id) {
+                                                       int piece_bytes, int stages, goep_watchdog* wd, u32 wait_id,
+                                                       i64 scale_token_stride, i64 scale_hidden_stride) {
 #if GOEP_ENABLE_TMA
   __shared__ u64 s_epoch;
   __shared__ u64 s_peers[GOEP_IN_MAX_RANKS];
@@ -214,7 +216,8 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
       int dst[GOEP_IN_MAX_RANKS], row[GOEP_IN_MAX_RANKS];
       goep_in_gather_dests(pos, row_here, rank_mask, dst, row);
       goep_in_dispatch_meta(s_peers, off_recv_scales, off_recv_src, off_recv_topk, off_recv_weights, scales,
-                            topk_idx, topk_weights, t, k, local_experts, num_scales, nd, dst, row, lane);
+                            topk_idx, topk_weights, t, k, local_experts, num_scales, scale_token_stride,
+                            scale_hidden_stride, nd, dst, row, lane);
     }
     __syncwarp();
     if (lane == 0) {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/devapi"
@@ -217,16 +219,20 @@ func indexOf(s []int, v int) int {
 // watchdog: a kernel waits for a counter in device memory that the host
 // raises a moment later.
 func (r *Rank) CheckCounterWait(ctx context.Context) error {
-	ctr, err := r.Dev.Alloc(8)
+	// The counter is pinned host memory mapped into the device, raised by a
+	// plain host store: no CUDA call is made while the wait spins. A host
+	// copy into device memory would be stream work, and with ranks sharing a
+	// GPU, streams beyond the hardware queues share in-order queues, so the
+	// copy could sit behind a peer's spinning kernel that waits for its own
+	// copy, which sits behind ours (seen: a stall of 8 ranks on one GPU).
+	ctr, err := r.Dev.AllocHostMapped(8)
 	if err != nil {
 		return err
 	}
-	defer r.Dev.Free(ctr)
-	if err := r.Dev.CopyIn(ctr.Ptr, make([]byte, 8)); err != nil {
-		return err
-	}
+	word := (*atomic.Uint64)(unsafe.Pointer(&ctr.Host[0]))
+	word.Store(0)
 	if err := r.clearOut(1); err != nil {
-		return err
+		return errors.Join(err, r.Dev.FreeHostMapped(ctr))
 	}
 	id := r.Comm.NewWaitID("test counter")
 	var wg sync.WaitGroup
@@ -234,32 +240,25 @@ func (r *Rank) CheckCounterWait(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		args := device.NewArgs(7).Ptr(ctr.Ptr).U64(3).Ptr(r.Comm.Watchdog()).U32(id).U32(uint32(r.me)).U32(6).Ptr(r.out.Ptr)
+		args := device.NewArgs(7).Ptr(ctr.Dev).U64(3).Ptr(r.Comm.Watchdog()).U32(id).U32(uint32(r.me)).U32(6).Ptr(r.out.Ptr)
 		if launchErr = r.launch(devapi.KernelChanWaitValue, 1, 32, args); launchErr == nil {
 			launchErr = r.sync()
 		}
 	}()
 	time.Sleep(20 * time.Millisecond)
-	if r.Dev.Info().Kind == device.Host {
-		devapi.U64(ctr.Ptr).Store(3)
-	} else if err := r.Dev.CopyIn(ctr.Ptr, []byte{3, 0, 0, 0, 0, 0, 0, 0}); err != nil {
-		wg.Wait()
-		return err
-	}
+	word.Store(3)
 	wg.Wait()
-	// Every rank's wait ends before any rank frees its counter: a free
-	// synchronizes the whole context, which ranks sharing a GPU share, so a
-	// rank freeing early would wait for a peer's kernel that in turn waits for
-	// that peer's host store (seen as a consistent timeout with 8 ranks on one
-	// GPU).
-	if err := r.barrier(ctx); err != nil {
-		if launchErr != nil {
-			err = errors.Join(r.errorf("counter wait: %w", launchErr), err)
-		}
-		return err
-	}
+	// Every rank's wait ends before any rank frees its counter: freeing
+	// pinned memory synchronizes the context, which ranks sharing a GPU share.
+	err = r.barrier(ctx)
 	if launchErr != nil {
-		return r.errorf("counter wait: %w", launchErr)
+		err = errors.Join(r.errorf("counter wait: %w", launchErr), err)
+	}
+	if err != nil {
+		return errors.Join(err, r.Dev.FreeHostMapped(ctr))
+	}
+	if err := r.Dev.FreeHostMapped(ctr); err != nil {
+		return err
 	}
 	out, err := r.readOut(1)
 	if err != nil {

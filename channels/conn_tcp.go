@@ -72,10 +72,11 @@ type tcpConnection struct {
 	events       []device.Event
 	cudaCtx      *cuda.Context
 
-	closing atomic.Bool
-	peerBye atomic.Bool // the peer said goodbye on some socket
-	senders sync.WaitGroup
-	readers sync.WaitGroup
+	closing  atomic.Bool
+	peerBye  atomic.Bool // the peer said goodbye on some socket
+	stopOnce sync.Once
+	senders  sync.WaitGroup
+	readers  sync.WaitGroup
 }
 
 // Wire format: every message starts with a 32-byte header, little endian:
@@ -672,7 +673,7 @@ func (t *tcpConnection) receiverFailed(err error) {
 // and every goroutine is waited for.
 func (t *tcpConnection) release() error {
 	t.closing.Store(true)
-	close(t.stopCh)
+	t.stopOnce.Do(func() { close(t.stopCh) })
 	t.sendMu.Lock()
 	grace := time.Now().Add(tcpCloseGrace)
 	for k, q := range t.queues {

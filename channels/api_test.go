@@ -89,7 +89,8 @@ func TestRegisteredMemoryExchange(t *testing.T) {
 		peer := 1 - c.Rank()
 		assert.True(t, mem.IsLocal())
 		assert.Equal(t, c.Rank(), mem.Rank())
-		assert.Equal(t, channels.TransportSet(0).With(channels.TransportHostMemory), mem.Transports())
+		// Host memory within the process; the network transport (TCP) from other nodes.
+		assert.Equal(t, channels.TransportSet(0).With(channels.TransportHostMemory).With(channels.TransportEthernet), mem.Transports())
 		part, err := mem.Slice(1024, 512)
 		if !assert.NoError(t, err) {
 			return errAssert

@@ -55,6 +55,8 @@ type Communicator struct {
 	// GPU runs several ranks (connStream).
 	sharedConnMu     sync.Mutex
 	sharedConnStream device.Stream
+
+	net netState // network transport (transport_config.go)
 }
 
 // tokenSlotSize is the room of one inbound token: 128 bytes, because peers
@@ -77,6 +79,9 @@ func NewCommunicator(bs bootstrap.Bootstrap, dev device.Device, cfg Config) (*Co
 		bs: bs, dev: dev, rank: bs.Rank(), size: bs.Size(), kind: dev.Info().Kind,
 		hostID: hostIdentity(), timeouts: timeouts,
 		imports: map[string]*importRef{}, names: map[uint32]string{}, nextID: 1,
+	}
+	if err := c.initNet(cfg.Network); err != nil {
+		return nil, err
 	}
 	if c.wd, err = newWatchdog(dev, timeouts.Wait); err != nil {
 		return nil, c.errorf("%w", err)

@@ -31,6 +31,9 @@ type Timeouts struct {
 // Config configures NewCommunicator. The zero value is ready to use.
 type Config struct {
 	Timeouts Timeouts
+	// Network configures the transport between nodes (TCP) and the nodes
+	// themselves (virtual nodes of one host).
+	Network NetworkConfig
 }
 
 // TimeoutsFromEnv returns the defaults with $GOEP_CHANNEL_TIMEOUT applied.

@@ -21,9 +21,11 @@ const (
 	// TransportHostMemory: goroutine ranks of the host backend sharing
 	// process memory.
 	TransportHostMemory
-	// TransportIB: InfiniBand / RoCE verbs (port channels, not yet built).
+	// TransportIB: InfiniBand / RoCE verbs (designed for, refused until
+	// built: rdma.go).
 	TransportIB
-	// TransportEthernet: TCP sockets with a receiver thread (not yet built).
+	// TransportEthernet: TCP sockets between nodes, several per
+	// connection, data staged through pinned host buffers (conn_tcp.go).
 	TransportEthernet
 )
 
@@ -36,7 +38,7 @@ func (t Transport) String() string {
 	case TransportIB:
 		return "ib"
 	case TransportEthernet:
-		return "ethernet"
+		return "tcp"
 	}
 	return fmt.Sprintf("transport(%d)", uint8(t))
 }
@@ -188,16 +190,22 @@ func (b *connBase) closeLocked() error {
 	return nil
 }
 
-// Endpoint message, little endian: magic, transport, device kind, 2 zero
-// bytes, rank, host identity.
-const endpointMagic = "goepEP01"
+// Endpoint message, little endian: magic, intra-node transport, device
+// kind, network transport, a zero byte, rank, host identity, locality (16
+// bytes), VirtualNodes (u32), TCP sockets (u32).
+const endpointMagic = "goepEP02"
+
+const endpointSize = 56
 
 func (c *Communicator) endpoint(t Transport) []byte {
-	b := make([]byte, 0, 32)
+	b := make([]byte, 0, endpointSize)
 	b = append(b, endpointMagic...)
-	b = append(b, byte(t), kindCode(c.kind), 0, 0)
+	b = append(b, byte(t), kindCode(c.kind), byte(c.net.cfg.Transport), 0)
 	b = binary.LittleEndian.AppendUint32(b, uint32(c.rank))
-	return append(b, c.hostID[:]...)
+	b = append(b, c.hostID[:]...)
+	b = append(b, c.net.locality[:]...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(c.net.cfg.VirtualNodes))
+	return binary.LittleEndian.AppendUint32(b, uint32(c.net.cfg.Sockets))
 }
 
 // transport picks the transport this rank's device offers.
@@ -208,21 +216,39 @@ func (c *Communicator) transport() Transport {
 	return TransportCudaIPC
 }
 
-// checkEndpoint validates the peer's endpoint against ours.
-func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) error {
-	if len(msg) != 32 || !bytes.Equal(msg[:8], []byte(endpointMagic)) {
-		return c.errorf("connect to rank %d (tag %d): malformed endpoint (%d bytes)", peer, tag, len(msg))
+// checkEndpoint validates the peer's endpoint against ours and picks the
+// pair's transport: t (this rank's intra-node one) for a peer on this
+// node, the network transport for one on another.
+func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) (Transport, error) {
+	le := binary.LittleEndian
+	if len(msg) != endpointSize || !bytes.Equal(msg[:8], []byte(endpointMagic)) {
+		return 0, c.errorf("connect to rank %d (tag %d): malformed endpoint (%d bytes)", peer, tag, len(msg))
+	}
+	if r := int(le.Uint32(msg[12:])); r != peer {
+		return 0, c.errorf("connect to rank %d (tag %d): the endpoint came from rank %d", peer, tag, r)
+	}
+	var loc [16]byte
+	copy(loc[:], msg[32:48])
+	same, err := c.sameNode(peer, loc, int(le.Uint32(msg[48:])))
+	if err != nil {
+		return 0, err
+	}
+	if !same {
+		if nt := Transport(msg[10]); nt != c.net.cfg.Transport {
+			return 0, c.errorf("connect to rank %d (tag %d): Network.Transport is %s on rank %d and %s on rank %d", peer, tag, c.net.cfg.Transport, c.rank, nt, peer)
+		}
+		if n := int(le.Uint32(msg[52:])); n != c.net.cfg.Sockets {
+			return 0, c.errorf("connect to rank %d (tag %d): Network.Sockets is %d on rank %d and %d on rank %d (set by Config or $%s)", peer, tag, c.net.cfg.Sockets, c.rank, n, peer, TCPSocketsEnv)
+		}
+		return c.net.cfg.Transport, nil
 	}
 	if pt := Transport(msg[8]); pt != t {
-		return c.errorf("connect to rank %d (tag %d): this rank offers %s, rank %d offers %s", peer, tag, t, peer, pt)
-	}
-	if r := int(binary.LittleEndian.Uint32(msg[12:])); r != peer {
-		return c.errorf("connect to rank %d (tag %d): the endpoint came from rank %d", peer, tag, r)
+		return 0, c.errorf("connect to rank %d (tag %d): this rank offers %s, rank %d offers %s", peer, tag, t, peer, pt)
 	}
 	if t == TransportCudaIPC && !bytes.Equal(msg[16:32], c.hostID[:]) {
-		return c.errorf("connect to rank %d (tag %d): rank %d is on another host; CUDA IPC connects GPUs of one host (other transports come with port channels)", peer, tag, peer)
+		return 0, c.errorf("connect to rank %d (tag %d): rank %d is on another host; CUDA IPC connects GPUs of one host (other transports come with port channels)", peer, tag, peer)
 	}
-	return nil
+	return t, nil
 }
 
 // Connect connects this rank to peer (which may be this rank: a loopback
@@ -254,31 +280,46 @@ func (c *Communicator) ConnectAll(ctx context.Context, peers []int, tag int) ([]
 	if err != nil {
 		return nil, err
 	}
+	ts := make([]Transport, len(peers))
+	var netPeers []int // positions in peers
 	for i, p := range peers {
-		if err := c.checkEndpoint(p, tag, theirs[i], t); err != nil {
+		if ts[i], err = c.checkEndpoint(p, tag, theirs[i], t); err != nil {
+			return nil, err
+		}
+		if ts[i] == TransportEthernet {
+			netPeers = append(netPeers, i)
+		}
+	}
+	links := make([]*tcpLinks, len(peers))
+	if len(netPeers) > 0 {
+		if err := c.tcpSetup(ctx, tag, peers, netPeers, links); err != nil {
 			return nil, err
 		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := c.usableLocked(); err != nil {
-		return nil, err
-	}
 	out := make([]Connection, len(peers))
+	err = c.usableLocked()
 	for i, p := range peers {
-		conn, err := c.newConnectionLocked(t, p, tag)
 		if err != nil {
-			for _, done := range out[:i] {
+			break
+		}
+		out[i], err = c.newConnectionLocked(ts[i], p, tag, links[i])
+		links[i] = nil // the connection owns them now, or closed them
+	}
+	if err != nil {
+		for _, done := range out {
+			if done != nil {
 				_ = done.(interface{ closeLocked() error }).closeLocked()
 			}
-			return nil, err
 		}
-		out[i] = conn
+		closeLinks(links...)
+		return nil, err
 	}
 	return out, nil
 }
 
-func (c *Communicator) newConnectionLocked(t Transport, peer, tag int) (Connection, error) {
+func (c *Communicator) newConnectionLocked(t Transport, peer, tag int, links *tcpLinks) (Connection, error) {
 	base := &connBase{c: c, transport: t, peer: peer, tag: tag}
 	var conn Connection
 	switch t {
@@ -286,6 +327,12 @@ func (c *Communicator) newConnectionLocked(t Transport, peer, tag int) (Connecti
 		conn = newCudaIPCConnection(base, c.dev)
 	case TransportHostMemory:
 		conn = &hostConnection{connBase: base}
+	case TransportEthernet:
+		k, err := newTCPConnection(base, links)
+		if err != nil {
+			return nil, err
+		}
+		conn = k
 	default:
 		return nil, c.errorf("connect to rank %d (tag %d): transport %s is not implemented", peer, tag, t)
 	}

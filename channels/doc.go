@@ -11,7 +11,16 @@
 //     UpdateAndSync, AtomicAdd, Flush) over transports: CUDA IPC (GPUs of
 //     one host, copy engines; updates are stream writes, atomic adds a
 //     one-thread kernel) and host memory (goroutine ranks of the host
-//     backend); IB verbs and TCP are not built yet.
+//     backend) within a node; TCP between nodes (conn_tcp.go: several
+//     sockets per connection, operations applied in order by the
+//     receiver, GPU data staged through pinned host buffers, atomic adds
+//     as device atomics on the target GPU). IB verbs is designed for
+//     (rdma.go) and refused until built.
+//   - Topology: a node is a host (host backend: a process), or one of
+//     NetworkConfig.VirtualNodes groups of consecutive ranks
+//     ($GOEP_VIRTUAL_NODES), whose cross-node traffic then goes over TCP
+//     and never over NVLink. Memory of a peer on another node opens
+//     unmapped (Ptr 0) and is reached by its registration key.
 //   - Semaphores: MemorySemaphore (device to device: signal is a release
 //     add on the peer's inbound token over mapped memory, wait spins with
 //     acquire loads on a monotonic expected counter kept in device memory)

@@ -20,6 +20,8 @@ const (
 	kindConnect
 	kindSemaphore
 	kindPlacement
+	kindNetSetup
+	kindTopology
 )
 
 func (k exchangeKind) String() string {
@@ -32,6 +34,10 @@ func (k exchangeKind) String() string {
 		return "semaphore"
 	case kindPlacement:
 		return "placement"
+	case kindNetSetup:
+		return "network setup"
+	case kindTopology:
+		return "topology"
 	}
 	return fmt.Sprintf("kind %d", int(k))
 }

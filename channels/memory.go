@@ -30,8 +30,13 @@ type region struct {
 	transports TransportSet
 	hostID     [16]byte
 	shared     device.Shared // the owner's export of the whole allocation
-	base       uintptr       // this rank's address of the allocation
+	base       uintptr       // this rank's address of the allocation (0: not mapped)
 	size       int
+	// key names the allocation in its owner's table for network
+	// transports (netKeyLocked); a peer's memory on another node is not
+	// mapped (base 0) and only a network transport reaches it.
+	key      uint32
+	locality [16]byte // the owner's (netState.locality)
 }
 
 // Valid reports whether m refers to memory.
@@ -46,12 +51,19 @@ func (m RegisteredMemory) Rank() int {
 }
 
 // Ptr is this rank's address of the memory.
+//
+// It is 0 for a peer's memory on another node, which is not mapped here
+// (network transports reach it; Mapped reports false).
 func (m RegisteredMemory) Ptr() uintptr {
-	if m.r == nil {
+	if m.r == nil || m.r.base == 0 {
 		return 0
 	}
 	return m.r.base + uintptr(m.off)
 }
+
+// Mapped reports whether this rank can address the memory (Ptr): its own,
+// or a peer's on the same node.
+func (m RegisteredMemory) Mapped() bool { return m.r != nil && m.r.base != 0 }
 
 // Size is its length in bytes.
 func (m RegisteredMemory) Size() int { return m.size }
@@ -112,16 +124,17 @@ func (c *Communicator) registerLocked(b device.Buffer) (RegisteredMemory, error)
 		return RegisteredMemory{}, c.errorf("register memory: %w", err)
 	}
 	r := &region{comm: c, owner: c.rank, kind: c.kind, transports: c.localTransports(), hostID: c.hostID,
-		shared: h, base: b.Ptr, size: b.Size}
+		shared: h, base: b.Ptr, size: b.Size, locality: c.net.locality}
+	c.netKeyLocked(r)
 	return RegisteredMemory{r: r, size: b.Size}, nil
 }
 
 // localTransports are the transports that reach this rank's memory.
 func (c *Communicator) localTransports() TransportSet {
 	if c.kind == device.Host {
-		return TransportSet(0).With(TransportHostMemory)
+		return TransportSet(0).With(TransportHostMemory).With(c.net.cfg.Transport)
 	}
-	return TransportSet(0).With(TransportCudaIPC)
+	return TransportSet(0).With(TransportCudaIPC).With(c.net.cfg.Transport)
 }
 
 // Serialised registered memory, little endian:
@@ -132,7 +145,11 @@ func (c *Communicator) localTransports() TransportSet {
 //	[16:24) allocation size   [24:32) offset   [32:40) size
 //	[40:56) host identity
 //	[56:60) export length, then the export (device.Shared)
-const memMagic = "goepRM01"
+//	then the network trailer: key (u32), the owner's VirtualNodes (u32),
+//	the owner's locality (16 bytes)
+const memMagic = "goepRM02"
+
+const memTrailer = 24
 
 const memHeader = 60
 
@@ -173,7 +190,10 @@ func (m RegisteredMemory) MarshalBinary() ([]byte, error) {
 	le.PutUint64(b[32:], uint64(m.size))
 	copy(b[40:56], r.hostID[:])
 	le.PutUint32(b[56:], uint32(len(r.shared)))
-	return append(b, r.shared...), nil
+	b = append(b, r.shared...)
+	b = le.AppendUint32(b, r.key)
+	b = le.AppendUint32(b, uint32(r.comm.net.cfg.VirtualNodes))
+	return append(b, r.locality[:]...), nil
 }
 
 // OpenMemory opens memory that a peer serialised with MarshalBinary: the
@@ -199,16 +219,34 @@ func (c *Communicator) openLocked(data []byte) (RegisteredMemory, error) {
 	var host [16]byte
 	copy(host[:], data[40:56])
 	n := int(le.Uint32(data[56:]))
-	if len(data) != memHeader+n || owner < 0 || owner >= c.size || off < 0 || size < 0 || off > allocSize || size > allocSize-off {
+	if n > len(data) || len(data) != memHeader+n+memTrailer || owner < 0 || owner >= c.size || off < 0 || size < 0 || off > allocSize || size > allocSize-off {
 		return RegisteredMemory{}, c.errorf("open memory: corrupt handle (owner %d, %d bytes at %d of %d)", owner, size, off, allocSize)
 	}
 	if kind != c.kind {
 		return RegisteredMemory{}, c.errorf("open memory of rank %d: it is %s memory and this rank runs the %s backend", owner, kind, c.kind)
 	}
+	trailer := data[memHeader+n:]
+	netKey, vnodes := le.Uint32(trailer), int(le.Uint32(trailer[4:]))
+	var loc [16]byte
+	copy(loc[:], trailer[8:24])
+	same, err := c.sameNode(owner, loc, vnodes)
+	if err != nil {
+		return RegisteredMemory{}, err
+	}
+	transports := TransportSet(data[9])
+	if !same {
+		// Another node: only the network transport reaches it, by key.
+		if !transports.Has(c.net.cfg.Transport) {
+			return RegisteredMemory{}, c.errorf("open memory of rank %d: it is on another node and reachable over %v, not this rank's network transport %s", owner, transports, c.net.cfg.Transport)
+		}
+		r := &region{comm: c, owner: owner, kind: kind, transports: TransportSet(0).With(c.net.cfg.Transport),
+			hostID: host, size: allocSize, key: netKey, locality: loc}
+		return RegisteredMemory{r: r, off: off, size: size}, nil
+	}
 	if kind == device.CUDA && host != c.hostID {
 		return RegisteredMemory{}, c.errorf("open memory of rank %d: it is on another host; CUDA IPC maps memory within one host (other transports come with port channels)", owner)
 	}
-	shared := device.Shared(bytes.Clone(data[memHeader:]))
+	shared := device.Shared(bytes.Clone(data[memHeader : memHeader+n]))
 	key := string(shared)
 	imp := c.imports[key]
 	if imp == nil {
@@ -217,7 +255,7 @@ func (c *Communicator) openLocked(data []byte) (RegisteredMemory, error) {
 			return RegisteredMemory{}, c.errorf("open memory of rank %d: %w", owner, err)
 		}
 		imp = &importRef{buf: buf, region: &region{comm: c, owner: owner, kind: kind,
-			transports: TransportSet(data[9]), hostID: host, shared: shared, base: buf.Ptr, size: allocSize}}
+			transports: transports, hostID: host, shared: shared, base: buf.Ptr, size: allocSize, key: netKey, locality: loc}}
 		c.imports[key] = imp
 	}
 	return RegisteredMemory{r: imp.region, off: off, size: size}, nil

@@ -270,6 +270,8 @@ func (c *Communicator) ownConnection(conn Connection) (*connBase, error) {
 		b = k.connBase
 	case *hostConnection:
 		b = k.connBase
+	case *tcpConnection:
+		b = k.connBase
 	}
 	if b == nil || b.c != c {
 		return nil, c.errorf("connection %v was not made by this communicator", conn)

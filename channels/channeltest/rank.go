@@ -110,7 +110,13 @@ func NewRank(ctx context.Context, comm *channels.Communicator, l Layout) (_ *Ran
 	if r.Packets, err = comm.NewPacketBuffer(2 * l.HalfPackets); err != nil {
 		return nil, err
 	}
-	if r.n > 1 {
+	// Memory channels need every peer's memory mapped: one node (virtual
+	// nodes, or hosts, run the port-channel checks over the network).
+	topo, err := comm.Topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if r.n > 1 && topo.Nodes == 1 {
 		if r.Mesh, err = comm.NewMemoryChannelMesh(ctx, channels.MeshConfig{Local: r.Mem, Packets: r.Packets}); err != nil {
 			return nil, err
 		}

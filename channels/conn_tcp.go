@@ -1,0 +1,699 @@
+package channels
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/internal/cuda"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// tcpConnection carries a port channel's work to a peer on another node
+// over TCP, as NCCL's socket transport does: several sockets per
+// connection, each operation numbered, writes cut into chunks striped over
+// the sockets (chunk s on socket s mod Sockets), GPU data staged through
+// pinned host buffers in a pipeline (copy out on the sender while the
+// previous chunk is on the wire; read into a pinned buffer and copy in on
+// the receiver while the next is read).
+//
+// Order: the receiver applies operations strictly in sequence order
+// (each socket's reader waits for its turn), and on GPUs issues every
+// copy-in, token update (a stream write) and atomic add (a one-thread
+// kernel: device atomics on the target word) on one stream, so a signal or
+// a counter never overtakes the data written before it. A flush is a
+// numbered request the receiver answers once everything before it has
+// landed (its stream synchronised).
+//
+// Failure: a socket that breaks without the peer's goodbye is an error
+// naming the peer: on the sending side every later call (and a waiting
+// Flush) returns it; on the receiving side it breaks the communicator,
+// raising the abort flag so device waits for the peer's signals end at
+// once. Flush waits at most Timeouts.Wait for the acknowledgement.
+type tcpConnection struct {
+	*connBase
+	dev   device.Device
+	stage bool
+	chunk int
+	links *tcpLinks
+	wait  time.Duration // bound of a flush's wait for its acknowledgement
+
+	// Sending side. seq numbers operations; acked is one past the last
+	// flush the peer acknowledged (everything below it has landed).
+	sendMu sync.Mutex
+	seq    uint64
+	queues []chan tcpMsg
+	acked  atomic.Uint64
+	ackCh  chan struct{} // a token per acknowledgement (capacity 1)
+	stopCh chan struct{} // closed when the connection closes
+	dead   chan struct{} // closed at the sending side's first failure
+	failMu sync.Mutex
+	err    error
+
+	// Receiving side: the next sequence number to apply.
+	rxMu   sync.Mutex
+	rxCond *sync.Cond
+	rxNext uint64
+	rxStop bool
+
+	// GPU staging: streams for copy-outs (tx) and for everything applied
+	// (rx), and the view of rx for stream memory operations.
+	tx, rx       device.Stream
+	txOwn, rxOwn bool
+	rxOps        *cuda.Stream
+	staging      []device.HostMapped
+	events       []device.Event
+	cudaCtx      *cuda.Context
+
+	closing  atomic.Bool
+	peerBye  atomic.Bool // the peer said goodbye on some socket
+	stopOnce sync.Once
+	senders  sync.WaitGroup
+	readers  sync.WaitGroup
+}
+
+// Wire format: every message starts with a 32-byte header, little endian:
+// [0] op, [1:4) zero, [4:8) memory key, [8:16) sequence number,
+// [16:24) offset in the allocation, [24:32) size (write), value (update,
+// add) or nothing. A write's payload follows its header.
+const (
+	tcpOpWrite  = 1
+	tcpOpUpdate = 2
+	tcpOpAdd    = 3
+	tcpOpFlush  = 4
+	tcpOpBye    = 5 // the sender closes cleanly; nothing follows
+	tcpOpAck    = 6 // receiver to sender: the flush with this sequence number landed
+
+	tcpHeader = 32
+	// tcpQueue bounds the operations queued per socket before Write waits.
+	tcpQueue = 256
+	// tcpCloseGrace bounds how long Close spends delivering what is
+	// queued and the goodbye to a peer that does not read.
+	tcpCloseGrace = 2 * time.Second
+)
+
+type tcpMsg struct {
+	hdr [tcpHeader]byte
+	src uintptr // payload (write): this rank's memory
+	n   int
+}
+
+func tcpHeaderFor(op byte, key uint32, off, val uint64) tcpMsg {
+	var m tcpMsg
+	m.hdr[0] = op
+	le := binary.LittleEndian
+	le.PutUint32(m.hdr[4:], key)
+	le.PutUint64(m.hdr[16:], off)
+	le.PutUint64(m.hdr[24:], val)
+	return m
+}
+
+// newTCPConnection takes over links (closing them on error) and starts
+// the connection's goroutines. The caller holds c.mu.
+func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err error) {
+	c := base.c
+	if links == nil || len(links.out) == 0 || len(links.out) != len(links.in) {
+		closeLinks(links)
+		return nil, base.errorf("no sockets")
+	}
+	n := len(links.out)
+	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, links: links,
+		wait: c.timeouts.Wait, ackCh: make(chan struct{}, 1), stopCh: make(chan struct{}), dead: make(chan struct{})}
+	t.rxCond = sync.NewCond(&t.rxMu)
+	defer func() {
+		if err != nil {
+			closeLinks(links)
+			err = errors.Join(err, t.freeStaging())
+		}
+	}()
+	if t.stage {
+		if err := t.allocStaging(n); err != nil {
+			return nil, err
+		}
+	}
+	t.queues = make([]chan tcpMsg, n)
+	for k := range n {
+		t.queues[k] = make(chan tcpMsg, tcpQueue)
+	}
+	t.senders.Add(n)
+	t.readers.Add(2 * n)
+	for k := range n {
+		go t.sender(k)
+		go t.ackReader(k)
+		go t.receiver(k)
+	}
+	base.release = t.release
+	return t, nil
+}
+
+// allocStaging makes the streams and the pinned buffers: two per socket
+// and direction, so a chunk is copied while the previous one is on the
+// wire.
+func (t *tcpConnection) allocStaging(n int) error {
+	c := t.c
+	// Loaded now: the first atomic add must not wait for the kernel cache
+	// while the sender's kernels spin.
+	if err := t.dev.Preload(devapi.KernelProxyAtomicAdd); err != nil {
+		return t.errorf("preload: %w", err)
+	}
+	var err error
+	var shared bool
+	if t.tx, shared, err = c.connStream(); err != nil {
+		return t.errorf("stream: %w", err)
+	}
+	t.txOwn = !shared
+	if t.rx, shared, err = c.connStream(); err != nil {
+		return t.errorf("stream: %w", err)
+	}
+	t.rxOwn = !shared
+	if cd, ok := t.dev.(interface{ Context() *cuda.Context }); ok {
+		t.cudaCtx = cd.Context()
+		t.rxOps = cuda.WrapStream(t.cudaCtx, t.rx.Handle())
+	}
+	for range 4 * n {
+		h, err := t.dev.AllocHostMapped(t.chunk)
+		if err != nil {
+			return t.errorf("staging buffer: %w", err)
+		}
+		t.staging = append(t.staging, h)
+		e, err := t.dev.NewEvent()
+		if err != nil {
+			return t.errorf("staging event: %w", err)
+		}
+		t.events = append(t.events, e)
+	}
+	return nil
+}
+
+func (t *tcpConnection) freeStaging() error {
+	var errs []error
+	for _, e := range t.events {
+		errs = append(errs, e.Close())
+	}
+	for _, h := range t.staging {
+		errs = append(errs, t.dev.FreeHostMapped(h))
+	}
+	for _, s := range []struct {
+		s   device.Stream
+		own bool
+	}{{t.tx, t.txOwn}, {t.rx, t.rxOwn}} {
+		if s.s != nil && s.own {
+			errs = append(errs, s.s.Close())
+		}
+	}
+	t.events, t.staging, t.tx, t.rx, t.rxOps = nil, nil, nil, nil, nil
+	return errors.Join(errs...)
+}
+
+// slot is staging buffer j (of 4 per socket: tx 0-1, rx 2-3) of socket k.
+func (t *tcpConnection) slot(k, j int) (device.HostMapped, device.Event) {
+	i := 4*k + j
+	return t.staging[i], t.events[i]
+}
+
+// ---------------------------------------------------------------------------
+// Sending side.
+
+// remote checks that dst is the peer's memory reached by key.
+func (t *tcpConnection) remote(op string, dst RegisteredMemory) error {
+	if dst.IsLocal() || dst.r.key == 0 {
+		return t.errorf("%s destination %v: a TCP connection reaches only rank %d's registered memory", op, dst, t.peer)
+	}
+	return nil
+}
+
+func (t *tcpConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {
+	if err := t.checkWrite(dst, dstOff, src, srcOff, size); err != nil {
+		return err
+	}
+	if err := t.remote("write", dst); err != nil {
+		return err
+	}
+	t.sendMu.Lock()
+	defer t.sendMu.Unlock()
+	off := uint64(dst.off) + uint64(dstOff)
+	p := src.Ptr() + uintptr(srcOff)
+	for done := 0; done < size; {
+		n := min(t.chunk, size-done)
+		m := tcpHeaderFor(tcpOpWrite, dst.r.key, off+uint64(done), uint64(n))
+		m.src, m.n = p+uintptr(done), n
+		if err := t.enqueue(m); err != nil {
+			return t.errorf("write %d bytes: %w", size, err)
+		}
+		done += n
+	}
+	return nil
+}
+
+func (t *tcpConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, value uint64) error {
+	return t.word(tcpOpUpdate, "update", dst, dstOff, value)
+}
+
+func (t *tcpConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value uint64) error {
+	return t.word(tcpOpAdd, "atomic add", dst, dstOff, value)
+}
+
+func (t *tcpConnection) word(op byte, what string, dst RegisteredMemory, dstOff int, value uint64) error {
+	if err := t.checkWord(what, dst, dstOff); err != nil {
+		return err
+	}
+	if err := t.remote(what, dst); err != nil {
+		return err
+	}
+	t.sendMu.Lock()
+	defer t.sendMu.Unlock()
+	if err := t.enqueue(tcpHeaderFor(op, dst.r.key, uint64(dst.off)+uint64(dstOff), value)); err != nil {
+		return t.errorf("%s: %w", what, err)
+	}
+	return nil
+}
+
+// enqueue numbers m and queues it on its socket. The caller holds sendMu.
+func (t *tcpConnection) enqueue(m tcpMsg) error {
+	seq := t.seq
+	binary.LittleEndian.PutUint64(m.hdr[8:], seq)
+	q := t.queues[seq%uint64(len(t.queues))]
+	select {
+	case q <- m:
+		t.seq++
+		return nil
+	case <-t.dead:
+		return t.failure()
+	case <-t.stopCh:
+		return fmt.Errorf("%w", ErrClosed)
+	}
+}
+
+func (t *tcpConnection) Flush() error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	return t.flushWait("flush")
+}
+
+// drain waits for everything sent to land whether or not the communicator
+// still accepts calls (a stopping proxy).
+func (t *tcpConnection) drain() error { return t.flushWait("drain") }
+
+func (t *tcpConnection) flushWait(what string) error {
+	t.sendMu.Lock()
+	if t.seq == t.acked.Load() {
+		t.sendMu.Unlock()
+		return t.failure()
+	}
+	seq := t.seq
+	err := t.enqueue(tcpHeaderFor(tcpOpFlush, 0, 0, 0))
+	t.sendMu.Unlock()
+	if err != nil {
+		return t.errorf("%s: %w", what, err)
+	}
+	timer := time.NewTimer(t.wait)
+	defer timer.Stop()
+	for t.acked.Load() <= seq {
+		select {
+		case <-t.ackCh:
+		case <-t.dead:
+			return t.errorf("%s: %w", what, t.failure())
+		case <-t.stopCh:
+			return t.errorf("%s: %w", what, ErrClosed)
+		case <-timer.C:
+			return t.errorf("%s: rank %d did not acknowledge within %s", what, t.peer, t.wait)
+		}
+	}
+	return nil
+}
+
+// failure is the sending side's first error, nil while none.
+func (t *tcpConnection) failure() error {
+	t.failMu.Lock()
+	defer t.failMu.Unlock()
+	return t.err
+}
+
+func (t *tcpConnection) fail(err error) {
+	t.failMu.Lock()
+	defer t.failMu.Unlock()
+	if t.err == nil {
+		t.err = err
+		close(t.dead)
+	}
+}
+
+// peerGone describes a socket error: the peer closing or resetting it is
+// named as such.
+func (t *tcpConnection) peerGone(dir string, k int, err error) error {
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("rank %d closed the connection (%s socket %d) without a goodbye: %w", t.peer, dir, k, err)
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return fmt.Errorf("rank %d reset the connection (%s socket %d): %w", t.peer, dir, k, err)
+	}
+	return fmt.Errorf("%s socket %d to rank %d: %w", dir, k, t.peer, err)
+}
+
+// sender writes socket k's queue in order. With staging it copies the
+// next chunk out of the GPU while the current one is written.
+func (t *tcpConnection) sender(k int) {
+	defer t.senders.Done()
+	conn := t.links.out[k]
+	q := t.queues[k]
+	type staged struct {
+		m   tcpMsg
+		buf []byte
+		ev  device.Event
+	}
+	var cur *staged
+	which := 0
+	send := func(m tcpMsg, payload []byte) error {
+		if payload == nil {
+			_, err := conn.Write(m.hdr[:])
+			return err
+		}
+		bufs := net.Buffers{m.hdr[:], payload}
+		_, err := bufs.WriteTo(conn)
+		return err
+	}
+	flushCur := func() error {
+		if cur == nil {
+			return nil
+		}
+		s := cur
+		cur = nil
+		if err := s.ev.Synchronize(); err != nil {
+			return fmt.Errorf("staging copy: %w", err)
+		}
+		return send(s.m, s.buf)
+	}
+	for {
+		var m tcpMsg
+		var ok bool
+		if cur != nil {
+			select {
+			case m, ok = <-q:
+			default:
+				// Nothing behind it: put the staged chunk on the wire now.
+				if err := flushCur(); err != nil {
+					t.senderFailed(k, err)
+					return
+				}
+				continue
+			}
+		} else {
+			m, ok = <-q
+		}
+		if !ok {
+			if err := flushCur(); err != nil {
+				t.senderFailed(k, err)
+			}
+			return
+		}
+		var err error
+		switch {
+		case m.n > 0 && t.stage:
+			h, ev := t.slot(k, which)
+			which ^= 1
+			next := &staged{m: m, buf: h.Host[:m.n], ev: ev}
+			if err = t.copyOut(h, m.src, m.n); err == nil {
+				if err = ev.Record(t.tx); err == nil {
+					err = flushCur()
+					cur = next
+				}
+			}
+		default:
+			if err = flushCur(); err == nil {
+				var payload []byte
+				if m.n > 0 {
+					payload = devapi.Bytes(m.src, uint64(m.n))
+				}
+				err = send(m, payload)
+			}
+		}
+		if err != nil {
+			t.senderFailed(k, err)
+			return
+		}
+		if m.hdr[0] == tcpOpBye {
+			return
+		}
+	}
+}
+
+func (t *tcpConnection) senderFailed(k int, err error) {
+	if !t.closing.Load() {
+		t.fail(t.peerGone("send", k, err))
+	}
+}
+
+// copyOut queues the copy of n bytes at src (device memory) into the
+// staging buffer h on the tx stream.
+func (t *tcpConnection) copyOut(h device.HostMapped, src uintptr, n int) error {
+	if t.cudaCtx != nil {
+		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, t.tx.Handle()))
+	}
+	return t.dev.CopyAsync(h.Dev, src, n, t.tx)
+}
+
+// ackReader reads the peer's acknowledgements on socket k.
+func (t *tcpConnection) ackReader(k int) {
+	defer t.readers.Done()
+	conn := t.links.out[k]
+	var h [tcpHeader]byte
+	for {
+		if _, err := io.ReadFull(conn, h[:]); err != nil {
+			switch {
+			case t.closing.Load():
+			case t.peerBye.Load():
+				t.fail(fmt.Errorf("rank %d closed the connection", t.peer))
+			default:
+				t.fail(t.peerGone("acknowledgement", k, err))
+			}
+			return
+		}
+		if h[0] != tcpOpAck {
+			t.fail(fmt.Errorf("rank %d sent message type %d on acknowledgement socket %d", t.peer, h[0], k))
+			return
+		}
+		v := binary.LittleEndian.Uint64(h[8:]) + 1
+		for {
+			old := t.acked.Load()
+			if v <= old || t.acked.CompareAndSwap(old, v) {
+				break
+			}
+		}
+		select {
+		case t.ackCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Receiving side.
+
+// receiver applies the operations arriving on socket k, each in its turn.
+func (t *tcpConnection) receiver(k int) {
+	defer t.readers.Done()
+	conn := t.links.in[k]
+	le := binary.LittleEndian
+	var h [tcpHeader]byte
+	which := 0
+	for {
+		if _, err := io.ReadFull(conn, h[:]); err != nil {
+			t.receiverFailed(t.peerGone("receive", k, err))
+			return
+		}
+		op, key, seq := h[0], le.Uint32(h[4:]), le.Uint64(h[8:])
+		off, val := le.Uint64(h[16:]), le.Uint64(h[24:])
+		if op == tcpOpBye {
+			t.peerBye.Store(true)
+			return
+		}
+		if !t.turn(seq) {
+			return
+		}
+		var err error
+		switch op {
+		case tcpOpWrite:
+			err = t.applyWrite(conn, k, &which, key, off, val)
+		case tcpOpUpdate, tcpOpAdd:
+			err = t.applyWord(op, key, off, val)
+		case tcpOpFlush:
+			if t.stage {
+				if err = t.rx.Synchronize(); err != nil {
+					err = fmt.Errorf("flush: %w", err)
+					break
+				}
+			}
+			ack := tcpHeaderFor(tcpOpAck, 0, 0, 0)
+			le.PutUint64(ack.hdr[8:], seq)
+			if _, werr := conn.Write(ack.hdr[:]); werr != nil {
+				err = t.peerGone("acknowledge", k, werr)
+			}
+		default:
+			err = fmt.Errorf("rank %d sent unknown message type %d (sequence %d)", t.peer, op, seq)
+		}
+		if err != nil {
+			t.receiverFailed(err)
+			return
+		}
+		t.rxMu.Lock()
+		t.rxNext++
+		t.rxCond.Broadcast()
+		t.rxMu.Unlock()
+	}
+}
+
+// turn waits until seq is the next operation to apply; false when the
+// connection stops first.
+func (t *tcpConnection) turn(seq uint64) bool {
+	t.rxMu.Lock()
+	defer t.rxMu.Unlock()
+	for t.rxNext != seq && !t.rxStop {
+		if seq < t.rxNext {
+			t.rxStop = true // a duplicate number: the stream is corrupt
+			break
+		}
+		t.rxCond.Wait()
+	}
+	return !t.rxStop
+}
+
+func (t *tcpConnection) applyWrite(conn net.Conn, k int, which *int, key uint32, off, n uint64) error {
+	if n > uint64(t.chunk) {
+		return fmt.Errorf("rank %d sent a write of %d bytes, above the %d-byte chunk", t.peer, n, t.chunk)
+	}
+	p, err := t.c.netRegion(key, off, n)
+	if err != nil {
+		return fmt.Errorf("write from rank %d: %w", t.peer, err)
+	}
+	if !t.stage {
+		if _, err := io.ReadFull(conn, devapi.Bytes(p, n)); err != nil {
+			return t.peerGone("receive", k, err)
+		}
+		return nil
+	}
+	h, ev := t.slot(k, 2+*which)
+	*which ^= 1
+	// The buffer's previous copy-in must be done before it is refilled.
+	if err := ev.Synchronize(); err != nil {
+		return fmt.Errorf("staging copy: %w", err)
+	}
+	if _, err := io.ReadFull(conn, h.Host[:n]); err != nil {
+		return t.peerGone("receive", k, err)
+	}
+	if err := t.dev.CopyInAsync(p, h.Host[:n], t.rx); err != nil {
+		return fmt.Errorf("copy in %d bytes: %w", n, err)
+	}
+	return ev.Record(t.rx)
+}
+
+// applyWord stores (update) or adds (atomic add) val at the word.
+func (t *tcpConnection) applyWord(op byte, key uint32, off, val uint64) error {
+	what := map[byte]string{tcpOpUpdate: "update", tcpOpAdd: "atomic add"}[op]
+	p, err := t.c.netRegion(key, off, 8)
+	if err != nil || p%8 != 0 {
+		if err == nil {
+			err = fmt.Errorf("address %#x is not 8-byte aligned", p)
+		}
+		return fmt.Errorf("%s from rank %d: %w", what, t.peer, err)
+	}
+	if t.c.kind == device.Host {
+		// Host backend: copies are done when issued.
+		if op == tcpOpAdd {
+			devapi.U64(p).Add(val)
+		} else {
+			devapi.U64(p).Store(val)
+		}
+		return nil
+	}
+	if op == tcpOpAdd {
+		// Device atomics on the GPU word, in stream order after the data.
+		args := device.NewArgs(2).Ptr(p).U64(val)
+		if err := t.dev.Launch(devapi.KernelProxyAtomicAdd, device.D1(1), device.D1(1), 0, t.rx, args); err != nil {
+			return fmt.Errorf("atomic add: %w", err)
+		}
+		return nil
+	}
+	// A stream write lands the 8 bytes in one piece after the copies.
+	if t.rxOps != nil {
+		if err := t.rxOps.WriteValue64(cuda.DevicePtr(p), val, cuda.WriteValueDefault); err == nil {
+			return nil
+		}
+	}
+	if err := t.rx.Synchronize(); err != nil {
+		return fmt.Errorf("update: %w", err)
+	}
+	if err := t.dev.CopyIn(p, binary.LittleEndian.AppendUint64(nil, val)); err != nil {
+		return fmt.Errorf("update: %w", err)
+	}
+	return nil
+}
+
+// receiverFailed stops applying and breaks the communicator: the peer's
+// operations no longer arrive, so this rank's kernels waiting for them must
+// end now (abort flag) rather than at the timeout.
+func (t *tcpConnection) receiverFailed(err error) {
+	if t.closing.Load() {
+		return
+	}
+	t.rxMu.Lock()
+	t.rxStop = true
+	t.rxCond.Broadcast()
+	t.rxMu.Unlock()
+	err = t.errorf("%w", err)
+	t.fail(err)
+	// Close holds c.mu while it waits for this goroutine: never block on
+	// it, give up once closing.
+	c := t.c
+	for !c.mu.TryLock() {
+		if t.closing.Load() {
+			return
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	defer c.mu.Unlock()
+	if c.closed || t.closing.Load() {
+		return
+	}
+	_ = c.wd.abort()
+	if c.broken == nil {
+		c.broken = err
+	}
+}
+
+// release closes the connection (c.mu held): what is queued is still
+// delivered, then a goodbye, within tcpCloseGrace; then the sockets close
+// and every goroutine is waited for.
+func (t *tcpConnection) release() error {
+	t.closing.Store(true)
+	t.stopOnce.Do(func() { close(t.stopCh) })
+	t.sendMu.Lock()
+	grace := time.Now().Add(tcpCloseGrace)
+	for k, q := range t.queues {
+		_ = t.links.out[k].SetWriteDeadline(grace)
+		select {
+		case q <- tcpHeaderFor(tcpOpBye, 0, 0, 0):
+		case <-t.dead:
+		case <-time.After(time.Until(grace)):
+		}
+		close(q)
+	}
+	t.sendMu.Unlock()
+	// Senders end after the goodbye (or at the write deadline); closing
+	// the sockets then ends the readers.
+	t.senders.Wait()
+	closeLinks(t.links)
+	t.rxMu.Lock()
+	t.rxStop = true
+	t.rxCond.Broadcast()
+	t.rxMu.Unlock()
+	t.readers.Wait()
+	return t.freeStaging()
+}

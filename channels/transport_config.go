@@ -1,0 +1,225 @@
+package channels
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// NetworkConfig configures the network transport, which connects ranks on
+// different nodes (Topology): port channels (put, signal, flush, atomic
+// add) and host-to-device semaphores then run over it instead of CUDA IPC
+// or host memory. The zero value is ready to use: TCP, nodes are hosts
+// (host-backend ranks: processes), settings from the environment.
+type NetworkConfig struct {
+	// Transport is the network transport between nodes. Zero means
+	// $GOEP_NET_TRANSPORT ("tcp" or "ib"), else TransportEthernet (TCP).
+	// TransportIB (verbs) is refused until it is built.
+	Transport Transport
+	// VirtualNodes splits the ranks of the job into this many nodes of
+	// consecutive ranks (k must divide the number of ranks; each node's
+	// ranks must share a host), whose traffic to each other goes over the
+	// network transport, never CUDA IPC: one host then runs the multi-node
+	// protocol end to end. Zero means $GOEP_VIRTUAL_NODES, else none (a
+	// node is a host).
+	VirtualNodes int
+	// Sockets is the number of TCP sockets per connection (default 2,
+	// $GOEP_TCP_SOCKETS; at most 16): operations are striped over them in
+	// chunks and applied in order by the receiver.
+	Sockets int
+	// ChunkBytes is the largest piece a write is cut into, and the size of
+	// each pinned staging buffer (default 1 MiB, $GOEP_TCP_CHUNK_BYTES;
+	// 4 KiB to 64 MiB).
+	ChunkBytes int
+	// ListenHost is the address this rank listens on for its peers' TCP
+	// sockets and advertises to them ($GOEP_NET_LISTEN_HOST). Empty means
+	// every interface, advertising loopback to ranks of this host and this
+	// host's interface addresses to the others.
+	ListenHost string
+}
+
+// Environment variables of NetworkConfig.
+const (
+	NetTransportEnv = "GOEP_NET_TRANSPORT"
+	VirtualNodesEnv = "GOEP_VIRTUAL_NODES"
+	TCPSocketsEnv   = "GOEP_TCP_SOCKETS"
+	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
+	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
+	// tcpStageEnv=always makes the host backend stage its TCP traffic
+	// through host-mapped buffers as GPUs do, so CI runs the staging
+	// pipeline too.
+	tcpStageEnv = "GOEP_TCP_STAGE"
+)
+
+const (
+	defaultTCPSockets = 2
+	maxTCPSockets     = 16
+	defaultTCPChunk   = 1 << 20
+	minTCPChunk       = 4 << 10
+	maxTCPChunk       = 64 << 20
+)
+
+// ParseTransport accepts the network transports' names: "tcp" (or
+// "ethernet") and "ib" (or "verbs").
+func ParseTransport(s string) (Transport, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "tcp", "ethernet":
+		return TransportEthernet, nil
+	case "ib", "verbs", "rdma":
+		return TransportIB, nil
+	}
+	return 0, fmt.Errorf("network transport %q: want tcp or ib", s)
+}
+
+// resolve applies Config > environment > default and validates against a
+// job of size ranks.
+func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
+	fail := func(format string, a ...any) (NetworkConfig, error) {
+		return n, fmt.Errorf("channels: network config: "+format, a...)
+	}
+	envInt := func(name string, v *int) error {
+		s := strings.TrimSpace(os.Getenv(name))
+		if *v != 0 || s == "" {
+			return nil
+		}
+		x, err := strconv.Atoi(s)
+		if err != nil {
+			return fmt.Errorf("%s=%q is not an integer", name, s)
+		}
+		*v = x
+		return nil
+	}
+	if n.Transport == 0 {
+		if s := os.Getenv(NetTransportEnv); strings.TrimSpace(s) != "" {
+			t, err := ParseTransport(s)
+			if err != nil {
+				return fail("%s: %v", NetTransportEnv, err)
+			}
+			n.Transport = t
+		} else {
+			n.Transport = TransportEthernet
+		}
+	}
+	for _, e := range []struct {
+		name string
+		v    *int
+	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes}} {
+		if err := envInt(e.name, e.v); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if n.ListenHost == "" {
+		n.ListenHost = strings.TrimSpace(os.Getenv(NetListenEnv))
+	}
+	if n.Sockets == 0 {
+		n.Sockets = defaultTCPSockets
+	}
+	if n.ChunkBytes == 0 {
+		n.ChunkBytes = defaultTCPChunk
+	}
+	switch {
+	case n.Transport == TransportIB:
+		return fail("%w", errVerbsNotBuilt)
+	case n.Transport != TransportEthernet:
+		return fail("Transport %s is not a network transport (want tcp or ib)", n.Transport)
+	case n.VirtualNodes < 0:
+		return fail("VirtualNodes %d is negative", n.VirtualNodes)
+	case n.VirtualNodes > 0 && size%n.VirtualNodes != 0:
+		return fail("VirtualNodes %d does not divide the %d ranks (set by Config or $%s)", n.VirtualNodes, size, VirtualNodesEnv)
+	case n.Sockets < 1 || n.Sockets > maxTCPSockets:
+		return fail("Sockets %d: want 1 to %d", n.Sockets, maxTCPSockets)
+	case n.ChunkBytes < minTCPChunk || n.ChunkBytes > maxTCPChunk:
+		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
+	}
+	return n, nil
+}
+
+// netState is the communicator's network-transport state.
+type netState struct {
+	cfg NetworkConfig
+	// locality tells apart ranks that can share memory without a network:
+	// the host for GPUs (CUDA IPC), the process for the host backend.
+	locality [16]byte
+	// stage: move data through host-mapped staging buffers (GPUs, or the
+	// host backend under GOEP_TCP_STAGE=always).
+	stage bool
+
+	// keys names this rank's registered allocations for network writes
+	// (the key travels in the serialised memory); guarded by mu, taken
+	// after c.mu by registration and alone by receivers.
+	mu      sync.RWMutex
+	keys    map[uint32]*region
+	nextKey uint32
+
+	topoMu sync.Mutex // held through Topology's exchange
+	topo   *Topology
+}
+
+// initNet resolves the network configuration; NewCommunicator calls it.
+func (c *Communicator) initNet(cfg NetworkConfig) error {
+	n, err := cfg.resolve(c.size)
+	if err != nil {
+		return err
+	}
+	c.net.cfg = n
+	c.net.locality = c.hostID
+	if c.kind == device.Host {
+		// Host-backend memory is shared between goroutines of one process
+		// only: each process is its own node.
+		sum := sha256.Sum256(append(append([]byte("host-backend\x00"), c.hostID[:]...), strconv.Itoa(os.Getpid())...))
+		copy(c.net.locality[:], sum[:])
+	}
+	c.net.stage = c.kind != device.Host || os.Getenv(tcpStageEnv) == "always"
+	c.net.keys = map[uint32]*region{}
+	return nil
+}
+
+// netKeyLocked gives a local region its network key. The caller holds c.mu.
+func (c *Communicator) netKeyLocked(r *region) {
+	c.net.mu.Lock()
+	defer c.net.mu.Unlock()
+	c.net.nextKey++
+	r.key = c.net.nextKey
+	c.net.keys[r.key] = r
+}
+
+// netRegion resolves [off, off+n) of this rank's allocation key to an
+// address, for a receiver applying a peer's operation.
+func (c *Communicator) netRegion(key uint32, off uint64, n uint64) (uintptr, error) {
+	c.net.mu.RLock()
+	r := c.net.keys[key]
+	c.net.mu.RUnlock()
+	if r == nil {
+		return 0, fmt.Errorf("no registered memory with key %d on rank %d", key, c.rank)
+	}
+	if off > uint64(r.size) || n > uint64(r.size)-off {
+		return 0, fmt.Errorf("%d bytes at offset %d of registered memory %d (%d bytes) are out of range", n, off, key, r.size)
+	}
+	return r.base + uintptr(off), nil
+}
+
+// virtualNode is rank's virtual node when the ranks are split into k.
+func virtualNode(rank, size, k int) int {
+	if k <= 0 {
+		return 0
+	}
+	return rank / (size / k)
+}
+
+// sameNode reports whether peer, whose locality and virtual-node count are
+// loc and k, is on this rank's node; k must agree.
+func (c *Communicator) sameNode(peer int, loc [16]byte, k int) (bool, error) {
+	if mine := c.net.cfg.VirtualNodes; k != mine {
+		return false, c.errorf("topology: VirtualNodes is %d on rank %d and %d on rank %d (set by Config or $%s; every rank must agree)",
+			mine, c.rank, k, peer, VirtualNodesEnv)
+	}
+	if loc != c.net.locality {
+		return false, nil
+	}
+	return virtualNode(peer, c.size, k) == virtualNode(c.rank, c.size, k), nil
+}

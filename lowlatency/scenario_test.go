@@ -203,7 +203,7 @@ func runCase(t *testing.T, g *group, c llCase) {
 							q := make([]uint8, h)
 							sc := make([]float32, h/128)
 							for x := range q {
-								q[x] = uint8(rng.Uint32()) &^ 0x7f | uint8(rng.IntN(0x7e)) // no NaN
+								q[x] = uint8(rng.Uint32())&^0x7f | uint8(rng.IntN(0x7e)) // no NaN
 							}
 							for x := range sc {
 								sc[x] = rng.Float32()

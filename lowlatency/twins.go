@@ -40,7 +40,7 @@ func (g llGroup) active() uint32 {
 	if m>>uint(g.rank)&1 != 0 {
 		return 0
 	}
-	return uint32(1)<<uint(len(g.peers)) - 1 &^ m
+	return uint32(1)<<uint(len(g.peers)) - 1&^m
 }
 
 // wait is goep_ll_wait: 0 reached, 1 peer masked, 2 failed.

@@ -184,12 +184,12 @@ __device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl,
 // The receive gate: block 0 waits for every active rank's counter to reach
 // e units, then publishes the mask it ended with (eff) and the gate; the
 // other blocks wait for the gate. Every block then agrees on eff. Returns
-// false (whole block) when a wait failed. Runs before_gate(eff) in thread 0
-// of block 0 between the waits and the gate.
-template <typename F>
+// false (whole block) when a wait failed. With tab_t, thread 0 of block 0
+// also copies the sources' token counts (0 for masked ones) there before
+// the gate.
 __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_gate, int off_eff, int set,
                                              int num_ranks, int rank, u64 e, int elastic, goep_watchdog* wd,
-                                             u32 wait_id, u32 stage, u32 gate_stage, u32* s_eff, F before_gate) {
+                                             u32 wait_id, u32 stage, u32 gate_stage, u32* s_eff, i32* tab_t) {
   u64* gate = (u64*)(ctrl + off_gate) + set;
   u32* eff = (u32*)(ctrl + off_eff) + set;
   if (blockIdx.x == 0) {
@@ -206,7 +206,12 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
         m = 0xffffffffu;
       }
       *(volatile u32*)eff = m;
-      before_gate(m);
+      if (tab_t != nullptr) {
+        for (int s = 0; s < num_ranks; ++s) {
+          const i32 n = ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 32 * set))[s];
+          tab_t[s] = ((m >> s) & 1u) ? 0 : n;
+        }
+      }
       goep_st_release_sys_u64(gate, e);
     }
   } else {
@@ -465,12 +470,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   i32* const tab_t = (i32*)(base + off_tab_t);
   if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_DISP_ARRIVE, GOEP_LL_CTRL_DISP_GATE, GOEP_LL_CTRL_DISP_EFF, set, num_ranks,
                     rank, e, elastic, wd, wait_id, GOEP_LL_STAGE_DISP_ARRIVAL, GOEP_LL_STAGE_DISP_GATE, &s_eff,
-                    [&](u32 m) {
-                      for (int s = 0; s < num_ranks; ++s) {
-                        const i32 n = ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 32 * set))[s];
-                        tab_t[s] = ((m >> s) & 1u) ? 0 : n;
-                      }
-                    })) {
+                    tab_t)) {
     return;
   }
   if (tid < num_ranks) {
@@ -703,7 +703,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
   if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_COMB_ARRIVE, GOEP_LL_CTRL_COMB_GATE, GOEP_LL_CTRL_COMB_EFF, set, num_ranks,
                     rank, e, elastic, wd, wait_id, GOEP_LL_STAGE_COMB_ARRIVAL, GOEP_LL_STAGE_COMB_GATE, &s_eff,
-                    [](u32) {})) {
+                    nullptr)) {
     return;
   }
   const u32 eff = s_eff;

@@ -38,10 +38,12 @@ func cases() []llCase {
 	}
 }
 
-func hostDevices(n int) []device.Device {
+func hostDevices(t testing.TB, n int) []device.Device {
 	devs := make([]device.Device, n)
 	for i := range devs {
-		devs[i] = device.OpenHost(i)
+		d := device.OpenHost(i)
+		devs[i] = d
+		t.Cleanup(func() { _ = d.Close() })
 	}
 	return devs
 }
@@ -49,12 +51,7 @@ func hostDevices(n int) []device.Device {
 func TestDispatchCombineMatchReferenceHost(t *testing.T) {
 	for _, c := range cases() {
 		t.Run(c.name, func(t *testing.T) {
-			devs := hostDevices(c.ranks)
-			defer func() {
-				for _, d := range devs {
-					d.Close()
-				}
-			}()
+			devs := hostDevices(t, c.ranks)
 			c.cfg = lowlatency.LaunchConfig{NumSMs: 2, Threads: 64}
 			g := newGroup(t, devs, c.config(), 20*time.Second, 0)
 			runCase(t, g, c)

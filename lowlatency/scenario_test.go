@@ -339,3 +339,5 @@ func f32bits(v []float32) []uint32 {
 	}
 	return o
 }
+
+func newRNG(a, b uint64) *rand.Rand { return rand.New(rand.NewPCG(a, b)) }

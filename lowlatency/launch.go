@@ -181,7 +181,7 @@ func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		return fmt.Errorf("lowlatency: dispatch: unknown %v", a.Format)
 	case a.Format.Quantized() && !l.FP8:
 		return fmt.Errorf("lowlatency: dispatch: %v needs a workspace with FP8 scale regions (Config.FP8)", a.Format)
-	case a.Tokens > 0 && (a.X == 0 || a.X%16 != 0 || a.TopK == 0):
+	case a.Phase&Send != 0 && a.Tokens > 0 && (a.X == 0 || a.X%16 != 0 || a.TopK == 0):
 		return errors.New("lowlatency: dispatch: x must be non-null and 16-byte aligned, top-k ids non-null")
 	}
 	blocks, threads, err := w.resolve(dev, cfg)

@@ -31,12 +31,25 @@ type llRank struct {
 	buf *ep.LowLatencyBuffer
 }
 
-func newLLGroup(t *testing.T, n int, cfg ep.LowLatencyConfig) []*llRank {
+func newLLGroup(t *testing.T, kind device.Kind, n int, cfg ep.LowLatencyConfig) []*llRank {
+	gpus := 1
+	if kind == device.CUDA {
+		var err error
+		if gpus, err = device.CUDADeviceCount(); err != nil || gpus == 0 {
+			t.Skipf("no CUDA GPU (%v)", err)
+		}
+	}
 	boots, err := bootstrap.NewInProcess(n, bootstrap.Config{})
 	require.NoError(t, err)
 	rs := make([]*llRank, n)
 	llEach(t, rs, func(i int, _ *llRank) error {
-		d := device.OpenHost(i)
+		d, err := device.Open(kind, i%gpus)
+		if kind == device.Host {
+			d, err = device.OpenHost(i), nil
+		}
+		if err != nil {
+			return err
+		}
 		b, err := ep.NewLowLatencyBuffer(context.Background(), boots[i], d, cfg)
 		rs[i] = &llRank{dev: d, buf: b}
 		return err
@@ -85,11 +98,16 @@ func llDown[T any](t *testing.T, d device.Device, p uintptr, n int) []T {
 // both receives), experts writing into the zero-copy combine buffer, split
 // combine; results against the lowlatency reference; sets alternate over
 // several rounds; then a masked rank.
-func TestLowLatencyRoundTripHost(t *testing.T) {
-	const ranks, maxT, hidden, topk, experts = 4, 6, 256, 3, 8
+func TestLowLatencyRoundTripHost(t *testing.T) { llRoundTrip(t, device.Host, 4) }
+
+// 8 ranks sharing the GPUs present.
+func TestLowLatencyRoundTripGPU(t *testing.T) { llRoundTrip(t, device.CUDA, 8) }
+
+func llRoundTrip(t *testing.T, kind device.Kind, ranks int) {
+	const maxT, hidden, topk, experts = 6, 256, 3, 16
 	cfg := ep.LowLatencyConfig{MaxTokens: maxT, Hidden: hidden, TopK: topk, Experts: experts, FP8: true, NumSMs: 2, Threads: 64,
 		Timeout: 20 * time.Second}
-	rs := newLLGroup(t, ranks, cfg)
+	rs := newLLGroup(t, kind, ranks, cfg)
 	lc := lowlatency.Config{Ranks: ranks, MaxTokens: maxT, Hidden: hidden, TopK: topk, LocalExperts: experts / ranks, FP8: true}
 	le, slots := experts/ranks, ranks*maxT
 	for round := 0; round < 3; round++ {
@@ -213,7 +231,7 @@ func TestLowLatencyRoundTripHost(t *testing.T) {
 // Bad input: clear errors before any launch.
 func TestLowLatencyBadInput(t *testing.T) {
 	cfg := ep.LowLatencyConfig{MaxTokens: 4, Hidden: 64, TopK: 2, Experts: 4, NumSMs: 1, Threads: 64, Timeout: 5 * time.Second}
-	rs := newLLGroup(t, 2, cfg)
+	rs := newLLGroup(t, device.Host, 2, cfg)
 	llEach(t, rs, func(i int, r *llRank) error {
 		x := ep.NewTensor(llUp(t, r.dev, make([]uint16, 5*64)), ep.BF16, 5, 64)
 		ids := ep.NewTensor(llUp(t, r.dev, make([]int64, 5*2)), ep.I64, 5, 2)

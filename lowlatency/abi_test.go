@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/kernels"
 	"github.com/goep-dev/goep/lowlatency"
 )
@@ -79,11 +80,26 @@ func TestBadInputIsRefused(t *testing.T) {
 // instead, the call completes with what the others sent, and the mask says
 // which rank was dropped.
 func TestMissingPeer(t *testing.T) {
+	for _, emu := range []bool{false, true} {
+		t.Run(map[bool]string{false: "host", true: "emulated"}[emu], func(t *testing.T) {
+			if emu {
+				cpuemu.SkipUnavailable(t)
+			}
+			missingPeer(t, emu)
+		})
+	}
+}
+
+func missingPeer(t *testing.T, emu bool) {
 	c := llCase{name: "missing", ranks: 3, maxTokens: 4, hidden: 16, topk: 2, le: 2, weights: true, hot: -1, cold: -1}
 	lc := c.config()
 	for _, elastic := range []bool{false, true} {
-		devs := hostDevices(t, 3)
-		g := newGroup(t, devs, lc, 300*time.Millisecond, 0)
+		devs, timeout := hostDevices(t, 3), 300*time.Millisecond
+		if emu {
+			// The emulation is slow: a live peer must never look missing.
+			devs, timeout = emuDevices(t, 3), 3*time.Second
+		}
+		g := newGroup(t, devs, lc, timeout, 0)
 		ins := make([]lowlatency.RankInput, 3)
 		err := g.each(func(i int, r *rank) error {
 			if i == 2 {
@@ -92,7 +108,7 @@ func TestMissingPeer(t *testing.T) {
 			ins[i] = c.genInput(newRNG(1, uint64(i)), 4)
 			a := lowlatency.DispatchArgs{X: r.upload(t, bytesOf(ins[i].X)), TopK: r.upload(t, bytesOf(ins[i].TopK)), IDs64: true,
 				Weights: r.upload(t, bytesOf(ins[i].Weights)), Tokens: 4, Phase: lowlatency.Both, Elastic: elastic}
-			if err := r.ws.Dispatch(r.dev, r.stream, a, lowlatency.LaunchConfig{NumSMs: 1}); err != nil {
+			if err := r.ws.Dispatch(r.dev, r.stream, a, lowlatency.LaunchConfig{NumSMs: 1, Threads: 64}); err != nil {
 				return err
 			}
 			if err := r.stream.Synchronize(); err != nil {

@@ -278,6 +278,7 @@ type LLViews struct {
 	RMX, RMScales, RMIDs, RMWeights, RMTokens       uintptr // rank-major
 	CombineX, CombineS                              uintptr // zero-copy combine input
 	Mask                                            uintptr // u32 mask word
+	Invalid                                         uintptr // u32: ids outside [-1, E) in the set's last dispatch
 	LocalExperts, Slots, PackedScales, ScalesPerRow int
 }
 
@@ -288,7 +289,7 @@ func (b *LowLatency) Views(set int) LLViews {
 	l := w.Layout
 	return LLViews{X: r.X, Scales: r.Scales, SrcInfo: r.SrcInfo, LayoutRange: r.LayoutRange, Count: r.Count,
 		RMX: m.X, RMScales: m.Scales, RMIDs: m.IDs, RMWeights: m.Weights, RMTokens: m.Tokens,
-		CombineX: c.X, CombineS: c.S, Mask: w.MaskPtr(),
+		CombineX: c.X, CombineS: c.S, Mask: w.MaskPtr(), Invalid: w.InvalidPtr(set),
 		LocalExperts: l.LocalExperts, Slots: l.Slots(), PackedScales: l.PackedScalesPerRow(), ScalesPerRow: l.ScalesPerRow()}
 }
 

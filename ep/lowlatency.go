@@ -412,6 +412,32 @@ func (l *LowLatencyBuffer) HostCounts(h *LLHandle) ([]int, error) {
 	return out, nil
 }
 
+// InvalidIDs reports the top-k ids outside [-1, Experts) of h's dispatch on
+// this rank (the kernels ignore them, as -1) as an *InvalidIDsError, nil
+// when none. Synchronous: call it after the dispatch's receive completed.
+func (l *LowLatencyBuffer) InvalidIDs(h *LLHandle) error {
+	if l == nil {
+		return errors.New("ep: nil low-latency buffer")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st, err := l.handleState("invalid ids", h)
+	if err != nil {
+		return err
+	}
+	if st.state == llSending {
+		return l.invalid("invalid ids", "the dispatch of buffer set %d has no receive yet", h.set)
+	}
+	var raw [4]byte
+	if err := l.b.CopyOut(raw[:], l.b.Views(h.set).Invalid); err != nil {
+		return fmt.Errorf("ep: rank %d: low latency invalid ids: %w", l.rank, err)
+	}
+	if n := int(binary.LittleEndian.Uint32(raw[:])); n > 0 {
+		return &InvalidIDsError{Rank: l.rank, Op: "low latency dispatch", Count: n, Experts: l.cfg.Experts}
+	}
+	return nil
+}
+
 // NextCombineBuffer is where experts may write their outputs for h's
 // combine (the zero-copy input: BF16 [LocalExperts, Slots, Hidden], or
 // [Ranks, MaxTokens, Hidden] rank-major), in h's buffer set.

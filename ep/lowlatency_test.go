@@ -3,6 +3,7 @@ package ep_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -155,7 +156,11 @@ func llRoundTrip(t *testing.T, kind device.Kind, ranks int) {
 					return err
 				}
 			}
-			return r.buf.Stream().Synchronize()
+			if err := r.buf.Stream().Synchronize(); err != nil {
+				return err
+			}
+			// Ids are drawn from [-1, experts): none invalid.
+			return r.buf.InvalidIDs(res[0][i].Handle)
 		})
 		for b := 0; b < 2; b++ {
 			want, err := lowlatency.ReferenceDispatch(lc, ins[b], lowlatency.Options{Format: lowlatency.Format(format), Masked: masked})
@@ -243,6 +248,23 @@ func TestLowLatencyBadInput(t *testing.T) {
 			return errors.New("mask outside the world accepted")
 		}
 		x, ids = x.Slice(0, 4), ids.Slice(0, 4)
+		// Out-of-range ids are ignored by the kernels and reported.
+		require.NoError(t, r.dev.CopyIn(ids.Ptr, llBytes([]int64{0, 99, -1, -7, 3, 1, 2, 2})))
+		dx, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids})
+		if err != nil {
+			return err
+		}
+		if err := r.buf.Stream().Synchronize(); err != nil {
+			return err
+		}
+		var inv *ep.InvalidIDsError
+		if err := r.buf.InvalidIDs(dx.Handle); !errors.As(err, &inv) || inv.Count != 2 {
+			return fmt.Errorf("invalid ids: %v", err)
+		}
+		yx, _ := r.buf.NextCombineBuffer(dx.Handle)
+		if _, err := r.buf.Combine(ep.LLCombineArgs{Handle: dx.Handle, Y: yx, Out: ep.NewTensor(llUp(t, r.dev, make([]uint16, 4*64)), ep.BF16, 4, 64)}); err != nil {
+			return err
+		}
 		if _, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids, Format: ep.LLFP8}); !errors.Is(err, ep.ErrInvalidArgument) {
 			return errors.New("FP8 without FP8 regions accepted")
 		}
@@ -250,7 +272,7 @@ func TestLowLatencyBadInput(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		// Set 1 is free, set 0 is in flight: the third dispatch is refused.
+		// d1 takes the other set; d0's is in flight: the next dispatch is refused.
 		d1, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids})
 		if err != nil {
 			return err
@@ -280,7 +302,7 @@ func TestLowLatencyBadInput(t *testing.T) {
 		if _, err := r.buf.Combine(ep.LLCombineArgs{Handle: d1.Handle, Y: y1, Out: out}); err != nil {
 			return err
 		}
-		// A later dispatch on set 0 expires d0.
+		// The next dispatch reuses d0's set and expires d0.
 		if _, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids}); err != nil {
 			return err
 		}

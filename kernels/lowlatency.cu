@@ -55,6 +55,8 @@
 #define GOEP_LL_CTRL_DISP_EFF 80
 #define GOEP_LL_CTRL_COMB_GATE 88
 #define GOEP_LL_CTRL_COMB_EFF 104
+#define GOEP_LL_CTRL_INVALID_ACC 112
+#define GOEP_LL_CTRL_INVALID_OUT 120
 #define GOEP_LL_CTRL_DISP_ARRIVE 128
 #define GOEP_LL_CTRL_DISP_FREED 256
 #define GOEP_LL_CTRL_COMB_ARRIVE 384
@@ -232,13 +234,20 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
 }
 
 // The last block of a receive step resets the done counter and advances
-// the set's epoch (every block read the epoch at its start).
-__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e) {
+// the set's epoch (every block read the epoch at its start); a dispatch's
+// also moves the invalid-id count of its send step to InvalidOut.
+__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e, bool invalid) {
   if (threadIdx.x == 0) {
     u32* done = (u32*)(ctrl + off_done) + set;
     goep_fence_acq_rel_gpu();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      goep_fence_acq_rel_gpu();
       *(volatile u32*)done = 0;
+      if (invalid) {
+        volatile u32* acc = (volatile u32*)(ctrl + GOEP_LL_CTRL_INVALID_ACC) + set;
+        ((volatile u32*)(ctrl + GOEP_LL_CTRL_INVALID_OUT))[set] = *acc;
+        *acc = 0;
+      }
       *(volatile u64*)((u64*)(ctrl + off_epoch) + set) = e;
     }
   }
@@ -366,8 +375,14 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
             ((float*)(s_peers[d] + off_stage_w))[srow * k + lane] = here ? w : 0.0f;
           }
         }
+        // Ids outside [-1, E) are ignored; the receive step publishes
+        // their count (InvalidOut) for the host.
+        const u32 bad = __ballot_sync(0xffffffffu, lane < k && id != -1 && !valid);
         if (lane == 0) {
           ((u32*)(base + off_own_mask))[t] = tmask;
+          if (bad != 0) {
+            atomicAdd((u32*)(ctrl + GOEP_LL_CTRL_INVALID_ACC) + set, (u32)__popc(bad));
+          }
         }
       }
       if (tmask == 0) {
@@ -570,7 +585,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   }
   // Done reading the staged rows: the sources may write this set again.
   goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_FREED, set, rank, goep_ll_all(num_ranks));
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e);
+  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true);
 }
 
 // ---------------------------------------------------------------------------
@@ -747,7 +762,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
   // Done reading the partials: the expert ranks may write this set again.
   goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_FREED, set, rank, goep_ll_all(num_ranks));
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e);
+  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false);
 }
 
 // Mask update, stream-ordered and graph-capturable: op 0 sets the mask to

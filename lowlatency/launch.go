@@ -305,6 +305,13 @@ func (w *Workspace) SetMask(dev device.Device, s device.Stream, op MaskOp, value
 	return nil
 }
 
+// InvalidPtr is the device address of set's u32 count of top-k ids outside
+// [-1, Experts) in the last completed dispatch on that set (ignored by the
+// kernels, as -1).
+func (w *Workspace) InvalidPtr(set int) uintptr {
+	return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlInvalidOut+4*(set&1))
+}
+
 // MaskPtr is the device address of this rank's mask word (u32, bit r set =
 // rank r masked; kernels may add ranks that time out in elastic calls).
 func (w *Workspace) MaskPtr() uintptr { return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlMask) }

@@ -256,6 +256,8 @@ const (
 	CtrlDispEff    = 80  // u32[2]: mask the receive of set b used
 	CtrlCombGate   = 88  // u64[2]
 	CtrlCombEff    = 104 // u32[2]
+	CtrlInvalidAcc = 112 // u32[2]: top-k ids outside [-1, E) counted by the running dispatch's send step
+	CtrlInvalidOut = 120 // u32[2]: the count of the last completed dispatch on set b
 	CtrlDispArrive = 128 // u64[2][8]: arrival shares from source s
 	CtrlDispFreed  = 256 // u64[2][8]: "done reading your rows" shares from destination d
 	CtrlCombArrive = 384 // u64[2][8]

@@ -151,11 +151,14 @@ func dispatchTwin(l *device.HostLaunch) error {
 		}
 		xs := device.HostSlice[uint16](x, t*h)
 		ownMask := device.HostSlice[uint32](own+oOwnMask, maxT)
+		invalid := devapi.U32(g.own() + CtrlInvalidAcc + uintptr(4*set))
 		for tok := 0; tok < t; tok++ {
 			tmask := uint32(0)
 			for _, id := range ids[tok*k : (tok+1)*k] {
 				if id >= 0 && id < int64(ranks*le) {
 					tmask |= 1 << uint(id/int64(le))
+				} else if id != -1 {
+					invalid.Add(1)
 				}
 			}
 			tmask &= active
@@ -281,6 +284,8 @@ func dispatchTwin(l *device.HostLaunch) error {
 		}
 	}
 	g.signal(DispFreedOffset, set, all(ranks))
+	acc := devapi.U32(g.own() + CtrlInvalidAcc + uintptr(4*set))
+	devapi.U32(g.own() + CtrlInvalidOut + uintptr(4*set)).Store(acc.Swap(0))
 	epoch.Store(e)
 	return nil
 }

@@ -135,10 +135,20 @@ type LLHandle struct {
 }
 
 // Set is the buffer set (0 or 1) the dispatch used.
-func (h *LLHandle) Set() int { return h.set }
+func (h *LLHandle) Set() int {
+	if h == nil {
+		return 0
+	}
+	return h.set
+}
 
 // Tokens is the dispatch's token count on this rank.
-func (h *LLHandle) Tokens() int { return h.tokens }
+func (h *LLHandle) Tokens() int {
+	if h == nil {
+		return 0
+	}
+	return h.tokens
+}
 
 // NewLowLatencyBuffer builds rank bs.Rank()'s buffer; every rank calls it
 // at once with the same config.
@@ -164,16 +174,73 @@ func (l *LowLatencyBuffer) invalid(op, format string, a ...any) error {
 	return &argError{fmt.Errorf("ep: rank %d: low latency %s: "+format, append([]any{l.rank, op}, a...)...)}
 }
 
-// Rank, Ranks, Config, Device, Stream describe the buffer.
-func (l *LowLatencyBuffer) Rank() int                 { return l.rank }
-func (l *LowLatencyBuffer) Ranks() int                { return l.ranks }
-func (l *LowLatencyBuffer) Config() LowLatencyConfig  { return l.cfg }
-func (l *LowLatencyBuffer) Device() Device            { return l.b.Device() }
-func (l *LowLatencyBuffer) Stream() Stream            { return l.b.Stream() }
-func (l *LowLatencyBuffer) LocalExperts() int         { return l.cfg.Experts / l.ranks }
-func (l *LowLatencyBuffer) Slots() int                { return l.ranks * l.cfg.MaxTokens }
-func (l *LowLatencyBuffer) NewEvent() (*Event, error) { return l.b.NewEvent() }
-func (l *LowLatencyBuffer) Check() error              { return l.b.Check() }
+// Rank, Ranks, Config, Device, Stream, LocalExperts and Slots describe the
+// buffer (zero values on a nil buffer).
+func (l *LowLatencyBuffer) Rank() int {
+	if l == nil {
+		return 0
+	}
+	return l.rank
+}
+
+func (l *LowLatencyBuffer) Ranks() int {
+	if l == nil {
+		return 0
+	}
+	return l.ranks
+}
+
+func (l *LowLatencyBuffer) Config() LowLatencyConfig {
+	if l == nil {
+		return LowLatencyConfig{}
+	}
+	return l.cfg
+}
+
+func (l *LowLatencyBuffer) Device() Device {
+	if l == nil {
+		return nil
+	}
+	return l.b.Device()
+}
+
+func (l *LowLatencyBuffer) Stream() Stream {
+	if l == nil {
+		return nil
+	}
+	return l.b.Stream()
+}
+
+func (l *LowLatencyBuffer) LocalExperts() int {
+	if l == nil {
+		return 0
+	}
+	return l.cfg.Experts / l.ranks
+}
+
+// Slots is the rows per local expert: Ranks x MaxTokens.
+func (l *LowLatencyBuffer) Slots() int {
+	if l == nil {
+		return 0
+	}
+	return l.ranks * l.cfg.MaxTokens
+}
+
+// NewEvent creates an event for After and Done, closed with the buffer.
+func (l *LowLatencyBuffer) NewEvent() (*Event, error) {
+	if l == nil {
+		return nil, errors.New("ep: nil low-latency buffer")
+	}
+	return l.b.NewEvent()
+}
+
+// Check returns nil while the buffer is usable, else why not.
+func (l *LowLatencyBuffer) Check() error {
+	if l == nil {
+		return errors.New("ep: nil low-latency buffer")
+	}
+	return l.b.Check()
+}
 
 // LLDispatchArgs are a low-latency dispatch's arguments.
 type LLDispatchArgs struct {

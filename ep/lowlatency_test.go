@@ -311,7 +311,14 @@ func TestLowLatencyBadInput(t *testing.T) {
 		}
 		return r.buf.Stream().Synchronize()
 	})
+	// A nil buffer and a closed one answer with errors, never a panic.
+	var nilBuf *ep.LowLatencyBuffer
+	_, err := nilBuf.Dispatch(ep.LLDispatchArgs{})
+	require.Error(t, err)
+	require.Error(t, nilBuf.Check())
+	require.Zero(t, nilBuf.Slots())
+	require.NoError(t, nilBuf.Close(context.Background()))
 	cfg.Nodes = 2
-	_, err := ep.LowLatencySizeHint(cfg, 2)
+	_, err = ep.LowLatencySizeHint(cfg, 2)
 	require.ErrorContains(t, err, "not built yet")
 }

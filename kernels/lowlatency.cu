@@ -1,0 +1,776 @@
+// lowlatency.cu: low-latency (decode) dispatch and combine inside one node.
+//
+// Semantics: lowlatency.ReferenceDispatch / ReferenceCombine (plain Go);
+// Go twins: lowlatency/twins.go; launchers and layout: package lowlatency
+// (DESIGN.md there has the protocol and why it is safe).
+//
+// Every rank owns one workspace (IPC-shared); kernels get peers[R] (every
+// rank's workspace as mapped here) and byte offsets, the same in every
+// workspace, of the regions of one buffer set. Two sets alternate; each has
+// its own epochs, counters and regions, so consecutive calls need no
+// cleaning and a call on one set never waits for the other.
+//
+// Dispatch, send step (rank s): one row per (token, destination rank):
+// token t goes to rank d when one of its top-k experts lives there; the row
+// (cast to FP8 here when asked) lands in d's staging row (s, t) with the
+// token's local expert ids at d and weights, every active d gets the ids of
+// every token (all -1 when not sent), then arrival shares. Receive step
+// (rank d): block 0 waits for every active source, then every block
+// expands the staged rows into the expert-major layout (local expert le's
+// rows ordered by source, token, top-k slot: a deterministic block scan per
+// expert, no atomics), writes the tables combine needs, and tells the
+// sources it is done reading their rows ("freed").
+//
+// Combine, send step (rank d): for every token (s, t) it received, one row
+// partial = bf16(sum_j w_j * y[row of (s, t, j)]) over its local top-k
+// entries into owner s's combine staging row (d, t); receive step (owner):
+// out[t] = bf16(sum over destinations d ascending of partial_d[t]).
+//
+// Epochs: a kernel of set b runs as e = epoch[b] + 1; the receive step's
+// last block (a done counter) advances epoch[b]. A send of epoch e writes
+// into a peer only after that peer finished reading the set's rows of e-1
+// (freed >= (e-1) * unit). Every wait is bounded (goep_watchdog); with
+// elastic != 0 a peer that does not arrive in time is masked instead.
+#include "intranode.cuh"
+
+#define GOEP_LL_MAX_RANKS 8
+#define GOEP_LL_MAX_TOPK 32
+#define GOEP_LL_MAX_THREADS 512
+
+#define GOEP_LL_SEND 1
+#define GOEP_LL_RECV 2
+
+#define GOEP_LL_BF16 0
+#define GOEP_LL_FP8 1
+#define GOEP_LL_UE8M0 2
+
+// Control block (lowlatency.Layout.Ctrl; Go constants Ctrl*).
+#define GOEP_LL_CTRL_DISP_EPOCH 0
+#define GOEP_LL_CTRL_COMB_EPOCH 16
+#define GOEP_LL_CTRL_DISP_DONE 32
+#define GOEP_LL_CTRL_COMB_DONE 40
+#define GOEP_LL_CTRL_MASK 48
+#define GOEP_LL_CTRL_OWN_T 52
+#define GOEP_LL_CTRL_DISP_GATE 64
+#define GOEP_LL_CTRL_DISP_EFF 80
+#define GOEP_LL_CTRL_COMB_GATE 88
+#define GOEP_LL_CTRL_COMB_EFF 104
+#define GOEP_LL_CTRL_INVALID_ACC 112
+#define GOEP_LL_CTRL_INVALID_OUT 120
+#define GOEP_LL_CTRL_DISP_ARRIVE 128
+#define GOEP_LL_CTRL_DISP_FREED 256
+#define GOEP_LL_CTRL_COMB_ARRIVE 384
+#define GOEP_LL_CTRL_COMB_FREED 512
+#define GOEP_LL_CTRL_NTOK 640
+#define GOEP_LL_CTRL_BYTES 1024
+
+#define GOEP_LL_STAGE_DISP_FREED 1
+#define GOEP_LL_STAGE_DISP_ARRIVAL 2
+#define GOEP_LL_STAGE_DISP_GATE 3
+#define GOEP_LL_STAGE_COMB_FREED 4
+#define GOEP_LL_STAGE_COMB_ARRIVAL 5
+#define GOEP_LL_STAGE_COMB_GATE 6
+
+extern "C" {
+__global__ void __launch_bounds__(GOEP_LL_MAX_THREADS)
+    goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 off_stage_x, u64 off_stage_s, u64 off_stage_ids,
+                     u64 off_stage_w, u64 off_recv_x, u64 off_recv_s, u64 off_recv_src, u64 off_recv_range,
+                     u64 off_recv_count, u64 off_tab_pos, u64 off_tab_w, u64 off_tab_t, u64 off_tab_row,
+                     u64 off_own_mask, const u8* x, const void* topk_idx, int ids_i64, const float* topk_weights,
+                     int num_tokens, int k, int num_ranks, int rank, int local_experts, int max_tokens, int hidden,
+                     int format, int rank_major, int set, int phases, int elastic, int num_slices, goep_watchdog* wd,
+                     u32 wait_id);
+__global__ void __launch_bounds__(GOEP_LL_MAX_THREADS)
+    goep_ll_combine(const u64* peers, u64 off_ctrl, u64 off_tab_pos, u64 off_tab_w, u64 off_tab_t, u64 off_own_mask,
+                    u64 off_cstage, const u8* y, const float* y_scales, int y_fp8, u8* out, int num_tokens, int k,
+                    int num_ranks, int rank, int local_experts, int max_tokens, int hidden, int rank_major, int set,
+                    int phases, int elastic, int num_slices, goep_watchdog* wd, u32 wait_id);
+__global__ void goep_ll_set_mask(u32* mask, u32 value, int op);
+}
+
+// Float operations rounded one by one: NVRTC would otherwise fuse a*b+c
+// into one FMA, and the reference (and the CPU emulation) rounds twice.
+#if defined(__CUDACC__)
+__device__ __forceinline__ float goep_ll_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float goep_ll_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float goep_ll_div(float a, float b) { return __fdiv_rn(a, b); }
+#else
+__device__ __forceinline__ float goep_ll_mul(float a, float b) { return a * b; }
+__device__ __forceinline__ float goep_ll_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float goep_ll_div(float a, float b) { return a / b; }
+#endif
+
+__device__ __forceinline__ u8* goep_ll_ctrl(u64 base, u64 off_ctrl) { return (u8*)(base + off_ctrl); }
+__device__ __forceinline__ u64* goep_ll_u64(u8* ctrl, int off, int set, int r) {
+  return (u64*)(ctrl + off + 64 * set + 8 * r);
+}
+__device__ __forceinline__ u32* goep_ll_mask(u8* ctrl) { return (u32*)(ctrl + GOEP_LL_CTRL_MASK); }
+
+// The ranks a launch talks to: every rank not masked, none when this rank
+// itself is masked.
+__device__ __forceinline__ u32 goep_ll_active(u32 masked, int num_ranks, int rank) {
+  const u32 all = (num_ranks >= 32) ? 0xffffffffu : ((1u << num_ranks) - 1u);
+  if ((masked >> rank) & 1u) {
+    return 0;
+  }
+  return all & ~masked;
+}
+
+// Every rank: counters are signalled to masked ranks too (without data), so
+// that they stay in step and a mask can be cleared later.
+__device__ __forceinline__ u32 goep_ll_all(int num_ranks) {
+  return (num_ranks >= 32) ? 0xffffffffu : ((1u << num_ranks) - 1u);
+}
+
+// Waits until *p >= target. 0: reached; 1: gave up on peer, which is now
+// masked (elastic: it did not arrive within the watchdog's timeout, or
+// another block masked it meanwhile); 2: failed (watchdog record written or
+// the watchdog aborted).
+__device__ __forceinline__ int goep_ll_wait(const u64* p, u64 target, u32* mask, int peer, int elastic,
+                                            goep_watchdog* wd, u32 wait_id, u32 stage) {
+  if (!elastic) {
+    return goep_wait_ge_u64(p, target, wd, wait_id, (u32)peer, stage) ? 0 : 2;
+  }
+  u64 start = 0;
+  u32 count = 0;
+  while (goep_chan_ld_relaxed_sys_u64(p) < target) {
+    if (((++count) & (GOEP_SPIN_CHECK_EVERY - 1)) != 0) {
+      continue;
+    }
+    if (goep_aborted(wd)) {
+      return 2;
+    }
+    if ((goep_ld_relaxed_sys_u32(mask) >> peer) & 1u) {
+      return 1;
+    }
+    const u64 now = goep_globaltimer();
+    if (start == 0) {
+      start = now;
+    } else if (now - start >= wd->timeout_ns) {
+      atomicOr(mask, 1u << peer);
+      return 1;
+    }
+  }
+  (void)goep_ld_acquire_sys_u64(p);
+  return 0;
+}
+
+// Threads tid < R wait for counter(tid) >= target for every rank in want
+// (all threads call it). False when a wait failed (whole block).
+__device__ __forceinline__ bool goep_ll_wait_ranks(u8* ctrl, int off, int set, u32 want, u64 target, int elastic,
+                                                   goep_watchdog* wd, u32 wait_id, u32 stage) {
+  int r = 0;
+  const int tid = threadIdx.x;
+  if (tid < GOEP_LL_MAX_RANKS && ((want >> tid) & 1u)) {
+    r = goep_ll_wait(goep_ll_u64(ctrl, off, set, tid), target, goep_ll_mask(ctrl), tid, elastic, wd, wait_id, stage);
+  }
+  return !goep_block_any_failed(r == 2);
+}
+
+// After the block's writes to (or reads of) peers' memory: barrier, one
+// fence, then the block's share of the unit to counter[set][rank] of every
+// rank in to.
+__device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl, int off, int set, int rank, u32 to) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    goep_fence_acq_rel_sys();
+    const u64 share = goep_in_block_share();
+    for (int d = 0; d < GOEP_LL_MAX_RANKS; ++d) {
+      if ((to >> d) & 1u) {
+        goep_in_red_add_relaxed_sys_u64(goep_ll_u64(goep_ll_ctrl(s_peers[d], off_ctrl), off, set, rank), share);
+      }
+    }
+  }
+}
+
+// The receive gate: block 0 waits for every active rank's counter to reach
+// e units, then publishes the mask it ended with (eff) and the gate; the
+// other blocks wait for the gate. Every block then agrees on eff. Returns
+// false (whole block) when a wait failed. With tab_t, thread 0 of block 0
+// also copies the sources' token counts (0 for masked ones) there before
+// the gate.
+__device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_gate, int off_eff, int set,
+                                             int num_ranks, int rank, u64 e, int elastic, goep_watchdog* wd,
+                                             u32 wait_id, u32 stage, u32 gate_stage, u32* s_eff, i32* tab_t) {
+  u64* gate = (u64*)(ctrl + off_gate) + set;
+  u32* eff = (u32*)(ctrl + off_eff) + set;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x == 0) {
+      *s_eff = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);  // the ranks to wait for
+    }
+    __syncthreads();
+    if (!goep_ll_wait_ranks(ctrl, off_counter, set, *s_eff, e * GOEP_IN_ARRIVAL_UNIT, elastic, wd, wait_id, stage)) {
+      return false;
+    }
+    if (threadIdx.x == 0) {
+      u32 m = goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl));
+      if ((m >> rank) & 1u) {
+        m = 0xffffffffu;
+      }
+      *(volatile u32*)eff = m;
+      if (tab_t != nullptr) {
+        for (int s = 0; s < num_ranks; ++s) {
+          const i32 n = ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 32 * set))[s];
+          tab_t[s] = ((m >> s) & 1u) ? 0 : n;
+        }
+      }
+      goep_st_release_sys_u64(gate, e);
+    }
+  } else {
+    bool ok = true;
+    if (threadIdx.x == 0) {
+      ok = goep_wait_ge_u64(gate, e, wd, wait_id, (u32)rank, gate_stage);
+    }
+    if (goep_block_any_failed(!ok)) {
+      return false;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *s_eff = *(volatile u32*)eff;
+  }
+  __syncthreads();
+  return true;
+}
+
+// The last block of a receive step resets the done counter and advances
+// the set's epoch (every block read the epoch at its start); a dispatch's
+// also moves the invalid-id count of its send step to InvalidOut.
+__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e, bool invalid) {
+  if (threadIdx.x == 0) {
+    u32* done = (u32*)(ctrl + off_done) + set;
+    goep_fence_acq_rel_gpu();
+    if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      goep_fence_acq_rel_gpu();
+      *(volatile u32*)done = 0;
+      if (invalid) {
+        volatile u32* acc = (volatile u32*)(ctrl + GOEP_LL_CTRL_INVALID_ACC) + set;
+        ((volatile u32*)(ctrl + GOEP_LL_CTRL_INVALID_OUT))[set] = *acc;
+        *acc = 0;
+      }
+      *(volatile u64*)((u64*)(ctrl + off_epoch) + set) = e;
+    }
+  }
+}
+
+// Exclusive prefix of v over the block; *total gets the sum. Every thread
+// calls it; s_warp holds 33 ints.
+__device__ __forceinline__ int goep_ll_block_scan(int v, int* total, int* s_warp) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  int incl = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) {
+      incl += n;
+    }
+  }
+  if (lane == 31) {
+    s_warp[warp] = incl;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nwarps ? s_warp[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int n = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) {
+        w += n;
+      }
+    }
+    s_warp[lane] = w;  // inclusive over warps
+  }
+  __syncthreads();
+  const int before = warp > 0 ? s_warp[warp - 1] : 0;
+  *total = s_warp[nwarps - 1];
+  __syncthreads();  // s_warp is free again
+  return before + incl - v;
+}
+
+// Rounds of 32 16-byte chunks [r_lo, r_hi) of one slice of a row of
+// nchunks chunks (slices cut at round boundaries, so an FP8 group of 16
+// chunks never spans two slices).
+__device__ __forceinline__ void goep_ll_slice_rounds(int nchunks, int slice, int num_slices, int* r_lo, int* r_hi) {
+  const int rounds = (nchunks + 31) >> 5;
+  *r_lo = (int)((i64)rounds * slice / num_slices);
+  *r_hi = (int)((i64)rounds * (slice + 1) / num_slices);
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch.
+
+extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 off_stage_x, u64 off_stage_s,
+                                            u64 off_stage_ids, u64 off_stage_w, u64 off_recv_x, u64 off_recv_s,
+                                            u64 off_recv_src, u64 off_recv_range, u64 off_recv_count,
+                                            u64 off_tab_pos, u64 off_tab_w, u64 off_tab_t, u64 off_tab_row,
+                                            u64 off_own_mask, const u8* x, const void* topk_idx, int ids_i64,
+                                            const float* topk_weights, int num_tokens, int k, int num_ranks,
+                                            int rank, int local_experts, int max_tokens, int hidden, int format,
+                                            int rank_major, int set, int phases, int elastic, int num_slices,
+                                            goep_watchdog* wd, u32 wait_id) {
+  __shared__ u64 s_epoch;
+  __shared__ u64 s_peers[GOEP_LL_MAX_RANKS];
+  __shared__ u32 s_active;
+  __shared__ u32 s_eff;
+  __shared__ int s_ntok[GOEP_LL_MAX_RANKS];
+  __shared__ int s_warp[33];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
+  const u64 base = peers[rank];
+  if (tid == 0) {
+    s_epoch = goep_in_ld_volatile_u64((u64*)(ctrl + GOEP_LL_CTRL_DISP_EPOCH) + set) + 1;
+  }
+  if (tid < num_ranks) {
+    s_peers[tid] = peers[tid];
+  }
+  __syncthreads();
+  const u64 e = s_epoch;
+  const int quant = format != GOEP_LL_BF16;
+  const int ns = hidden / 128;  // scales per row (FP8)
+  const u64 row2 = (u64)hidden * 2;  // staging row stride
+  const i64 num_experts = (i64)num_ranks * local_experts;
+
+  if (phases & GOEP_LL_SEND) {
+    if (tid == 0) {
+      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+    }
+    __syncthreads();
+    // The destinations finished reading this set's rows of the previous
+    // epoch.
+    if (!goep_ll_wait_ranks(ctrl, GOEP_LL_CTRL_DISP_FREED, set, s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic,
+                            wd, wait_id, GOEP_LL_STAGE_DISP_FREED)) {
+      return;
+    }
+    if (tid == 0) {
+      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+    }
+    __syncthreads();
+    const u32 active = s_active;
+    const int nchunks = hidden >> 3;  // 16-byte chunks of the BF16 input row
+    const int units = num_tokens * num_slices;
+    for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
+      const int t = u / num_slices, slice = u - t * num_slices;
+      i64 id = -1;
+      float w = 1.0f;
+      if (lane < k) {
+        id = ids_i64 ? ((const i64*)topk_idx)[(i64)t * k + lane] : (i64)((const i32*)topk_idx)[(i64)t * k + lane];
+        if (topk_weights != nullptr) {
+          w = topk_weights[(i64)t * k + lane];
+        }
+      }
+      const bool valid = id >= 0 && id < num_experts;
+      const int dst = valid ? (int)(id / local_experts) : -1;
+      u32 bits = valid ? (1u << dst) : 0u;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        bits |= __shfl_xor_sync(0xffffffffu, bits, o);
+      }
+      const u32 tmask = bits & active;
+      const u64 srow = (u64)rank * max_tokens + t;  // staging row at every destination
+      if (slice == 0) {
+        for (int d = 0; d < num_ranks; ++d) {
+          if (((active >> d) & 1u) && lane < k) {
+            const bool here = dst == d && ((tmask >> d) & 1u);
+            ((i32*)(s_peers[d] + off_stage_ids))[srow * k + lane] = here ? (i32)(id - (i64)d * local_experts) : -1;
+            ((float*)(s_peers[d] + off_stage_w))[srow * k + lane] = here ? w : 0.0f;
+          }
+        }
+        // Ids outside [-1, E) are ignored; the receive step publishes
+        // their count (InvalidOut) for the host.
+        const u32 bad = __ballot_sync(0xffffffffu, lane < k && id != -1 && !valid);
+        if (lane == 0) {
+          ((u32*)(base + off_own_mask))[t] = tmask;
+          if (bad != 0) {
+            atomicAdd((u32*)(ctrl + GOEP_LL_CTRL_INVALID_ACC) + set, (u32)__popc(bad));
+          }
+        }
+      }
+      if (tmask == 0) {
+        continue;
+      }
+      int r_lo, r_hi;
+      goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
+      const u8* src = x + (u64)t * row2;
+      for (int rr = r_lo; rr < r_hi; ++rr) {
+        const int c = rr * 32 + lane;
+        const bool in = c < nchunks;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (in) {
+          v = goep_in_ld_nc_v4(src + (u64)c * 16);
+        }
+        if (!quant) {
+          if (in) {
+            for (int d = 0; d < num_ranks; ++d) {
+              if ((tmask >> d) & 1u) {
+                goep_in_st_v4((u8*)(s_peers[d] + off_stage_x + srow * row2 + (u64)c * 16), v);
+              }
+            }
+          }
+          continue;
+        }
+        // FP8: 8 elements a lane, a 128-group over 16 lanes.
+        const u32 wv[4] = {v.x, v.y, v.z, v.w};
+        float f[8];
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          f[2 * i] = goep_u32_as_f32(wv[i] << 16);
+          f[2 * i + 1] = goep_u32_as_f32(wv[i] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float a = goep_u32_as_f32(goep_f32_as_u32(f[i]) & 0x7fffffffu);
+          if (a > amax) {
+            amax = a;
+          }
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) {
+          const float n = __shfl_xor_sync(0xffffffffu, amax, o);
+          if (n > amax) {
+            amax = n;
+          }
+        }
+        if (amax < 1e-4f) {
+          amax = 1e-4f;
+        }
+        float scale = goep_ll_div(amax, 448.0f);
+        float inv = goep_ll_div(448.0f, amax);
+        if (format == GOEP_LL_UE8M0) {
+          u32 b = goep_f32_as_u32(scale);
+          if (b & 0x7fffffu) {
+            b = (b & 0x7f800000u) + 0x800000u;
+          }
+          const u32 ex = b >> 23;
+          scale = goep_u32_as_f32(b);
+          inv = ex < 254 ? goep_u32_as_f32((254u - ex) << 23) : 0.0f;
+        }
+        u32 lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo |= (u32)goep_f32_to_fp8e4m3_bits(goep_ll_mul(f[i], inv)) << (8 * i);
+          hi |= (u32)goep_f32_to_fp8e4m3_bits(goep_ll_mul(f[4 + i], inv)) << (8 * i);
+        }
+        if (in) {
+          for (int d = 0; d < num_ranks; ++d) {
+            if ((tmask >> d) & 1u) {
+              u32* q = (u32*)(s_peers[d] + off_stage_x + srow * row2 + (u64)c * 8);
+              q[0] = lo;
+              q[1] = hi;
+              if ((lane & 15) == 0) {
+                ((float*)(s_peers[d] + off_stage_s))[srow * ns + (c >> 4)] = scale;
+              }
+            }
+          }
+        }
+      }
+    }
+    // Block 0 tells every rank how many tokens to look at (0 for ranks
+    // masked here), before its arrival, so the share's release covers it.
+    if (blockIdx.x == 0 && tid == 0) {
+      for (int d = 0; d < num_ranks; ++d) {
+        ((volatile i32*)(goep_ll_ctrl(s_peers[d], off_ctrl) + GOEP_LL_CTRL_NTOK + 32 * set))[rank] =
+            ((active >> d) & 1u) ? num_tokens : 0;
+      }
+      ((volatile i32*)(ctrl + GOEP_LL_CTRL_OWN_T))[set] = num_tokens;
+    }
+    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_ARRIVE, set, rank, goep_ll_all(num_ranks));
+  }
+
+  if (!(phases & GOEP_LL_RECV)) {
+    return;
+  }
+  // Receive: every active source's rows are here, and every block agrees on
+  // which sources count.
+  i32* const tab_t = (i32*)(base + off_tab_t);
+  if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_DISP_ARRIVE, GOEP_LL_CTRL_DISP_GATE, GOEP_LL_CTRL_DISP_EFF, set, num_ranks,
+                    rank, e, elastic, wd, wait_id, GOEP_LL_STAGE_DISP_ARRIVAL, GOEP_LL_STAGE_DISP_GATE, &s_eff,
+                    tab_t)) {
+    return;
+  }
+  if (tid < num_ranks) {
+    s_ntok[tid] = ((volatile i32*)tab_t)[tid];
+  }
+  __syncthreads();
+  const u32 eff = s_eff;
+  const i32* stage_ids = (const i32*)(base + off_stage_ids);
+  const float* stage_w = (const float*)(base + off_stage_w);
+  i32* tab_pos = (i32*)(base + off_tab_pos);
+  float* tab_w = (float*)(base + off_tab_w);
+  // Tables: weights of every entry; -1 for entries of other ranks
+  // (rank-major: 0 marks a local entry, the row itself is the output).
+  const int gthreads = gridDim.x * blockDim.x;
+  for (int i = blockIdx.x * blockDim.x + tid; i < num_ranks * max_tokens; i += gthreads) {
+    const int s = i / max_tokens, t = i - s * max_tokens;
+    if (t >= s_ntok[s]) {
+      continue;
+    }
+    for (int j = 0; j < k; ++j) {
+      const i64 q = (i64)i * k + j;
+      const i32 id = stage_ids[q];
+      tab_w[q] = stage_w[q];
+      if (id < 0) {
+        tab_pos[q] = -1;
+      } else if (rank_major) {
+        tab_pos[q] = 0;
+      }
+    }
+  }
+  if (!rank_major) {
+    const int slots = num_ranks * max_tokens;
+    const int out_row = quant ? hidden : 2 * hidden;
+    const int nw = (ns + 3) / 4;
+    i32* tab_row = (i32*)(base + off_tab_row);
+    i32* recv_src = (i32*)(base + off_recv_src);
+    for (int le = blockIdx.x; le < local_experts; le += gridDim.x) {
+      int total_all = 0;
+      for (int s = 0; s < num_ranks; ++s) {
+        const int n = s_ntok[s];
+        const int per = (n + blockDim.x - 1) / blockDim.x;
+        const int t0 = min(n, tid * per), t1 = min(n, t0 + per);
+        int cnt = 0;
+        for (int t = t0; t < t1; ++t) {
+          for (int j = 0; j < k; ++j) {
+            cnt += stage_ids[((i64)s * max_tokens + t) * k + j] == le;
+          }
+        }
+        int total;
+        int p = total_all + goep_ll_block_scan(cnt, &total, s_warp);
+        for (int t = t0; t < t1; ++t) {
+          for (int j = 0; j < k; ++j) {
+            const i64 q = ((i64)s * max_tokens + t) * k + j;
+            if (stage_ids[q] == le) {
+              tab_pos[q] = le * slots + p;
+              tab_row[(i64)le * slots + p] = s * max_tokens + t;
+              recv_src[(i64)le * slots + p] = t;
+              ++p;
+            }
+          }
+        }
+        if (tid == 0) {
+          ((u64*)(base + off_recv_range))[(i64)le * num_ranks + s] = (u64)(u32)total_all | ((u64)(u32)total << 32);
+        }
+        total_all += total;
+      }
+      if (tid == 0) {
+        ((i32*)(base + off_recv_count))[le] = total_all;
+      }
+      __syncthreads();  // tab_row of this expert, written by the block, is complete
+      for (int p = warp; p < total_all; p += nwarps) {
+        const i64 from = tab_row[(i64)le * slots + p];
+        const i64 to = (i64)le * slots + p;
+        const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
+        u8* drow = (u8*)(base + off_recv_x) + to * out_row;
+        for (int c = lane; c < (out_row >> 4); c += 32) {
+          goep_in_st_v4(drow + (u64)c * 16, goep_in_ld_peer_v4(srow + (u64)c * 16));
+        }
+        if (format == GOEP_LL_FP8) {
+          const float* ss = (const float*)(base + off_stage_s) + from * ns;
+          for (int g = lane; g < ns; g += 32) {
+            ((float*)(base + off_recv_s))[to * ns + g] = ss[g];
+          }
+        } else if (format == GOEP_LL_UE8M0) {
+          const u32* ss = (const u32*)(base + off_stage_s) + from * ns;
+          for (int wi = lane; wi < nw; wi += 32) {
+            u32 word = 0;
+            for (int b = 0; b < 4 && 4 * wi + b < ns; ++b) {
+              word |= ((ss[4 * wi + b] >> 23) & 0xffu) << (8 * b);
+            }
+            ((u32*)(base + off_recv_s))[to * nw + wi] = word;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // Done reading the staged rows: the sources may write this set again.
+  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_FREED, set, rank, goep_ll_all(num_ranks));
+  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true);
+}
+
+// ---------------------------------------------------------------------------
+// Combine.
+
+extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 off_tab_pos, u64 off_tab_w,
+                                           u64 off_tab_t, u64 off_own_mask, u64 off_cstage, const u8* y,
+                                           const float* y_scales, int y_fp8, u8* out, int num_tokens, int k,
+                                           int num_ranks, int rank, int local_experts, int max_tokens, int hidden,
+                                           int rank_major, int set, int phases, int elastic, int num_slices,
+                                           goep_watchdog* wd, u32 wait_id) {
+  __shared__ u64 s_epoch;
+  __shared__ u64 s_peers[GOEP_LL_MAX_RANKS];
+  __shared__ u32 s_active;
+  __shared__ u32 s_eff;
+  __shared__ int s_ntok[GOEP_LL_MAX_RANKS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
+  const u64 base = peers[rank];
+  if (tid == 0) {
+    s_epoch = goep_in_ld_volatile_u64((u64*)(ctrl + GOEP_LL_CTRL_COMB_EPOCH) + set) + 1;
+  }
+  if (tid < num_ranks) {
+    s_peers[tid] = peers[tid];
+    s_ntok[tid] = ((const i32*)(base + off_tab_t))[tid];
+  }
+  __syncthreads();
+  const u64 e = s_epoch;
+  const u64 row2 = (u64)hidden * 2;
+  const int nchunks = hidden >> 3;
+  const int ns = hidden / 128;
+
+  if (phases & GOEP_LL_SEND) {
+    if (tid == 0) {
+      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+    }
+    __syncthreads();
+    if (!goep_ll_wait_ranks(ctrl, GOEP_LL_CTRL_COMB_FREED, set, s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic,
+                            wd, wait_id, GOEP_LL_STAGE_COMB_FREED)) {
+      return;
+    }
+    if (tid == 0) {
+      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+    }
+    __syncthreads();
+    const u32 active = s_active;
+    const i32* tab_pos = (const i32*)(base + off_tab_pos);
+    const float* tab_w = (const float*)(base + off_tab_w);
+    const int units = num_ranks * max_tokens * num_slices;
+    for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
+      const int i = u / num_slices, slice = u - i * num_slices;
+      const int s = i / max_tokens, t = i - s * max_tokens;
+      if (t >= s_ntok[s] || !((active >> s) & 1u)) {
+        continue;
+      }
+      int pos = -1;
+      float w = 0.0f;
+      if (lane < k) {
+        pos = tab_pos[(i64)i * k + lane];
+        w = tab_w[(i64)i * k + lane];
+      }
+      const u32 local = __ballot_sync(0xffffffffu, pos >= 0);
+      if (local == 0) {
+        continue;
+      }
+      u8* const dst = (u8*)(s_peers[s] + off_cstage) + ((u64)rank * max_tokens + t) * row2;
+      int r_lo, r_hi;
+      goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
+      for (int rr = r_lo; rr < r_hi; ++rr) {
+        const int c = rr * 32 + lane;
+        const bool in = c < nchunks;
+        if (rank_major) {
+          if (in) {
+            goep_in_st_v4(dst + (u64)c * 16, goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c * 16));
+          }
+          continue;
+        }
+        float acc[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+          acc[q] = 0.0f;
+        }
+        u32 m = local;
+        while (m) {
+          const int j = __ffs(m) - 1;
+          m &= m - 1u;
+          const int p = __shfl_sync(0xffffffffu, pos, j);
+          const float wj = __shfl_sync(0xffffffffu, w, j);
+          if (in) {
+            float yv[8];
+            if (y_fp8) {
+              const u32* q8 = (const u32*)(y + (u64)p * hidden + (u64)c * 8);
+              const u32 lo = q8[0], hi = q8[1];
+              const float sc = y_scales[(i64)p * ns + (c >> 4)];
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                yv[q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(lo >> (8 * q))), sc);
+                yv[4 + q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(hi >> (8 * q))), sc);
+              }
+            } else {
+              const uint4 v = goep_in_ld_nc_v4(y + (u64)p * row2 + (u64)c * 16);
+              const u32 wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                yv[2 * q] = goep_u32_as_f32(wv[q] << 16);
+                yv[2 * q + 1] = goep_u32_as_f32(wv[q] & 0xffff0000u);
+              }
+            }
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+              acc[q] = goep_ll_add(acc[q], goep_ll_mul(wj, yv[q]));
+            }
+          }
+        }
+        if (in) {
+          uint4 o;
+          o.x = (u32)goep_f32_to_bf16_bits(acc[0]) | ((u32)goep_f32_to_bf16_bits(acc[1]) << 16);
+          o.y = (u32)goep_f32_to_bf16_bits(acc[2]) | ((u32)goep_f32_to_bf16_bits(acc[3]) << 16);
+          o.z = (u32)goep_f32_to_bf16_bits(acc[4]) | ((u32)goep_f32_to_bf16_bits(acc[5]) << 16);
+          o.w = (u32)goep_f32_to_bf16_bits(acc[6]) | ((u32)goep_f32_to_bf16_bits(acc[7]) << 16);
+          goep_in_st_v4(dst + (u64)c * 16, o);
+        }
+      }
+    }
+    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_ARRIVE, set, rank, goep_ll_all(num_ranks));
+  }
+
+  if (!(phases & GOEP_LL_RECV)) {
+    return;
+  }
+  if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_COMB_ARRIVE, GOEP_LL_CTRL_COMB_GATE, GOEP_LL_CTRL_COMB_EFF, set, num_ranks,
+                    rank, e, elastic, wd, wait_id, GOEP_LL_STAGE_COMB_ARRIVAL, GOEP_LL_STAGE_COMB_GATE, &s_eff,
+                    nullptr)) {
+    return;
+  }
+  const u32 eff = s_eff;
+  const u32* own_mask = (const u32*)(base + off_own_mask);
+  const u8* cstage = (const u8*)(base + off_cstage);
+  const int units = num_tokens * num_slices;
+  for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
+    const int t = u / num_slices, slice = u - t * num_slices;
+    const u32 dm = own_mask[t] & ~eff;
+    int r_lo, r_hi;
+    goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
+    for (int rr = r_lo; rr < r_hi; ++rr) {
+      const int c = rr * 32 + lane;
+      if (c >= nchunks) {
+        continue;
+      }
+      float acc[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        acc[q] = 0.0f;
+      }
+      for (int d = 0; d < num_ranks; ++d) {
+        if (!((dm >> d) & 1u)) {
+          continue;
+        }
+        const uint4 v = goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16);
+        const u32 wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          acc[2 * q] = goep_ll_add(acc[2 * q], goep_u32_as_f32(wv[q] << 16));
+          acc[2 * q + 1] = goep_ll_add(acc[2 * q + 1], goep_u32_as_f32(wv[q] & 0xffff0000u));
+        }
+      }
+      uint4 o;
+      o.x = (u32)goep_f32_to_bf16_bits(acc[0]) | ((u32)goep_f32_to_bf16_bits(acc[1]) << 16);
+      o.y = (u32)goep_f32_to_bf16_bits(acc[2]) | ((u32)goep_f32_to_bf16_bits(acc[3]) << 16);
+      o.z = (u32)goep_f32_to_bf16_bits(acc[4]) | ((u32)goep_f32_to_bf16_bits(acc[5]) << 16);
+      o.w = (u32)goep_f32_to_bf16_bits(acc[6]) | ((u32)goep_f32_to_bf16_bits(acc[7]) << 16);
+      goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, o);
+    }
+  }
+  // Done reading the partials: the expert ranks may write this set again.
+  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_FREED, set, rank, goep_ll_all(num_ranks));
+  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false);
+}
+
+// Mask update, stream-ordered and graph-capturable: op 0 sets the mask to
+// value, 1 adds the ranks in value, 2 removes them.
+extern "C" __global__ void goep_ll_set_mask(u32* mask, u32 value, int op) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    u32 m = *(volatile u32*)mask;
+    m = op == 0 ? value : (op == 1 ? (m | value) : (m & ~value));
+    *(volatile u32*)mask = m;
+  }
+}

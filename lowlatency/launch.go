@@ -1,0 +1,380 @@
+package lowlatency
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
+)
+
+// Kernel names in kernels/lowlatency.cu (module "lowlatency"); the host
+// backend runs their Go twins (twins.go).
+const (
+	KernelDispatch = "goep_ll_dispatch"
+	KernelCombine  = "goep_ll_combine"
+	KernelSetMask  = "goep_ll_set_mask"
+)
+
+// Kernels are every kernel a low-latency Buffer may launch (to preload).
+var Kernels = []string{KernelDispatch, KernelCombine, KernelSetMask}
+
+func init() {
+	kernels.Register(kernels.Module{Name: "lowlatency", File: "lowlatency.cu", Kernels: Kernels})
+}
+
+// Launch limits and defaults.
+const (
+	MaxThreads     = 512 // GOEP_LL_MAX_THREADS
+	DefaultThreads = 512
+	DefaultSMs     = 24
+	maxSlices      = 16
+	lanes          = 32
+)
+
+// Phase selects the steps a launch runs.
+type Phase int
+
+const (
+	// Send issues the rows and returns without waiting for peers' rows.
+	Send Phase = 1
+	// Recv waits for the peers' rows and completes the call.
+	Recv Phase = 2
+	// Both runs send then receive in one launch.
+	Both = Send | Recv
+)
+
+// Workspace is one rank's view of a group's low-latency workspaces.
+type Workspace struct {
+	Layout Layout
+	Rank   int
+	// Base is this rank's workspace (Size bytes, IPC-shared or
+	// peer-accessible, control block zero before the first launch).
+	Base uintptr
+	Size int
+	// Peers is device memory holding u64[Ranks], every rank's workspace as
+	// mapped here.
+	Peers uintptr
+	// Watchdog bounds every device wait (goep_watchdog); WaitID goes into
+	// timeout records.
+	Watchdog uintptr
+	WaitID   uint32
+	// SpinBlocks caps every grid (every launch may wait on peers): ranks
+	// sharing a GPU must be resident at once (channels.SpinBudget).
+	SpinBlocks int
+}
+
+// Validate checks a workspace once, when it is built.
+func (w *Workspace) Validate() error {
+	if w == nil {
+		return errors.New("lowlatency: nil workspace")
+	}
+	l := w.Layout
+	switch {
+	case l.Size == 0:
+		return errors.New("lowlatency: workspace has no layout (use NewLayout)")
+	case w.Rank < 0 || w.Rank >= l.Ranks:
+		return fmt.Errorf("lowlatency: rank %d of %d", w.Rank, l.Ranks)
+	case w.Size < l.Size:
+		return fmt.Errorf("lowlatency: workspace of %d bytes is smaller than its layout (%d bytes)", w.Size, l.Size)
+	case w.Base == 0 || w.Base%regionAlign != 0:
+		return fmt.Errorf("lowlatency: workspace pointer %#x: want non-null, %d-byte aligned", w.Base, regionAlign)
+	case w.Peers == 0 || w.Peers%8 != 0:
+		return fmt.Errorf("lowlatency: peer table pointer %#x: want non-null, 8-byte aligned", w.Peers)
+	case w.Watchdog == 0 || w.Watchdog%8 != 0:
+		return fmt.Errorf("lowlatency: watchdog pointer %#x: want non-null, 8-byte aligned", w.Watchdog)
+	}
+	return nil
+}
+
+// LaunchConfig sizes a launch; the zero value is the default.
+type LaunchConfig struct {
+	NumSMs  int // grid cap; 0: DefaultSMs (always capped by SpinBlocks and the GPU's SMs)
+	Threads int // per block, multiple of 32 up to MaxThreads; 0: DefaultThreads
+}
+
+func (w *Workspace) resolve(dev device.Device, c LaunchConfig) (blocks, threads int, err error) {
+	threads = c.Threads
+	if threads == 0 {
+		threads = DefaultThreads
+	}
+	if threads < lanes || threads > MaxThreads || threads%lanes != 0 {
+		return 0, 0, fmt.Errorf("%d threads per block: want a multiple of 32 in 32..%d", threads, MaxThreads)
+	}
+	blocks = c.NumSMs
+	if blocks == 0 {
+		blocks = DefaultSMs
+	}
+	if blocks < 1 {
+		return 0, 0, fmt.Errorf("%d SMs", c.NumSMs)
+	}
+	if sms := dev.Info().SMs; sms > 0 && blocks > sms {
+		blocks = sms
+	}
+	if w.SpinBlocks > 0 && blocks > w.SpinBlocks {
+		// Every block of every rank sharing the GPU must be resident.
+		return 0, 0, fmt.Errorf("%d blocks exceed the spin budget of %d blocks (ranks sharing a GPU must all be resident)",
+			blocks, w.SpinBlocks)
+	}
+	return blocks, threads, nil
+}
+
+// slices cuts rows into slices of whole 32-chunk rounds so that about
+// warps warps have work when there are few units.
+func slices(units, warps, rounds int) int {
+	if units <= 0 {
+		return 1
+	}
+	s := (warps + units - 1) / units
+	return max(1, min(s, rounds, maxSlices))
+}
+
+func (w *Workspace) set(set int) (*SetRegions, error) {
+	if set < 0 || set >= Sets {
+		return nil, fmt.Errorf("buffer set %d: want 0..%d", set, Sets-1)
+	}
+	return &w.Layout.Set[set], nil
+}
+
+// DispatchArgs are the inputs of a dispatch launch.
+type DispatchArgs struct {
+	// Set is the buffer set (0 or 1); consecutive calls alternate.
+	Set int
+	// X is BF16 [Tokens][Hidden], 16-byte aligned.
+	X uintptr
+	// TopK is [Tokens][TopK] int64 (IDs64) or int32 ids, -1 = none; ids
+	// outside [-1, Experts) are ignored.
+	TopK  uintptr
+	IDs64 bool
+	// Weights is float32 [Tokens][TopK], optional (weights of 1); combine
+	// applies them.
+	Weights uintptr
+	Tokens  int
+	Format  Format
+	// RankMajor leaves the rows in the staging layout [R][MaxTokens]
+	// (RankMajorViews) instead of expanding them per expert.
+	RankMajor bool
+	Phase     Phase
+	// Elastic masks a peer that does not arrive within the watchdog's
+	// timeout instead of failing the call.
+	Elastic bool
+}
+
+// Dispatch enqueues a dispatch step (or both) on s; every rank launches
+// the same steps on the same set.
+func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs, cfg LaunchConfig) error {
+	if dev == nil || w == nil {
+		return errors.New("lowlatency: dispatch: nil device or workspace")
+	}
+	l := w.Layout
+	sr, err := w.set(a.Set)
+	if err != nil {
+		return fmt.Errorf("lowlatency: dispatch: %w", err)
+	}
+	switch {
+	case a.Phase < Send || a.Phase > Both:
+		return fmt.Errorf("lowlatency: dispatch: phase %d", a.Phase)
+	case a.Tokens < 0 || a.Tokens > l.MaxTokens:
+		return fmt.Errorf("lowlatency: dispatch: %d tokens: the workspace takes 0..%d", a.Tokens, l.MaxTokens)
+	case a.Format < BF16 || a.Format > UE8M0:
+		return fmt.Errorf("lowlatency: dispatch: unknown %v", a.Format)
+	case a.Format.Quantized() && !l.FP8:
+		return fmt.Errorf("lowlatency: dispatch: %v needs a workspace with FP8 scale regions (Config.FP8)", a.Format)
+	case a.Phase&Send != 0 && a.Tokens > 0 && (a.X == 0 || a.X%16 != 0 || a.TopK == 0):
+		return errors.New("lowlatency: dispatch: x must be non-null and 16-byte aligned, top-k ids non-null")
+	}
+	blocks, threads, err := w.resolve(dev, cfg)
+	if err != nil {
+		return fmt.Errorf("lowlatency: dispatch: %w", err)
+	}
+	warps := threads / lanes
+	rounds := (l.Hidden/8 + lanes - 1) / lanes
+	sl := slices(a.Tokens, blocks*warps, rounds)
+	if int64(a.Tokens)*int64(sl) > math.MaxInt32 {
+		return fmt.Errorf("lowlatency: dispatch: %d tokens x %d slices overflow 32-bit units", a.Tokens, sl)
+	}
+	args := device.NewArgs(36).Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).
+		U64(uint64(sr.StageX.Offset)).U64(uint64(sr.StageS.Offset)).U64(uint64(sr.StageIDs.Offset)).U64(uint64(sr.StageW.Offset)).
+		U64(uint64(sr.RecvX.Offset)).U64(uint64(sr.RecvS.Offset)).U64(uint64(sr.RecvSrc.Offset)).U64(uint64(sr.RecvRange.Offset)).
+		U64(uint64(sr.RecvCount.Offset)).U64(uint64(sr.TabPos.Offset)).U64(uint64(sr.TabW.Offset)).U64(uint64(sr.TabT.Offset)).
+		U64(uint64(sr.TabRow.Offset)).U64(uint64(sr.OwnMask.Offset)).
+		Ptr(a.X).Ptr(a.TopK).I32(b2i(a.IDs64)).Ptr(a.Weights).
+		I32(int32(a.Tokens)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.LocalExperts)).
+		I32(int32(l.MaxTokens)).I32(int32(l.Hidden)).I32(int32(a.Format)).I32(b2i(a.RankMajor)).I32(int32(a.Set)).
+		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID)
+	if err := dev.Launch(KernelDispatch, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
+		return fmt.Errorf("lowlatency: dispatch: %w", err)
+	}
+	return nil
+}
+
+// CombineArgs are the inputs of a combine launch.
+type CombineArgs struct {
+	// Set is the buffer set of the dispatch being combined.
+	Set int
+	// Tokens is that dispatch's token count on this rank.
+	Tokens int
+	// Y is the expert outputs: BF16 [LocalExperts][Slots][Hidden] (or FP8
+	// bytes with YScales f32 [LocalExperts][Slots][Hidden/128] when YFP8),
+	// row le*Slots+i = expert le's output for its received row i. RankMajor:
+	// BF16 [Ranks][MaxTokens][Hidden], row s*MaxTokens+t for token t of
+	// source s. Any device memory of this rank (CombineBuffer is the
+	// zero-copy place); 16-byte aligned.
+	Y       uintptr
+	YScales uintptr
+	YFP8    bool
+	// Out is BF16 [Tokens][Hidden], 16-byte aligned.
+	Out       uintptr
+	RankMajor bool
+	Phase     Phase
+	Elastic   bool
+}
+
+// Combine enqueues a combine step (or both) on s.
+func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, cfg LaunchConfig) error {
+	if dev == nil || w == nil {
+		return errors.New("lowlatency: combine: nil device or workspace")
+	}
+	l := w.Layout
+	sr, err := w.set(a.Set)
+	if err != nil {
+		return fmt.Errorf("lowlatency: combine: %w", err)
+	}
+	switch {
+	case a.Phase < Send || a.Phase > Both:
+		return fmt.Errorf("lowlatency: combine: phase %d", a.Phase)
+	case a.Tokens < 0 || a.Tokens > l.MaxTokens:
+		return fmt.Errorf("lowlatency: combine: %d tokens: the workspace takes 0..%d", a.Tokens, l.MaxTokens)
+	case a.YFP8 && (!l.FP8 || a.RankMajor || a.YScales == 0):
+		return errors.New("lowlatency: combine: FP8 input needs an expert-major layout, scales and a workspace with FP8 regions")
+	case a.Phase&Send != 0 && (a.Y == 0 || a.Y%16 != 0):
+		return errors.New("lowlatency: combine: y must be non-null and 16-byte aligned")
+	case a.Phase&Recv != 0 && a.Tokens > 0 && (a.Out == 0 || a.Out%16 != 0):
+		return errors.New("lowlatency: combine: out must be non-null and 16-byte aligned")
+	}
+	blocks, threads, err := w.resolve(dev, cfg)
+	if err != nil {
+		return fmt.Errorf("lowlatency: combine: %w", err)
+	}
+	warps := threads / lanes
+	rounds := (l.Hidden/8 + lanes - 1) / lanes
+	// Units: the send step walks every (source, token) slot, the receive
+	// step this rank's tokens; slices fill the warps for the smaller one.
+	sl := slices(a.Tokens, blocks*warps, rounds)
+	if int64(l.Slots())*int64(sl) > math.MaxInt32 {
+		return fmt.Errorf("lowlatency: combine: %d slots x %d slices overflow 32-bit units", l.Slots(), sl)
+	}
+	args := device.NewArgs(25).Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).
+		U64(uint64(sr.TabPos.Offset)).U64(uint64(sr.TabW.Offset)).U64(uint64(sr.TabT.Offset)).U64(uint64(sr.OwnMask.Offset)).
+		U64(uint64(sr.CStage.Offset)).Ptr(a.Y).Ptr(a.YScales).I32(b2i(a.YFP8)).Ptr(a.Out).
+		I32(int32(a.Tokens)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.LocalExperts)).
+		I32(int32(l.MaxTokens)).I32(int32(l.Hidden)).I32(b2i(a.RankMajor)).I32(int32(a.Set)).
+		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID)
+	if err := dev.Launch(KernelCombine, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
+		return fmt.Errorf("lowlatency: combine: %w", err)
+	}
+	return nil
+}
+
+// MaskOp says how SetMask changes the mask.
+type MaskOp int
+
+const (
+	MaskSet    MaskOp = 0 // the mask becomes value
+	MaskAdd    MaskOp = 1 // ranks in value become masked
+	MaskRemove MaskOp = 2 // ranks in value become active
+)
+
+// SetMask enqueues a mask update on s (stream-ordered, graph-capturable):
+// bit r of value names rank r.
+func (w *Workspace) SetMask(dev device.Device, s device.Stream, op MaskOp, value uint32) error {
+	if dev == nil || w == nil {
+		return errors.New("lowlatency: mask: nil device or workspace")
+	}
+	if op < MaskSet || op > MaskRemove {
+		return fmt.Errorf("lowlatency: mask: op %d", op)
+	}
+	if value>>uint(w.Layout.Ranks) != 0 {
+		return fmt.Errorf("lowlatency: mask %#x names ranks outside the world of %d", value, w.Layout.Ranks)
+	}
+	args := device.NewArgs(3).Ptr(w.MaskPtr()).U32(value).I32(int32(op))
+	if err := dev.Launch(KernelSetMask, device.D1(1), device.D1(lanes), 0, s, args); err != nil {
+		return fmt.Errorf("lowlatency: mask: %w", err)
+	}
+	return nil
+}
+
+// InvalidPtr is the device address of set's u32 count of top-k ids outside
+// [-1, Experts) in the last completed dispatch on that set (ignored by the
+// kernels, as -1).
+func (w *Workspace) InvalidPtr(set int) uintptr {
+	return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlInvalidOut+4*(set&1))
+}
+
+// MaskPtr is the device address of this rank's mask word (u32, bit r set =
+// rank r masked; kernels may add ranks that time out in elastic calls).
+func (w *Workspace) MaskPtr() uintptr { return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlMask) }
+
+// RecvViews are a set's expert-major dispatch outputs (valid until the
+// next dispatch receive on the same set).
+type RecvViews struct {
+	X           uintptr // [LocalExperts][Slots] rows: BF16 (2*Hidden bytes) or FP8 (Hidden bytes)
+	Scales      uintptr // FP8: f32 [LocalExperts][Slots][Hidden/128]; UE8M0: u32 [LocalExperts][Slots][PackedScalesPerRow]
+	SrcInfo     uintptr // i32 [LocalExperts][Slots]: token index at the source
+	LayoutRange uintptr // i64 [LocalExperts][Ranks]: begin | count<<32 of each source's rows
+	Count       uintptr // i32 [LocalExperts]: rows of each local expert
+}
+
+// Recv returns set's expert-major views.
+func (w *Workspace) Recv(set int) RecvViews {
+	sr := &w.Layout.Set[set&1]
+	at := func(r Region) uintptr { return w.Base + uintptr(r.Offset) }
+	v := RecvViews{X: at(sr.RecvX), SrcInfo: at(sr.RecvSrc), LayoutRange: at(sr.RecvRange), Count: at(sr.RecvCount)}
+	if w.Layout.FP8 {
+		v.Scales = at(sr.RecvS)
+	}
+	return v
+}
+
+// RankMajorViews are a set's rank-major dispatch outputs (valid until the
+// combine of the same set: peers write them again after it).
+type RankMajorViews struct {
+	X       uintptr // [Ranks][MaxTokens] rows of 2*Hidden bytes (FP8: the first Hidden bytes)
+	Scales  uintptr // f32 [Ranks][MaxTokens][Hidden/128] (FP8 and UE8M0 alike)
+	IDs     uintptr // i32 [Ranks][MaxTokens][TopK]: local expert ids, -1 elsewhere
+	Weights uintptr // f32 [Ranks][MaxTokens][TopK]
+	Tokens  uintptr // i32 [Ranks]: tokens of each source (rows t < Tokens[s] hold ids)
+}
+
+// RankMajor returns set's rank-major views.
+func (w *Workspace) RankMajor(set int) RankMajorViews {
+	sr := &w.Layout.Set[set&1]
+	at := func(r Region) uintptr { return w.Base + uintptr(r.Offset) }
+	v := RankMajorViews{X: at(sr.StageX), IDs: at(sr.StageIDs), Weights: at(sr.StageW), Tokens: at(sr.TabT)}
+	if w.Layout.FP8 {
+		v.Scales = at(sr.StageS)
+	}
+	return v
+}
+
+// CombineBuffer is set's zero-copy combine input: BF16
+// [LocalExperts][Slots][Hidden] (X) and f32 scales for an FP8 input (S).
+type CombineBuffer struct{ X, S uintptr }
+
+// CombineBuffer returns set's combine input region.
+func (w *Workspace) CombineBuffer(set int) CombineBuffer {
+	sr := &w.Layout.Set[set&1]
+	v := CombineBuffer{X: w.Base + uintptr(sr.CombineX.Offset)}
+	if w.Layout.FP8 {
+		v.S = w.Base + uintptr(sr.CombineS.Offset)
+	}
+	return v
+}
+
+func b2i(b bool) int32 {
+	if b {
+		return 1
+	}
+	return 0
+}

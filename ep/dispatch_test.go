@@ -636,3 +636,20 @@ func TestSharedGPULaunchBudget(t *testing.T) {
 		require.ErrorContains(t, err, "share of its GPU", "rank %d override", i)
 	}
 }
+
+// The hardening soak: many small checked rounds (full dispatch, cached
+// dispatch, combine, each compared with the reference) with 8 ranks on the
+// GPUs present, allocations unchanged from round 1 to the last (runSpec
+// checks it). Run with -ep.soak=10000.
+func TestSoakGPU(t *testing.T) {
+	if gpuCount(t) == 0 {
+		t.Skip("no CUDA GPU")
+	}
+	if *soakRounds == 0 {
+		t.Skip("set -ep.soak=N to run N soak rounds")
+	}
+	ranks := 8
+	s := spec{name: "soak", ranks: ranks, tokens: fill(ranks, 48), hidden: 256, topk: 4, experts: 4 * ranks,
+		weights: true, bias: 1, iters: *soakRounds, gen: routing.GenOptions{Masked: 10}}
+	runSpec(t, newRig(t, ep.CUDA, s.ranks, s.config()), s)
+}

@@ -24,6 +24,9 @@ import (
 // (-ep.iters=1000 on the GPU machine).
 var gpuIters = flag.Int("ep.iters", 100, "rounds of TestRepeatedCallsGPU")
 
+// soakRounds sets the rounds of TestSoakGPU (0: skipped).
+var soakRounds = flag.Int("ep.soak", 0, "rounds of TestSoakGPU (0 skips it)")
+
 func gpuCount(t testing.TB) int {
 	n, err := ep.GPUCount()
 	if err != nil || n == 0 {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
@@ -165,15 +164,7 @@ func resolveTuning(cfg Config, gpuName string, world int) (*Tuning, error) {
 // it is invalid) and fails, naming the fields and the ranks, unless they
 // agree.
 func agreeConfig(ctx context.Context, bs bootstrap.Bootstrap, cfg Config, tuning *Tuning, invalid error) error {
-	mine := strings.Join(cfg.fields(tuning.id()), "\n")
-	if invalid != nil {
-		mine = "invalid: " + invalid.Error()
-	}
-	all, err := bs.AllGather(ctx, []byte(mine))
-	if err != nil {
-		return fmt.Errorf("collectives: rank %d: comparing the ranks' configurations: %w", bs.Rank(), err)
-	}
-	if err := compareConfigs("Config", all); err != nil {
+	if err := channels.AgreeConfig(ctx, bs, "Config", cfg.fields(tuning.id()), invalid); err != nil {
 		return fmt.Errorf("collectives: rank %d: %w", bs.Rank(), err)
 	}
 	return nil

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
-	"sort"
-	"strings"
 
 	"github.com/goep-dev/goep/channels"
 )
@@ -20,7 +18,7 @@ var (
 	ErrNil = errors.New("collectives: nil communicator")
 	// ErrConfigMismatch: New found configuration fields that must agree
 	// between ranks differing (the error names the fields and the ranks).
-	ErrConfigMismatch = errors.New("configuration differs between ranks")
+	ErrConfigMismatch = channels.ErrConfigMismatch
 	// ErrOverflow: a size computation of a call overflowed.
 	ErrOverflow = errors.New("size overflows")
 )
@@ -76,74 +74,3 @@ func (c Config) fields(tuningID string) []string {
 	}
 }
 
-// compareConfigs is the error for the ranks' field lists all (one per
-// rank; a rank whose own configuration was invalid sends "invalid: why"),
-// naming every field that differs and which ranks hold which value; nil
-// when they agree.
-func compareConfigs(component string, all [][]byte) error {
-	type rankVal struct {
-		rank int
-		val  string
-	}
-	perField := map[string][]rankVal{}
-	var order []string
-	var invalid []string
-	for r, b := range all {
-		s := string(b)
-		if rest, ok := strings.CutPrefix(s, "invalid: "); ok {
-			invalid = append(invalid, fmt.Sprintf("rank %d: %s", r, clip(rest, 200)))
-			continue
-		}
-		for _, line := range strings.Split(s, "\n") {
-			name, val, _ := strings.Cut(line, "=")
-			if _, seen := perField[name]; !seen {
-				order = append(order, name)
-			}
-			perField[name] = append(perField[name], rankVal{r, val})
-		}
-	}
-	var diffs []string
-	for _, name := range order {
-		groups := map[string][]int{}
-		for _, rv := range perField[name] {
-			groups[rv.val] = append(groups[rv.val], rv.rank)
-		}
-		if len(groups) < 2 && len(perField[name]) == len(all)-len(invalid) {
-			continue
-		}
-		var parts []string
-		for v, ranks := range groups {
-			parts = append(parts, fmt.Sprintf("%s on %s", clip(v, 80), rankList(ranks)))
-		}
-		sort.Strings(parts)
-		diffs = append(diffs, fmt.Sprintf("%s.%s: %s", component, name, strings.Join(parts, ", ")))
-	}
-	if len(invalid) == 0 && len(diffs) == 0 {
-		return nil
-	}
-	msg := strings.Join(append(invalid, diffs...), "; ")
-	return fmt.Errorf("%w: %s", ErrConfigMismatch, msg)
-}
-
-func rankList(ranks []int) string {
-	sort.Ints(ranks)
-	if len(ranks) == 1 {
-		return fmt.Sprintf("rank %d", ranks[0])
-	}
-	s := make([]string, len(ranks))
-	for i, r := range ranks {
-		s[i] = fmt.Sprint(r)
-	}
-	if len(s) > 16 {
-		s = append(s[:16], fmt.Sprintf("and %d more", len(ranks)-16))
-	}
-	return "ranks " + strings.Join(s, " ")
-}
-
-// clip shortens echoed input.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return fmt.Sprintf("%s... (%d bytes)", s[:n], len(s))
-}

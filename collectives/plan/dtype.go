@@ -53,7 +53,7 @@ func ParseDataType(s string) (DataType, error) {
 			return d, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown data type %q (want bf16, fp16, fp32 or int32)", s)
+	return 0, fmt.Errorf("unknown data type %q (want bf16, fp16, fp32 or int32)", clip(s))
 }
 
 // FromRef maps the collectives' element types (fp8 has no plan executor).

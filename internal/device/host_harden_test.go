@@ -135,6 +135,7 @@ func TestHostImportOutlivesOwner(t *testing.T) {
 	// stale but readable page rather than a SIGSEGV).
 	require.Equal(t, "still here", string(HostSlice[byte](view.Ptr, 10)))
 	require.ErrorIs(t, peer.CopyOut(got, view.Ptr), ErrBadPointer, "copies refuse released memory all the same")
+	require.ErrorIs(t, peer.(RangeChecker).CheckRange(view.Ptr, 1), ErrBadPointer, "a peer's memory is not this rank's")
 	require.NoError(t, peer.CloseImport(view))
 	require.Error(t, peer.CloseImport(view), "closing an import twice")
 }

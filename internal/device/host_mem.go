@@ -174,13 +174,23 @@ func unmapAll(rs []*hostRegion) {
 	}
 }
 
-// CheckRange reports whether [p, p+n) lies inside one live allocation of a
-// host-backend device of this process (this rank's or a peer's): what the
-// upper layers check before they hand a caller's pointer to a kernel twin.
-// n == 0 always passes.
+// CheckRange reports whether [p, p+n) lies inside one live allocation of
+// this device, as the CUDA path requires memory of the rank's own GPU:
+// what the upper layers check before they hand a caller's pointer to a
+// kernel twin. A peer's memory (even imported) is refused, naming its
+// owner. n == 0 always passes.
 func (d *hostDevice) CheckRange(p uintptr, n int) error {
 	if err := hostRangeCheck(p, n); err != nil {
-		return fmt.Errorf("device host:%d: %w", d.ordinal, err)
+		return d.errorf("%w", err)
+	}
+	if n == 0 {
+		return nil
+	}
+	hostMem.Lock()
+	r := hostFindLocked(p)
+	hostMem.Unlock()
+	if r != nil && r.owner != d {
+		return d.errorf("[%#x, +%d) is memory of host rank %d, not this rank's: %w", p, n, r.owner.ordinal, ErrBadPointer)
 	}
 	return nil
 }

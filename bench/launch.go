@@ -6,8 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"runtime"
 	"time"
 
+	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internal/spawn"
 )
 
@@ -28,6 +30,7 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("launch", stderr)
 	n := fs.Int("n", 0, "number of ranks (one process per GPU; rank i uses GPU i)")
 	grace := fs.Duration("grace", 5*time.Second, "how long ranks get to stop after one fails, before they are killed")
+	maxRanks := fs.Int("max-ranks", 0, "the most ranks -n may ask for (0: one per GPU, or one per CPU core without GPUs)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: ep-bench launch -n N [--grace 5s] -- <ep-bench command> [flags]")
 		fs.PrintDefaults()
@@ -56,8 +59,26 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if why, ok := oneProcessOnly[rest[0]]; ok {
 		return fmt.Errorf("%s runs in one process (%s); run `ep-bench %s` without launch", rest[0], why, rest[0])
 	}
-	if *n > 1024 {
-		return fmt.Errorf("-n %d: want at most 1024 ranks", *n)
+	bound, what := launchBound(*maxRanks)
+	if *n > bound {
+		return fmt.Errorf("-n %d: at most %d ranks here (%s); --max-ranks raises the bound", *n, bound, what)
 	}
-	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace})
+	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace, MaxN: bound})
+}
+
+// maxLaunchRanks is the hard ceiling of -n, whatever --max-ranks says.
+const maxLaunchRanks = 1024
+
+// launchBound is the most ranks a launch may start: --max-ranks when given
+// (up to maxLaunchRanks), else one per GPU (launch runs one process per
+// GPU; processes sharing a GPU are refused), else one per CPU core.
+func launchBound(override int) (int, string) {
+	if override > 0 {
+		return min(override, maxLaunchRanks), "--max-ranks"
+	}
+	if n, err := device.CUDADeviceCount(); err == nil && n > 0 {
+		return min(n, maxLaunchRanks), fmt.Sprintf("%d GPUs, one process each", n)
+	}
+	c := runtime.NumCPU()
+	return min(c, maxLaunchRanks), fmt.Sprintf("no GPU; %d CPU cores", c)
 }

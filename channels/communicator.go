@@ -92,19 +92,47 @@ func NewCommunicator(bs bootstrap.Bootstrap, dev device.Device, cfg Config) (*Co
 }
 
 // Rank is this rank; Size the number of ranks.
-func (c *Communicator) Rank() int { return c.rank }
+func (c *Communicator) Rank() int {
+	if c == nil {
+		var r0 int
+		return r0
+	}
+	return c.rank
+}
 
 // Size is the number of ranks.
-func (c *Communicator) Size() int { return c.size }
+func (c *Communicator) Size() int {
+	if c == nil {
+		var r0 int
+		return r0
+	}
+	return c.size
+}
 
 // Bootstrap is the bootstrap the communicator was built on.
-func (c *Communicator) Bootstrap() bootstrap.Bootstrap { return c.bs }
+func (c *Communicator) Bootstrap() bootstrap.Bootstrap {
+	if c == nil {
+		var r0 bootstrap.Bootstrap
+		return r0
+	}
+	return c.bs
+}
 
 // Device is this rank's device.
-func (c *Communicator) Device() device.Device { return c.dev }
+func (c *Communicator) Device() device.Device {
+	if c == nil {
+		var r0 device.Device
+		return r0
+	}
+	return c.dev
+}
 
 // Timeouts is the communicator's current configuration.
 func (c *Communicator) Timeouts() Timeouts {
+	if c == nil {
+		var r0 Timeouts
+		return r0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.timeouts
@@ -113,6 +141,9 @@ func (c *Communicator) Timeouts() Timeouts {
 // SetWaitTimeout changes the bound of device-side waits for kernels
 // launched from now on.
 func (c *Communicator) SetWaitTimeout(d time.Duration) error {
+	if c == nil {
+		return ErrNil
+	}
 	if d <= 0 {
 		return c.errorf("wait timeout %s must be positive", d)
 	}
@@ -131,11 +162,21 @@ func (c *Communicator) SetWaitTimeout(d time.Duration) error {
 // Watchdog is the device address of the communicator's goep_watchdog, for
 // kernels that bound waits of their own (goep_wait_ge_u64 and friends, or
 // goep_spin_ok) under the same timeout and abort flag.
-func (c *Communicator) Watchdog() uintptr { return c.wd.buf.Ptr }
+func (c *Communicator) Watchdog() uintptr {
+	if c == nil {
+		var r0 uintptr
+		return r0
+	}
+	return c.wd.buf.Ptr
+}
 
 // NewWaitID reserves an id for a kernel's own bounded waits; a timeout
 // record carrying it is reported as what.
 func (c *Communicator) NewWaitID(what string) uint32 {
+	if c == nil {
+		var r0 uint32
+		return r0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.newIDLocked(what)
@@ -154,6 +195,9 @@ func (c *Communicator) newIDLocked(what string) uint32 {
 // memory, so it is cheap and may be called while kernels run; call it after
 // synchronising a stream whose kernels use the channels.
 func (c *Communicator) Check() error {
+	if c == nil {
+		return ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -185,6 +229,9 @@ func (c *Communicator) checkLocked() error {
 // non-blocking streams (those of Device) but waits behind kernels on the
 // legacy default stream.
 func (c *Communicator) Abort() error {
+	if c == nil {
+		return ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -202,6 +249,9 @@ func (c *Communicator) Abort() error {
 // Barrier waits for every rank on the bootstrap, e.g. before Close so that
 // no peer still writes into memory this rank frees.
 func (c *Communicator) Barrier(ctx context.Context) error {
+	if c == nil {
+		return ErrNil
+	}
 	if err := c.usable(); err != nil {
 		return err
 	}
@@ -253,6 +303,9 @@ func (c *Communicator) errorf(format string, a ...any) error {
 // rank's memory (Barrier first). Close does not talk to peers. Objects
 // built from the communicator refuse calls afterwards.
 func (c *Communicator) Close() error {
+	if c == nil {
+		return ErrNil
+	}
 	var errs []error
 	keep := func(err error) {
 		if err != nil {

@@ -88,6 +88,9 @@ func (k *cudaIPCConnection) closeStream() error {
 }
 
 func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {
+	if k == nil {
+		return ErrNil
+	}
 	if err := k.checkWrite(dst, dstOff, src, srcOff, size); err != nil {
 		return err
 	}
@@ -112,6 +115,9 @@ func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src Register
 // copies, then stores the value with a synchronous host-to-device copy
 // (the copy engine writes the aligned 8 bytes in one piece, after the data).
 func (k *cudaIPCConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, value uint64) error {
+	if k == nil {
+		return ErrNil
+	}
 	if err := k.checkUpdate(dst, dstOff); err != nil {
 		return err
 	}
@@ -181,6 +187,9 @@ func (k *cudaIPCConnection) setHostToken(t hostToken, v uint64) error {
 // AtomicAdd launches goep_proxy_atomic_add (kernels/proxy_kernels.cu) on
 // the connection's stream: stream order puts it after the earlier copies.
 func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value uint64) error {
+	if k == nil {
+		return ErrNil
+	}
 	if err := k.checkWord("atomic add", dst, dstOff); err != nil {
 		return err
 	}
@@ -197,6 +206,9 @@ func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value ui
 }
 
 func (k *cudaIPCConnection) Flush() error {
+	if k == nil {
+		return ErrNil
+	}
 	if err := k.usable(); err != nil {
 		return err
 	}

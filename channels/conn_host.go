@@ -11,6 +11,9 @@ type hostConnection struct {
 }
 
 func (h *hostConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {
+	if h == nil {
+		return ErrNil
+	}
 	if err := h.checkWrite(dst, dstOff, src, srcOff, size); err != nil {
 		return err
 	}
@@ -19,6 +22,9 @@ func (h *hostConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredM
 }
 
 func (h *hostConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, value uint64) error {
+	if h == nil {
+		return ErrNil
+	}
 	if err := h.checkUpdate(dst, dstOff); err != nil {
 		return err
 	}
@@ -27,6 +33,9 @@ func (h *hostConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, value u
 }
 
 func (h *hostConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value uint64) error {
+	if h == nil {
+		return ErrNil
+	}
 	if err := h.checkWord("atomic add", dst, dstOff); err != nil {
 		return err
 	}
@@ -34,7 +43,12 @@ func (h *hostConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value uint6
 	return nil
 }
 
-func (h *hostConnection) Flush() error { return h.usable() }
+func (h *hostConnection) Flush() error {
+	if h == nil {
+		return ErrNil
+	}
+	return h.usable()
+}
 
 // drain: host writes are done when they return.
 func (h *hostConnection) drain() error { return nil }

@@ -112,12 +112,40 @@ type connBase struct {
 	release func() error
 }
 
-func (b *connBase) Transport() Transport { return b.transport }
-func (b *connBase) LocalRank() int       { return b.c.rank }
-func (b *connBase) RemoteRank() int      { return b.peer }
-func (b *connBase) Tag() int             { return b.tag }
+func (b *connBase) Transport() Transport {
+	if b == nil {
+		var r0 Transport
+		return r0
+	}
+	return b.transport
+}
+func (b *connBase) LocalRank() int {
+	if b == nil {
+		var r0 int
+		return r0
+	}
+	return b.c.rank
+}
+func (b *connBase) RemoteRank() int {
+	if b == nil {
+		var r0 int
+		return r0
+	}
+	return b.peer
+}
+func (b *connBase) Tag() int {
+	if b == nil {
+		var r0 int
+		return r0
+	}
+	return b.tag
+}
 
 func (b *connBase) String() string {
+	if b == nil {
+		var r0 string
+		return r0
+	}
 	return fmt.Sprintf("%s connection to rank %d (tag %d)", b.transport, b.peer, b.tag)
 }
 
@@ -174,6 +202,9 @@ func (b *connBase) checkWord(op string, dst RegisteredMemory, off int) error {
 }
 
 func (b *connBase) Close() error {
+	if b == nil {
+		return ErrNil
+	}
 	b.c.mu.Lock()
 	defer b.c.mu.Unlock()
 	return b.closeLocked()
@@ -256,6 +287,10 @@ func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) (Tr
 // connections with one tag pair up. To connect to several peers use
 // ConnectAll, which cannot deadlock however ranks order their peers.
 func (c *Communicator) Connect(ctx context.Context, peer, tag int) (Connection, error) {
+	if c == nil {
+		var r0 Connection
+		return r0, ErrNil
+	}
 	conns, err := c.ConnectAll(ctx, []int{peer}, tag)
 	if err != nil {
 		return nil, err
@@ -266,6 +301,10 @@ func (c *Communicator) Connect(ctx context.Context, peer, tag int) (Connection, 
 // ConnectAll connects to every rank in peers with one tag (result[i] is to
 // peers[i]). It sends every endpoint before waiting for any.
 func (c *Communicator) ConnectAll(ctx context.Context, peers []int, tag int) ([]Connection, error) {
+	if c == nil {
+		var r0 []Connection
+		return r0, ErrNil
+	}
 	if err := c.usable(); err != nil {
 		return nil, err
 	}

@@ -15,6 +15,8 @@ var (
 	ErrAborted = errors.New("device waits aborted")
 	// ErrClosed: the communicator or object was closed.
 	ErrClosed = errors.New("closed")
+	// ErrNil: a method was called on a nil object.
+	ErrNil = errors.New("channels: nil object")
 )
 
 // TimeoutError reports a device-side wait that gave up: which channel (or
@@ -35,6 +37,10 @@ type TimeoutError struct {
 }
 
 func (e *TimeoutError) Error() string {
+	if e == nil {
+		var r0 string
+		return r0
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "channels: rank %d: ", e.Rank)
 	if e.Object != "" {
@@ -48,4 +54,10 @@ func (e *TimeoutError) Error() string {
 }
 
 // Is makes errors.Is(err, ErrTimeout) true.
-func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
+func (e *TimeoutError) Is(target error) bool {
+	if e == nil {
+		var r0 bool
+		return r0
+	}
+	return target == ErrTimeout
+}

@@ -16,18 +16,40 @@ type DeviceArray struct {
 }
 
 // Ptr is the device address of element 0.
-func (a *DeviceArray) Ptr() uintptr { return a.buf.Ptr }
+func (a *DeviceArray) Ptr() uintptr {
+	if a == nil {
+		var r0 uintptr
+		return r0
+	}
+	return a.buf.Ptr
+}
 
 // Len is the number of elements.
-func (a *DeviceArray) Len() int { return a.n }
+func (a *DeviceArray) Len() int {
+	if a == nil {
+		var r0 int
+		return r0
+	}
+	return a.n
+}
 
 // Stride is the size of one element in bytes.
-func (a *DeviceArray) Stride() int { return a.stride }
+func (a *DeviceArray) Stride() int {
+	if a == nil {
+		var r0 int
+		return r0
+	}
+	return a.stride
+}
 
 // UploadMemoryChannels copies the channels' handles to device memory, in
 // order; a nil entry (this rank's own slot in an array indexed by rank,
 // say) becomes a zero handle.
 func (c *Communicator) UploadMemoryChannels(chs []*MemoryChannel) (*DeviceArray, error) {
+	if c == nil {
+		var r0 *DeviceArray
+		return r0, ErrNil
+	}
 	return c.upload(len(chs), devapi.MemoryChannelSize, func(i int, b []byte) {
 		if chs[i] != nil {
 			chs[i].DeviceHandle().Encode(b)
@@ -37,6 +59,10 @@ func (c *Communicator) UploadMemoryChannels(chs []*MemoryChannel) (*DeviceArray,
 
 // UploadSemaphores copies the semaphores' handles to device memory.
 func (c *Communicator) UploadSemaphores(sems []Semaphore) (*DeviceArray, error) {
+	if c == nil {
+		var r0 *DeviceArray
+		return r0, ErrNil
+	}
 	return c.upload(len(sems), devapi.SemaphoreSize, func(i int, b []byte) {
 		if sems[i] != nil {
 			sems[i].DeviceHandle().Encode(b)
@@ -72,6 +98,9 @@ func (c *Communicator) upload(n, stride int, encode func(i int, b []byte)) (*Dev
 
 // Close frees the array now (the communicator's Close does otherwise).
 func (a *DeviceArray) Close() error {
+	if a == nil {
+		return ErrNil
+	}
 	a.c.mu.Lock()
 	defer a.c.mu.Unlock()
 	for i, b := range a.c.arrays {

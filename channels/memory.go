@@ -107,6 +107,10 @@ func (m RegisteredMemory) contains(off, n int) bool {
 // whole span, as Device.Alloc returned it), reachable by peers. Register an
 // allocation once and Slice it for parts.
 func (c *Communicator) RegisterMemory(b device.Buffer) (RegisteredMemory, error) {
+	if c == nil {
+		var r0 RegisteredMemory
+		return r0, ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(); err != nil {
@@ -200,6 +204,10 @@ func (m RegisteredMemory) MarshalBinary() ([]byte, error) {
 // allocation is mapped once (later openings of the same allocation share
 // the mapping) and stays mapped until Close.
 func (c *Communicator) OpenMemory(data []byte) (RegisteredMemory, error) {
+	if c == nil {
+		var r0 RegisteredMemory
+		return r0, ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.usableLocked(); err != nil {
@@ -271,6 +279,9 @@ type importRef struct {
 // tag) gets this rank's k-th SendMemory(peer, tag). It does not wait for
 // the peer.
 func (c *Communicator) SendMemory(ctx context.Context, m RegisteredMemory, peer, tag int) error {
+	if c == nil {
+		return ErrNil
+	}
 	if err := c.usable(); err != nil {
 		return err
 	}
@@ -292,6 +303,10 @@ func (c *Communicator) SendMemory(ctx context.Context, m RegisteredMemory, peer,
 
 // RecvMemory receives the memory peer sent under tag and opens it.
 func (c *Communicator) RecvMemory(ctx context.Context, peer, tag int) (RegisteredMemory, error) {
+	if c == nil {
+		var r0 RegisteredMemory
+		return r0, ErrNil
+	}
 	if err := c.usable(); err != nil {
 		return RegisteredMemory{}, err
 	}
@@ -316,6 +331,10 @@ func (c *Communicator) RecvMemory(ctx context.Context, peer, tag int) (Registere
 // is peers[i]'s), sending to all before receiving from any so that ranks
 // exchanging with overlapping sets of peers cannot wait on each other.
 func (c *Communicator) ExchangeMemory(ctx context.Context, m RegisteredMemory, peers []int, tag int) ([]RegisteredMemory, error) {
+	if c == nil {
+		var r0 []RegisteredMemory
+		return r0, ErrNil
+	}
 	if err := c.usable(); err != nil {
 		return nil, err
 	}

@@ -63,21 +63,49 @@ func NewMemoryChannel(sem *MemorySemaphore, cfg MemoryChannelConfig) (*MemoryCha
 }
 
 // Peer is the rank at the other end.
-func (m *MemoryChannel) Peer() int { return m.sem.Peer() }
+func (m *MemoryChannel) Peer() int {
+	if m == nil {
+		var r0 int
+		return r0
+	}
+	return m.sem.Peer()
+}
 
 // ID is the channel's communicator-wide id: timeout records of waits on
 // the channel carry it.
-func (m *MemoryChannel) ID() uint32 { return m.id }
+func (m *MemoryChannel) ID() uint32 {
+	if m == nil {
+		var r0 uint32
+		return r0
+	}
+	return m.id
+}
 
 // Semaphore is the channel's semaphore.
-func (m *MemoryChannel) Semaphore() *MemorySemaphore { return m.sem }
+func (m *MemoryChannel) Semaphore() *MemorySemaphore {
+	if m == nil {
+		var r0 *MemorySemaphore
+		return r0
+	}
+	return m.sem
+}
 
 // Config is the memory the channel was built with.
-func (m *MemoryChannel) Config() MemoryChannelConfig { return m.cfg }
+func (m *MemoryChannel) Config() MemoryChannelConfig {
+	if m == nil {
+		var r0 MemoryChannelConfig
+		return r0
+	}
+	return m.cfg
+}
 
 // DeviceHandle is the goep_memory_channel kernels receive
 // (UploadMemoryChannels). Its semaphore carries the channel's id.
 func (m *MemoryChannel) DeviceHandle() devapi.MemoryChannel {
+	if m == nil {
+		var r0 devapi.MemoryChannel
+		return r0
+	}
 	h := devapi.MemoryChannel{
 		Sem:               m.sem.DeviceHandle(),
 		Remote:            m.cfg.Remote.Ptr(),

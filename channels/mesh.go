@@ -34,9 +34,17 @@ type Mesh struct {
 // ByRank returns the channels in a slice indexed by rank, nil where there
 // is none (this rank's own slot), the layout kernels usually index.
 func (m *Mesh) ByRank(size int) []*MemoryChannel {
-	out := make([]*MemoryChannel, size)
+	if m == nil {
+		var r0 []*MemoryChannel
+		return r0
+	}
+	// A size too small for the mesh's peers leaves them out rather than
+	// indexing past the slice.
+	out := make([]*MemoryChannel, max(size, 0))
 	for i, p := range m.Peers {
-		out[p] = m.Channels[i]
+		if p >= 0 && p < len(out) && i < len(m.Channels) {
+			out[p] = m.Channels[i]
+		}
 	}
 	return out
 }
@@ -47,6 +55,10 @@ func (m *Mesh) ByRank(size int) []*MemoryChannel {
 // the exchanges go to all peers before waiting on any, so any set of ranks
 // can build meshes in any order.
 func (c *Communicator) NewMemoryChannelMesh(ctx context.Context, cfg MeshConfig) (*Mesh, error) {
+	if c == nil {
+		var r0 *Mesh
+		return r0, ErrNil
+	}
 	peers := cfg.Peers
 	if peers == nil {
 		for r := 0; r < c.size; r++ {

@@ -25,6 +25,10 @@ type PacketBuffer struct {
 // bytes (a multiple of 16, the LL16 packet size). A kernel that runs one
 // round ahead of its peer needs twice the bytes of one round (goep_ll_half).
 func (c *Communicator) NewPacketBuffer(size int) (*PacketBuffer, error) {
+	if c == nil {
+		var r0 *PacketBuffer
+		return r0, ErrNil
+	}
 	if size <= 0 || size%devapi.LL16Size != 0 {
 		return nil, c.errorf("packet buffer of %d bytes: want a positive multiple of %d", size, devapi.LL16Size)
 	}
@@ -52,17 +56,39 @@ func (c *Communicator) NewPacketBuffer(size int) (*PacketBuffer, error) {
 
 // Memory is the buffer's registered memory, to send to the peers that put
 // packets into it (their MemoryChannelConfig.RemotePackets).
-func (p *PacketBuffer) Memory() RegisteredMemory { return p.mem }
+func (p *PacketBuffer) Memory() RegisteredMemory {
+	if p == nil {
+		var r0 RegisteredMemory
+		return r0
+	}
+	return p.mem
+}
 
 // Size is the buffer's length in bytes.
-func (p *PacketBuffer) Size() int { return p.buf.Size }
+func (p *PacketBuffer) Size() int {
+	if p == nil {
+		var r0 int
+		return r0
+	}
+	return p.buf.Size
+}
 
 // FlagPtr is the device address of the buffer's goep_ll_flag.
-func (p *PacketBuffer) FlagPtr() uintptr { return p.flag.ptr }
+func (p *PacketBuffer) FlagPtr() uintptr {
+	if p == nil {
+		var r0 uintptr
+		return r0
+	}
+	return p.flag.ptr
+}
 
 // Flag reads the flag counter: the flag of the last launch that finished
 // with this buffer (0 before the first).
 func (p *PacketBuffer) Flag() (uint32, error) {
+	if p == nil {
+		var r0 uint32
+		return r0, ErrNil
+	}
 	if err := p.c.usable(); err != nil {
 		return 0, err
 	}
@@ -79,6 +105,9 @@ func (p *PacketBuffer) Flag() (uint32, error) {
 // Close frees the buffer now (the communicator's Close does otherwise).
 // Peers must no longer write into it.
 func (p *PacketBuffer) Close() error {
+	if p == nil {
+		return ErrNil
+	}
 	p.c.mu.Lock()
 	defer p.c.mu.Unlock()
 	return p.freeLocked()

@@ -89,6 +89,10 @@ func unmarshalPlaceInfo(b []byte) (placeInfo, error) {
 // of every rank; later calls return the same result). It fails when ranks
 // of different processes share a GPU, naming them.
 func (c *Communicator) Placement(ctx context.Context) (Placement, error) {
+	if c == nil {
+		var r0 Placement
+		return r0, ErrNil
+	}
 	c.placeMu.Lock()
 	defer c.placeMu.Unlock()
 	if c.placement != nil {
@@ -162,6 +166,9 @@ func (c *Communicator) Placement(ctx context.Context) (Placement, error) {
 // ranks when it would exceed this rank's share of its GPU (Placement must
 // have run; a communicator without one has no limit).
 func (c *Communicator) CheckSpinLaunch(what string, blocks int) error {
+	if c == nil {
+		return ErrNil
+	}
 	c.placeMu.Lock()
 	pl := c.placement
 	c.placeMu.Unlock()

@@ -27,6 +27,10 @@ type PortChannel struct {
 // the default source of puts (this rank's memory); kernels may name other
 // ids of the proxy explicitly. A proxy serves up to 1024 channels.
 func (p *Proxy) NewPortChannel(sem *HostSemaphore, dst, src MemoryID) (*PortChannel, error) {
+	if p == nil {
+		var r0 *PortChannel
+		return r0, ErrNil
+	}
 	if sem == nil {
 		return nil, p.errorf("port channel: no semaphore")
 	}
@@ -72,31 +76,75 @@ func (p *Proxy) NewPortChannel(sem *HostSemaphore, dst, src MemoryID) (*PortChan
 }
 
 func (ch *PortChannel) String() string {
+	if ch == nil {
+		var r0 string
+		return r0
+	}
 	return fmt.Sprintf("port channel %d to rank %d", ch.id, ch.Peer())
 }
 
 // Peer is the rank at the other end.
-func (ch *PortChannel) Peer() int { return ch.sem.Peer() }
+func (ch *PortChannel) Peer() int {
+	if ch == nil {
+		var r0 int
+		return r0
+	}
+	return ch.sem.Peer()
+}
 
 // ID is the channel's communicator-wide id: timeout records of its waits
 // (FIFO pushes, flushes, semaphore waits) carry it.
-func (ch *PortChannel) ID() uint32 { return ch.id }
+func (ch *PortChannel) ID() uint32 {
+	if ch == nil {
+		var r0 uint32
+		return r0
+	}
+	return ch.id
+}
 
 // Semaphore is the channel's host-to-device semaphore.
-func (ch *PortChannel) Semaphore() *HostSemaphore { return ch.sem }
+func (ch *PortChannel) Semaphore() *HostSemaphore {
+	if ch == nil {
+		var r0 *HostSemaphore
+		return r0
+	}
+	return ch.sem
+}
 
 // Proxy is the proxy that serves the channel.
-func (ch *PortChannel) Proxy() *Proxy { return ch.proxy }
+func (ch *PortChannel) Proxy() *Proxy {
+	if ch == nil {
+		var r0 *Proxy
+		return r0
+	}
+	return ch.proxy
+}
 
 // Dst and Src are the channel's default memory ids.
-func (ch *PortChannel) Dst() MemoryID { return ch.dst }
+func (ch *PortChannel) Dst() MemoryID {
+	if ch == nil {
+		var r0 MemoryID
+		return r0
+	}
+	return ch.dst
+}
 
 // Src is the default source of puts.
-func (ch *PortChannel) Src() MemoryID { return ch.src }
+func (ch *PortChannel) Src() MemoryID {
+	if ch == nil {
+		var r0 MemoryID
+		return r0
+	}
+	return ch.src
+}
 
 // DeviceHandle is the goep_port_channel kernels receive
 // (UploadPortChannels). Its semaphore carries the channel's id.
 func (ch *PortChannel) DeviceHandle() devapi.PortChannel {
+	if ch == nil {
+		var r0 devapi.PortChannel
+		return r0
+	}
 	h := devapi.PortChannel{
 		Fifo:    ch.proxy.fifo.handle(ch.proxy.c.wd.buf.Ptr),
 		Sem:     ch.sem.DeviceHandle(),
@@ -111,6 +159,10 @@ func (ch *PortChannel) DeviceHandle() devapi.PortChannel {
 // UploadPortChannels copies the channels' handles to device memory, in
 // order; a nil entry becomes a zero handle (kernels can test fifo.triggers).
 func (c *Communicator) UploadPortChannels(chs []*PortChannel) (*DeviceArray, error) {
+	if c == nil {
+		var r0 *DeviceArray
+		return r0, ErrNil
+	}
 	return c.upload(len(chs), devapi.PortChannelSize, func(i int, b []byte) {
 		if chs[i] != nil {
 			chs[i].DeviceHandle().Encode(b)
@@ -145,9 +197,17 @@ type PortMesh struct {
 // ByRank returns the channels in a slice indexed by rank, nil where there
 // is none.
 func (m *PortMesh) ByRank(size int) []*PortChannel {
-	out := make([]*PortChannel, size)
+	if m == nil {
+		var r0 []*PortChannel
+		return r0
+	}
+	// A size too small for the mesh's peers leaves them out rather than
+	// indexing past the slice.
+	out := make([]*PortChannel, max(size, 0))
 	for i, p := range m.Peers {
-		out[p] = m.Channels[i]
+		if p >= 0 && p < len(out) && i < len(m.Channels) {
+			out[p] = m.Channels[i]
+		}
 	}
 	return out
 }
@@ -158,6 +218,10 @@ func (m *PortMesh) ByRank(size int) []*PortChannel {
 // Every rank in cfg.Peers calls it with the same tag; exchanges go to all
 // peers before waiting on any.
 func (p *Proxy) NewPortChannelMesh(ctx context.Context, cfg PortMeshConfig) (*PortMesh, error) {
+	if p == nil {
+		var r0 *PortMesh
+		return r0, ErrNil
+	}
 	c := p.c
 	peers := cfg.Peers
 	if peers == nil {

@@ -81,6 +81,10 @@ const maxTriggerOffset = 1 << 32
 
 // NewProxy builds a proxy with its FIFO; it does not start it.
 func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
+	if c == nil {
+		var r0 *Proxy
+		return r0, ErrNil
+	}
 	if cfg.FIFOSize == 0 {
 		cfg.FIFOSize = defaultFIFOSize
 	}
@@ -116,6 +120,10 @@ func (p *Proxy) errorf(format string, a ...any) error {
 // AddMemory registers m (this rank's memory, or a peer's opened on this
 // rank, at most 4 GiB) for triggers to name. A proxy holds up to 256.
 func (p *Proxy) AddMemory(m RegisteredMemory) (MemoryID, error) {
+	if p == nil {
+		var r0 MemoryID
+		return r0, ErrNil
+	}
 	if err := p.c.usable(); err != nil {
 		return 0, err
 	}
@@ -143,6 +151,11 @@ func (p *Proxy) AddMemory(m RegisteredMemory) (MemoryID, error) {
 
 // Memory is the memory registered under id.
 func (p *Proxy) Memory(id MemoryID) (RegisteredMemory, bool) {
+	if p == nil {
+		var r0 RegisteredMemory
+		var r1 bool
+		return r0, r1
+	}
 	t := p.table.Load()
 	if int(id) >= len(t.mems) {
 		return RegisteredMemory{}, false
@@ -152,6 +165,9 @@ func (p *Proxy) Memory(id MemoryID) (RegisteredMemory, bool) {
 
 // Start starts serving the FIFO (idempotent).
 func (p *Proxy) Start() error {
+	if p == nil {
+		return ErrNil
+	}
 	if err := p.c.usable(); err != nil {
 		return err
 	}
@@ -174,6 +190,9 @@ func (p *Proxy) Start() error {
 // Stop stops serving and waits for the work the proxy queued to land.
 // Triggers pushed meanwhile stay in the FIFO for the next Start.
 func (p *Proxy) Stop() error {
+	if p == nil {
+		return ErrNil
+	}
 	p.mu.Lock()
 	if !p.running {
 		p.mu.Unlock()
@@ -203,6 +222,9 @@ func (p *Proxy) drain() error {
 
 // Err is the error that stopped the proxy, nil while none has.
 func (p *Proxy) Err() error {
+	if p == nil {
+		return ErrNil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err
@@ -211,6 +233,9 @@ func (p *Proxy) Err() error {
 // Close stops the proxy and frees its FIFO. Kernels that push into it must
 // have finished. The communicator's Close calls it.
 func (p *Proxy) Close() error {
+	if p == nil {
+		return ErrNil
+	}
 	err := p.Stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()

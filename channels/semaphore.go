@@ -47,6 +47,54 @@ type semaphore struct {
 	hostRemote *hostToken
 }
 
+// The methods of the shared state, written out for both kinds so that a
+// nil *MemorySemaphore or *HostSemaphore answers instead of panicking
+// while reaching the embedded state.
+
+func (s *MemorySemaphore) base() *semaphore {
+	if s == nil {
+		return nil
+	}
+	return &s.semaphore
+}
+
+func (s *HostSemaphore) base() *semaphore {
+	if s == nil {
+		return nil
+	}
+	return &s.semaphore
+}
+
+// Peer is the rank at the other end.
+func (s *MemorySemaphore) Peer() int { return s.base().Peer() }
+
+// ID is the semaphore's id.
+func (s *MemorySemaphore) ID() uint32 { return s.base().ID() }
+
+// Connection is the connection the semaphore was built on.
+func (s *MemorySemaphore) Connection() Connection { return s.base().Connection() }
+
+// Inbound is the token the peer has written.
+func (s *MemorySemaphore) Inbound() (uint64, error) { return s.base().Inbound() }
+
+// Expected is this rank's consumed count.
+func (s *MemorySemaphore) Expected() (uint64, error) { return s.base().Expected() }
+
+// Peer is the rank at the other end.
+func (s *HostSemaphore) Peer() int { return s.base().Peer() }
+
+// ID is the semaphore's id.
+func (s *HostSemaphore) ID() uint32 { return s.base().ID() }
+
+// Connection is the connection the semaphore was built on.
+func (s *HostSemaphore) Connection() Connection { return s.base().Connection() }
+
+// Inbound is the token the peer has written.
+func (s *HostSemaphore) Inbound() (uint64, error) { return s.base().Inbound() }
+
+// Expected is this rank's consumed count.
+func (s *HostSemaphore) Expected() (uint64, error) { return s.base().Expected() }
+
 type semKind byte
 
 const (
@@ -65,6 +113,10 @@ func (k semKind) String() string {
 // transport must map peer memory. The peer builds its side over its
 // connection to this rank; the k-th semaphores of a connection pair up.
 func (c *Communicator) NewMemorySemaphore(ctx context.Context, conn Connection) (*MemorySemaphore, error) {
+	if c == nil {
+		var r0 *MemorySemaphore
+		return r0, ErrNil
+	}
 	s, err := c.NewMemorySemaphores(ctx, []Connection{conn})
 	if err != nil {
 		return nil, err
@@ -75,6 +127,10 @@ func (c *Communicator) NewMemorySemaphore(ctx context.Context, conn Connection) 
 // NewMemorySemaphores builds one semaphore per connection, exchanging with
 // all peers at once (no ordering of peers can deadlock).
 func (c *Communicator) NewMemorySemaphores(ctx context.Context, conns []Connection) ([]*MemorySemaphore, error) {
+	if c == nil {
+		var r0 []*MemorySemaphore
+		return r0, ErrNil
+	}
 	base, err := c.newSemaphores(ctx, conns, semMemory)
 	if err != nil {
 		return nil, err
@@ -88,6 +144,10 @@ func (c *Communicator) NewMemorySemaphores(ctx context.Context, conns []Connecti
 
 // NewHostSemaphore builds a host-to-device semaphore over conn.
 func (c *Communicator) NewHostSemaphore(ctx context.Context, conn Connection) (*HostSemaphore, error) {
+	if c == nil {
+		var r0 *HostSemaphore
+		return r0, ErrNil
+	}
 	s, err := c.NewHostSemaphores(ctx, []Connection{conn})
 	if err != nil {
 		return nil, err
@@ -97,6 +157,10 @@ func (c *Communicator) NewHostSemaphore(ctx context.Context, conn Connection) (*
 
 // NewHostSemaphores builds one host-to-device semaphore per connection.
 func (c *Communicator) NewHostSemaphores(ctx context.Context, conns []Connection) ([]*HostSemaphore, error) {
+	if c == nil {
+		var r0 []*HostSemaphore
+		return r0, ErrNil
+	}
 	base, err := c.newSemaphores(ctx, conns, semHost)
 	if err != nil {
 		return nil, err
@@ -280,13 +344,31 @@ func (c *Communicator) ownConnection(conn Connection) (*connBase, error) {
 }
 
 // Peer is the rank at the other end.
-func (s *semaphore) Peer() int { return s.conn.RemoteRank() }
+func (s *semaphore) Peer() int {
+	if s == nil {
+		var r0 int
+		return r0
+	}
+	return s.conn.RemoteRank()
+}
 
 // ID is the semaphore's communicator-wide id (timeout records carry it).
-func (s *semaphore) ID() uint32 { return s.id }
+func (s *semaphore) ID() uint32 {
+	if s == nil {
+		var r0 uint32
+		return r0
+	}
+	return s.id
+}
 
 // Connection is the connection the semaphore was built over.
-func (s *semaphore) Connection() Connection { return s.conn }
+func (s *semaphore) Connection() Connection {
+	if s == nil {
+		var r0 Connection
+		return r0
+	}
+	return s.conn
+}
 
 func (s *semaphore) handle(remote uintptr) devapi.Semaphore {
 	return devapi.Semaphore{Inbound: s.inbound.ptr, Expected: s.expected.ptr, Remote: remote,
@@ -295,10 +377,22 @@ func (s *semaphore) handle(remote uintptr) devapi.Semaphore {
 
 // Inbound reads this rank's token (signals received so far); Expected the
 // number consumed. For tests and diagnostics: values are a snapshot.
-func (s *semaphore) Inbound() (uint64, error) { return s.read(s.inbound.ptr) }
+func (s *semaphore) Inbound() (uint64, error) {
+	if s == nil {
+		var r0 uint64
+		return r0, ErrNil
+	}
+	return s.read(s.inbound.ptr)
+}
 
 // Expected reads the number of signals this rank's device has consumed.
-func (s *semaphore) Expected() (uint64, error) { return s.read(s.expected.ptr) }
+func (s *semaphore) Expected() (uint64, error) {
+	if s == nil {
+		var r0 uint64
+		return r0, ErrNil
+	}
+	return s.read(s.expected.ptr)
+}
 
 func (s *semaphore) read(p uintptr) (uint64, error) {
 	if err := s.c.usable(); err != nil {
@@ -315,15 +409,30 @@ func (s *semaphore) read(p uintptr) (uint64, error) {
 }
 
 // DeviceHandle is the goep_semaphore for kernels.
-func (s *MemorySemaphore) DeviceHandle() devapi.Semaphore { return s.handle(s.remote.Ptr()) }
+func (s *MemorySemaphore) DeviceHandle() devapi.Semaphore {
+	if s == nil {
+		var r0 devapi.Semaphore
+		return r0
+	}
+	return s.handle(s.remote.Ptr())
+}
 
 // DeviceHandle is the goep_semaphore for kernels; it can wait and poll,
 // not signal.
-func (s *HostSemaphore) DeviceHandle() devapi.Semaphore { return s.handle(0) }
+func (s *HostSemaphore) DeviceHandle() devapi.Semaphore {
+	if s == nil {
+		var r0 devapi.Semaphore
+		return r0
+	}
+	return s.handle(0)
+}
 
 // Signal signals the peer's device once: the peer's token becomes the
 // number of signals sent, after every earlier Write of the connection.
 func (s *HostSemaphore) Signal() error {
+	if s == nil {
+		return ErrNil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.hostRemote != nil {

@@ -68,7 +68,13 @@ type call struct {
 // size is the per-rank message size the selector and the tuning table use:
 // the whole buffer for allreduce, one rank's part for allgather and
 // reduce-scatter.
-func (x *call) size() int { return x.count * x.dt.Size() }
+func (x *call) size() int {
+	n, ok := mulBytes(x.count, x.dt.Size())
+	if !ok {
+		return maxInt // validate refuses such calls; the selector only ranks sizes
+	}
+	return n
+}
 
 func (x *call) mode() string {
 	if x.captured {

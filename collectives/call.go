@@ -45,13 +45,24 @@ func (c *Communicator) ReduceScatter(ctx context.Context, s device.Stream, send,
 }
 
 func (c *Communicator) run(ctx context.Context, x *call, opts []CallOption) (*Work, error) {
+	if c == nil {
+		return nil, ErrNil
+	}
 	for _, o := range opts {
-		o(x)
+		if o != nil {
+			o(x)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkLocked(); err != nil {
 		return nil, err
+	}
+	// A finished context is refused before anything is enqueued or
+	// exchanged. Every rank of a collective call is expected to pass a live
+	// one; a rank that does not fails alone and launches nothing.
+	if err := checkCtx(ctx); err != nil {
+		return nil, c.errorf("%s: %w", x, err)
 	}
 	verr := c.validate(x)
 	if verr == nil && x.stream == nil {
@@ -116,6 +127,16 @@ func (c *Communicator) inspect(x *call) error {
 	if x.captured, err = c.gpu.capturing(x.stream); err != nil {
 		return c.errorf("%s: %w", x, err)
 	}
+	// The host backend knows its allocations: the same range checks as the
+	// driver's pointer queries give the CUDA path.
+	if rc, ok := c.dev.(device.RangeChecker); ok && c.gpu == nil {
+		if err := rc.CheckRange(x.send, x.sendBytes); err != nil {
+			return c.errorf("%s: send buffer: %w", x, err)
+		}
+		if err := rc.CheckRange(x.recv, x.recvBytes); err != nil {
+			return c.errorf("%s: recv buffer: %w", x, err)
+		}
+	}
 	if err := c.gpu.checkRange("send buffer", x.send, x.sendBytes); err != nil {
 		return c.errorf("%s: %w", x, err)
 	}
@@ -145,6 +166,11 @@ func (c *Communicator) finish(w *Work, x *call) (*Work, error) {
 	return w, nil
 }
 
+// maxCallBytes bounds one buffer of a call (1 PiB): far above any GPU's
+// memory, and small enough that offsets and sums of a few such sizes stay
+// far from overflowing.
+const maxCallBytes = 1 << 50
+
 // validate checks the call's arguments before anything is enqueued.
 func (c *Communicator) validate(x *call) error {
 	if x.count < 0 {
@@ -162,21 +188,34 @@ func (c *Communicator) validate(x *call) error {
 	if x.forced && !validAlgo(x.kind, x.algo) {
 		return c.errorf("%s: no algorithm %q (have %s)", x.kind, x.algo, strings.Join(Algorithms(x.kind), ", "))
 	}
-	n := x.size()
+	// Every byte count in 64 bits with overflow detection: a count whose
+	// bytes wrap would pass the checks below as a small size.
+	n, ok := mulBytes(x.count, x.dt.Size())
 	W := c.size
+	total, ok2 := mulBytes(W, n)
+	if !ok || !ok2 || total > maxCallBytes {
+		return c.errorf("%s: the byte count overflows (%d elements of %d bytes, %d ranks; at most %d bytes a buffer): %w",
+			x, x.count, x.dt.Size(), W, maxCallBytes, ErrOverflow)
+	}
 	switch x.kind {
 	case AllReduce:
 		x.sendBytes, x.recvBytes = n, n
 	case AllGather:
-		x.sendBytes, x.recvBytes = n, W*n
+		x.sendBytes, x.recvBytes = n, total
 	case ReduceScatter:
-		x.sendBytes, x.recvBytes = W*n, n
+		x.sendBytes, x.recvBytes = total, n
 	}
 	if x.count == 0 {
 		return nil
 	}
 	if x.send == 0 || x.recv == 0 {
 		return c.errorf("%s: nil buffer (send %#x, recv %#x)", x, x.send, x.recv)
+	}
+	if _, ok := rangeEnd(x.send, x.sendBytes); !ok {
+		return c.errorf("%s: send [%#x, +%d) overflows the address space: %w", x, x.send, x.sendBytes, ErrOverflow)
+	}
+	if _, ok := rangeEnd(x.recv, x.recvBytes); !ok {
+		return c.errorf("%s: recv [%#x, +%d) overflows the address space: %w", x, x.recv, x.recvBytes, ErrOverflow)
 	}
 	overlap := func(a uintptr, an int, b uintptr, bn int) bool {
 		return a < b+uintptr(bn) && b < a+uintptr(an)

@@ -78,10 +78,25 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if bs == nil || dev == nil {
 		return nil, errors.New("collectives: New needs a bootstrap and a device")
 	}
+	if err := checkCtx(ctx); err != nil {
+		return nil, fmt.Errorf("collectives: New: %w", err)
+	}
 	info := dev.Info()
 	asked := cfg
-	if cfg, err = cfg.resolve(info.SMs); err != nil {
+	cfg, rerr := cfg.resolve(info.SMs)
+	var tuning *Tuning
+	if rerr == nil {
+		tuning, rerr = resolveTuning(cfg, info.Name, bs.Size())
+	}
+	// Every rank states its configuration (or why it has none) before any
+	// of them allocates or waits on a peer, so that a field that differs
+	// fails every rank at once, named, instead of corrupting memory or
+	// ending in a timeout.
+	if err := agreeConfig(ctx, bs, cfg, tuning, rerr); err != nil {
 		return nil, err
+	}
+	if rerr != nil {
+		return nil, rerr
 	}
 	c := &Communicator{bs: bs, dev: dev, rank: bs.Rank(), size: bs.Size(), cfg: cfg, info: info, args: device.NewArgs(12)}
 	defer func() {
@@ -113,16 +128,7 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if c.events, err = newEventPool(c.gpu, cfg.Events); err != nil {
 		return nil, c.errorf("%w", err)
 	}
-	c.tuning = cfg.Tuning
-	if c.tuning == nil {
-		if path := os.Getenv(EnvTuning); path != "" {
-			if c.tuning, err = LoadTuning(path); err != nil {
-				return nil, c.errorf("%s: %w", EnvTuning, err)
-			}
-		} else if c.tuning, err = builtinTuning(dev.Info().Name, c.size); err != nil {
-			return nil, c.errorf("%w", err)
-		}
-	}
+	c.tuning = tuning
 	if cfg.NCCL == NCCLEager {
 		if err = c.ncclInit(ctx); err != nil {
 			return nil, err
@@ -132,6 +138,36 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 		return nil, c.errorf("barrier after setup: %w", err)
 	}
 	return c, nil
+}
+
+// resolveTuning is the selector's table New uses: Config.Tuning, else
+// $GOEP_COLL_TUNING, else the built-in table for the GPU.
+func resolveTuning(cfg Config, gpuName string, world int) (*Tuning, error) {
+	if cfg.Tuning != nil {
+		return cfg.Tuning, nil
+	}
+	if path := os.Getenv(EnvTuning); path != "" {
+		t, err := LoadTuning(path)
+		if err != nil {
+			return nil, fmt.Errorf("collectives: %s: %w", EnvTuning, err)
+		}
+		return t, nil
+	}
+	t, err := builtinTuning(gpuName, world)
+	if err != nil {
+		return nil, fmt.Errorf("collectives: %w", err)
+	}
+	return t, nil
+}
+
+// agreeConfig gathers every rank's resolved configuration (or the reason
+// it is invalid) and fails, naming the fields and the ranks, unless they
+// agree.
+func agreeConfig(ctx context.Context, bs bootstrap.Bootstrap, cfg Config, tuning *Tuning, invalid error) error {
+	if err := channels.AgreeConfig(ctx, bs, "Config", cfg.fields(tuning.id()), invalid); err != nil {
+		return fmt.Errorf("collectives: rank %d: %w", bs.Rank(), err)
+	}
+	return nil
 }
 
 // NewFromEnv builds a communicator for a process started by a launcher
@@ -279,26 +315,59 @@ func (c *Communicator) fitSharedGPU(ctx context.Context, asked Config) error {
 }
 
 // Rank is this rank; Size the number of ranks.
-func (c *Communicator) Rank() int { return c.rank }
+func (c *Communicator) Rank() int {
+	if c == nil {
+		return -1
+	}
+	return c.rank
+}
 
 // Size is the number of ranks.
-func (c *Communicator) Size() int { return c.size }
+func (c *Communicator) Size() int {
+	if c == nil {
+		return 0
+	}
+	return c.size
+}
 
 // Device is this rank's device.
-func (c *Communicator) Device() device.Device { return c.dev }
+func (c *Communicator) Device() device.Device {
+	if c == nil {
+		return nil
+	}
+	return c.dev
+}
 
 // Bootstrap is the bootstrap the communicator was built on.
-func (c *Communicator) Bootstrap() bootstrap.Bootstrap { return c.bs }
+func (c *Communicator) Bootstrap() bootstrap.Bootstrap {
+	if c == nil {
+		return nil
+	}
+	return c.bs
+}
 
 // Channels is the channel communicator underneath.
-func (c *Communicator) Channels() *channels.Communicator { return c.chans }
+func (c *Communicator) Channels() *channels.Communicator {
+	if c == nil {
+		return nil
+	}
+	return c.chans
+}
 
 // Config is the resolved configuration.
-func (c *Communicator) Config() Config { return c.cfg }
+func (c *Communicator) Config() Config {
+	if c == nil {
+		return Config{}
+	}
+	return c.cfg
+}
 
 // SetTuning replaces the selector's table (nil: the built-in rules). Every
 // rank must use the same table.
 func (c *Communicator) SetTuning(t *Tuning) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.tuning = t
@@ -306,6 +375,9 @@ func (c *Communicator) SetTuning(t *Tuning) {
 
 // Tuning is the selector's table (nil: the built-in rules).
 func (c *Communicator) Tuning() *Tuning {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.tuning
@@ -313,12 +385,33 @@ func (c *Communicator) Tuning() *Tuning {
 
 // SetWaitTimeout changes the bound of device-side waits (see
 // channels.Communicator.SetWaitTimeout).
-func (c *Communicator) SetWaitTimeout(d time.Duration) error { return c.chans.SetWaitTimeout(d) }
+func (c *Communicator) SetWaitTimeout(d time.Duration) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
+	return c.chans.SetWaitTimeout(d)
+}
+
+// usable fails on a nil or closed communicator.
+func (c *Communicator) usable() error {
+	if c == nil {
+		return ErrNil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.errorf("%w", ErrClosed)
+	}
+	return nil
+}
 
 // Check reports a device-side timeout of a collective (naming the rank it
 // waited on) or an NCCL failure; nil while there is none. It does not
 // block.
 func (c *Communicator) Check() error {
+	if c == nil {
+		return ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.checkLocked()
@@ -369,7 +462,12 @@ func stageName(stage uint32) string {
 
 // Abort ends every device-side wait of the communicator now (see
 // channels.Communicator.Abort), e.g. when a peer is known to be dead.
-func (c *Communicator) Abort() error { return c.chans.Abort() }
+func (c *Communicator) Abort() error {
+	if err := c.usable(); err != nil {
+		return err
+	}
+	return c.chans.Abort()
+}
 
 func (c *Communicator) errorf(format string, a ...any) error {
 	return fmt.Errorf("collectives: rank %d: "+format, append([]any{c.rank}, a...)...)
@@ -379,6 +477,9 @@ func (c *Communicator) errorf(format string, a ...any) error {
 // destroys the NCCL communicator. Peers must no longer use this rank's
 // memory: call Barrier on every rank first. Close does not talk to peers.
 func (c *Communicator) Close() error {
+	if c == nil {
+		return ErrNil
+	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -392,6 +493,12 @@ func (c *Communicator) Close() error {
 // Barrier waits for every rank on the bootstrap (host side; it does not
 // wait for GPU work).
 func (c *Communicator) Barrier(ctx context.Context) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if err := checkCtx(ctx); err != nil {
+		return c.errorf("barrier: %w", err)
+	}
 	if err := c.bs.Barrier(ctx); err != nil {
 		return c.errorf("barrier: %w", err)
 	}

@@ -25,6 +25,9 @@ var hostNCCL = false
 // NCCLLibrary reports the NCCL in use (nil before the first NCCL call, or
 // when it is unavailable).
 func (c *Communicator) NCCLLibrary() *nccl.Library {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.nccl.lib

@@ -25,6 +25,12 @@ type planState struct {
 // in the same order. A call forced to an algorithm (WithAlgorithm) skips
 // the plans.
 func (c *Communicator) UsePlans(ctx context.Context, reg *plan.Registry) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
+	if err := checkCtx(ctx); err != nil {
+		return c.errorf("plans: %w", err)
+	}
 	var mine [8]byte
 	if _, err := rand.Read(mine[:]); err != nil {
 		return c.errorf("plans: %w", err)

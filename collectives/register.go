@@ -20,10 +20,20 @@ type Registration struct {
 }
 
 // ID is the registration's index, the same on every rank.
-func (r *Registration) ID() int { return r.id }
+func (r *Registration) ID() int {
+	if r == nil {
+		return -1
+	}
+	return r.id
+}
 
 // Buffer is the registered allocation.
-func (r *Registration) Buffer() device.Buffer { return r.buf }
+func (r *Registration) Buffer() device.Buffer {
+	if r == nil {
+		return device.Buffer{}
+	}
+	return r.buf
+}
 
 // Register registers buf, a whole allocation of this rank's Device (as
 // Device.Alloc returned it), for the zero-copy algorithms. Collective:
@@ -32,10 +42,27 @@ func (r *Registration) Buffer() device.Buffer { return r.buf }
 // mismatch is a wrong-call error that Config.Debug catches). Registrations
 // live until Close (or Deregister, which only stops their use).
 func (c *Communicator) Register(ctx context.Context, buf device.Buffer) (*Registration, error) {
+	if c == nil {
+		return nil, ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.checkLocked(); err != nil {
 		return nil, err
+	}
+	if err := checkCtx(ctx); err != nil {
+		return nil, c.errorf("register: %w", err)
+	}
+	if buf.Ptr == 0 || buf.Size <= 0 {
+		return nil, c.errorf("register: empty buffer [%#x, +%d)", buf.Ptr, buf.Size)
+	}
+	if _, ok := rangeEnd(buf.Ptr, buf.Size); !ok {
+		return nil, c.errorf("register: [%#x, +%d) overflows the address space: %w", buf.Ptr, buf.Size, ErrOverflow)
+	}
+	if rc, ok := c.dev.(device.RangeChecker); ok && c.gpu == nil {
+		if err := rc.CheckRange(buf.Ptr, buf.Size); err != nil {
+			return nil, c.errorf("register: %w", err)
+		}
 	}
 	if !c.native {
 		return nil, c.errorf("register: the native algorithms need 2..%d ranks (have %d)", abi.MaxRanks, c.size)
@@ -80,6 +107,9 @@ func (c *Communicator) Register(ctx context.Context, buf device.Buffer) (*Regist
 // Deregister stops using r for zero-copy (peers keep their mapping until
 // Close). Every rank deregisters at the same point.
 func (r *Registration) Deregister() {
+	if r == nil || r.c == nil {
+		return
+	}
 	c := r.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -103,5 +133,8 @@ func (c *Communicator) lookup(p uintptr, n int) (*Registration, uint64) {
 }
 
 func (r *Registration) String() string {
+	if r == nil {
+		return "registration <nil>"
+	}
 	return fmt.Sprintf("registration %d ([%#x, +%d))", r.id, r.buf.Ptr, r.buf.Size)
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -79,6 +80,9 @@ func parseTuning(b []byte, what string) (*Tuning, error) {
 
 // Save writes t as indented JSON.
 func (t *Tuning) Save(path string) error {
+	if t == nil {
+		return errors.New("collectives: save of a nil tuning table")
+	}
 	b, err := json.MarshalIndent(t, "", "  ")
 	if err != nil {
 		return err
@@ -88,6 +92,9 @@ func (t *Tuning) Save(path string) error {
 
 // Validate checks versions, names and modes.
 func (t *Tuning) Validate() error {
+	if t == nil {
+		return errors.New("nil tuning table")
+	}
 	if t.Version != TuningVersion {
 		return fmt.Errorf("version %d, this build reads %d", t.Version, TuningVersion)
 	}
@@ -261,6 +268,9 @@ func (c *Communicator) choose(x *call) error {
 // (registered: the buffers are registered; graph: the call is captured),
 // for diagnostics and tools.
 func (c *Communicator) Select(k Kind, count int, dt DataType, op Op, registered, graph bool) (string, error) {
+	if c == nil {
+		return "", ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	x := &call{kind: k, count: count, dt: dt, op: op, captured: graph}
@@ -276,6 +286,9 @@ func (c *Communicator) Select(k Kind, count int, dt DataType, op Op, registered,
 // CanRun reports why algorithm algo cannot run such a call (nil when it
 // can; with registered, as if the buffers were registered).
 func (c *Communicator) CanRun(k Kind, algo string, count int, dt DataType, op Op, registered bool) error {
+	if c == nil {
+		return ErrNil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	x := &call{kind: k, count: count, dt: dt, op: op}
@@ -294,6 +307,9 @@ func (c *Communicator) CanRun(k Kind, algo string, count int, dt DataType, op Op
 // SortRules orders a table's rules by collective, mode and size bound (for
 // readable files).
 func (t *Tuning) SortRules() {
+	if t == nil {
+		return
+	}
 	sort.SliceStable(t.Rules, func(i, j int) bool {
 		a, b := t.Rules[i], t.Rules[j]
 		if a.Collective != b.Collective {

@@ -31,17 +31,35 @@ type Work struct {
 }
 
 // Algorithm is the algorithm that ran the call ("ll", "scratch", "nccl"...).
-func (w *Work) Algorithm() string { return w.algo }
+func (w *Work) Algorithm() string {
+	if w == nil {
+		return ""
+	}
+	return w.algo
+}
 
 // Kind is the collective.
-func (w *Work) Kind() Kind { return w.kind }
+func (w *Work) Kind() Kind {
+	if w == nil {
+		return 0
+	}
+	return w.kind
+}
 
 // Captured reports whether the call was captured into a CUDA graph.
-func (w *Work) Captured() bool { return w.captured }
+func (w *Work) Captured() bool { return w != nil && w.captured }
+
+// closedLocked reports whether the communicator of w has been closed (its
+// events destroyed: nothing of w may be touched then). The caller holds
+// the communicator's lock.
+func (w *Work) closedLocked() bool { return w.c.closed }
 
 // Wait makes future work on s wait, on the GPU, for the call (the host does
 // not block). s may be any stream of this rank's device.
 func (w *Work) Wait(s device.Stream) error {
+	if w == nil || w.c == nil {
+		return ErrNil
+	}
 	g := w.c.gpu
 	if g == nil || w.done {
 		return nil
@@ -54,6 +72,9 @@ func (w *Work) Wait(s device.Stream) error {
 	}
 	w.c.mu.Lock()
 	defer w.c.mu.Unlock()
+	if w.closedLocked() {
+		return w.c.errorf("work wait: %w", ErrClosed)
+	}
 	target := g.stream(s)
 	if !w.captured && w.ev.gen == w.gen {
 		if err := target.WaitEvent(w.ev.ev); err != nil {
@@ -80,11 +101,16 @@ func (w *Work) Wait(s device.Stream) error {
 // Done reports whether the call has completed on the GPU (without
 // blocking). A call that failed is done; see Err.
 func (w *Work) Done() bool {
-	if w.done || w.c.gpu == nil || w.captured {
+	if w == nil || w.c == nil || w.done || w.c.gpu == nil || w.captured {
 		return true
 	}
 	w.c.mu.Lock()
 	defer w.c.mu.Unlock()
+	if w.closedLocked() {
+		// Close waited for every stream first: the call has completed.
+		w.done = true
+		return true
+	}
 	var ok bool
 	var err error
 	if w.ev.gen == w.gen {
@@ -108,6 +134,9 @@ func (w *Work) Done() bool {
 // stage), an NCCL error, or a driver error while polling. nil otherwise,
 // also while the call is still running.
 func (w *Work) Err() error {
+	if w == nil || w.c == nil {
+		return ErrNil
+	}
 	if w.err != nil {
 		return w.err
 	}
@@ -121,6 +150,12 @@ func (w *Work) Err() error {
 // returns Err. It gives up when ctx ends. Meant for tests and tools; engines
 // use Wait.
 func (w *Work) Sync(ctx context.Context) error {
+	if w == nil || w.c == nil {
+		return ErrNil
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	for i := 0; !w.Done(); i++ {
 		if err := w.Err(); err != nil {
 			return err

@@ -84,7 +84,7 @@ func Parse(s string) (DType, error) {
 			}
 		}
 	}
-	return None, fmt.Errorf("unknown data type %q (want one of %s)", s, List(All))
+	return None, fmt.Errorf("unknown data type %q (want one of %s)", clip(s), List(All))
 }
 
 // ParseOf is Parse restricted to the types in allowed; the error lists them.
@@ -136,4 +136,13 @@ func stripWant(err error) error {
 		m = m[:i]
 	}
 	return wantless{m}
+}
+
+// clip bounds echoed input: an error must not carry a caller's megabytes.
+func clip(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	return s[:max] + fmt.Sprintf("...(%d bytes)", len(s))
 }

@@ -52,3 +52,10 @@ func TestParseOfNamesTheAllowedTypes(t *testing.T) {
 	require.EqualError(t, err, `unknown data type "x" (want bf16, fp16 or fp32)`)
 	require.Equal(t, "bf16", List([]DType{BF16}))
 }
+
+func TestParseClipsEchoedInput(t *testing.T) {
+	_, err := Parse(strings.Repeat("x", 1<<20))
+	require.Error(t, err)
+	require.Less(t, len(err.Error()), 200)
+	require.Contains(t, err.Error(), "(1048576 bytes)")
+}

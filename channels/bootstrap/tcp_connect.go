@@ -167,8 +167,10 @@ func (s *setup) nonRoot(ctx context.Context) (_ []*tcpLink, err error) {
 	rootAddr := s.cfg.RootAddr
 	c0, err := dialRetry(ctx, rootAddr, deadline)
 	if err != nil {
-		return nil, s.errorf("%w", waitError(ctx, "connect", start, s.timeout, nil,
-			fmt.Sprintf("root at %s to accept (last error: %v)", rootAddr, err)))
+		// Name the rank, not only the address: the usual cause is that rank
+		// 0 died or was never started, which "connection refused" hides.
+		return nil, s.errorf("%w", waitError(ctx, "connect", start, s.timeout, []int{0},
+			fmt.Sprintf("the root at %s: rank 0's bootstrap server never accepted (rank 0 not started, dead, or elsewhere; last error: %v)", rootAddr, err)))
 	}
 	links := make([]*tcpLink, s.size)
 	links[0] = &tcpLink{peer: 0, conn: c0, br: bufio.NewReader(c0)}

@@ -280,13 +280,25 @@ func lineOf(data []byte, off int64) int {
 // label names the plan in errors.
 func (p *Plan) label() string {
 	if p.Source != "" && p.Source != p.Name {
-		return fmt.Sprintf("plan %q (%s)", clip(p.Name), p.Source)
+		return fmt.Sprintf("plan %q (%s)", clip(p.Name), clip(p.Source))
 	}
 	return fmt.Sprintf("plan %q", clip(p.Name))
 }
 
 // World is the number of ranks the plan is written for.
-func (p *Plan) World() int { return len(p.GPUs) }
+func (p *Plan) World() int {
+	if p == nil {
+		var r0 int
+		return r0
+	}
+	return len(p.GPUs)
+}
 
 // IsLL reports whether the plan uses the LL (packet) protocol.
-func (p *Plan) IsLL() bool { return p.Protocol == "LL" }
+func (p *Plan) IsLL() bool {
+	if p == nil {
+		var r0 bool
+		return r0
+	}
+	return p.Protocol == "LL"
+}

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -63,6 +64,9 @@ type HostWorld struct {
 // NewHostWorld resolves every rank of p for msgBytes (see Plan.SizesFor)
 // and allocates the scratch buffers. world must be the plan's world size.
 func NewHostWorld(p *Plan, world int, msgBytes uint64, inPlace bool, cfg HostConfig) (*HostWorld, error) {
+	if p == nil {
+		return nil, errors.New("plan: NewHostWorld: nil plan")
+	}
 	if err := p.CheckWorld(world); err != nil {
 		return nil, err
 	}
@@ -127,19 +131,44 @@ func findPair(peer *Resolved, t, rank, tag int) int {
 }
 
 // Resolved is rank's resolved plan.
-func (w *HostWorld) Resolved(rank int) *Resolved { return w.res[rank] }
+func (w *HostWorld) Resolved(rank int) *Resolved {
+	if w == nil || rank < 0 || rank >= len(w.res) {
+		return nil
+	}
+	return w.res[rank]
+}
 
 // World is the number of ranks.
-func (w *HostWorld) World() int { return len(w.res) }
+func (w *HostWorld) World() int {
+	if w == nil {
+		return 0
+	}
+	return len(w.res)
+}
 
 // Plan is the plan the world runs.
-func (w *HostWorld) Plan() *Plan { return w.plan }
+func (w *HostWorld) Plan() *Plan {
+	if w == nil {
+		return nil
+	}
+	return w.plan
+}
 
 // Run runs one launch on every rank: inputs[r] and outputs[r] are rank r's
 // send and recv buffers (Resolved(r).InputBytes and OutputBytes long; in
 // place, the input aliases the output as InPlaceInput says). dt is the
 // element type of reductions.
 func (w *HostWorld) Run(ctx context.Context, dt DataType, inputs, outputs [][]byte) error {
+	if w == nil {
+		return errNilWorld
+	}
+	if ctx == nil {
+		return fmt.Errorf("%s: nil context", w.plan.label())
+	}
+	// A finished context launches nothing.
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("%s: not launched: %w", w.plan.label(), err)
+	}
 	if len(inputs) != len(w.res) || len(outputs) != len(w.res) {
 		return fmt.Errorf("%s: %d inputs and %d outputs for %d ranks", w.plan.label(), len(inputs), len(outputs), len(w.res))
 	}
@@ -161,6 +190,15 @@ func (w *HostWorld) Run(ctx context.Context, dt DataType, inputs, outputs [][]by
 // with its buffers, the last one to arrive runs the launch, and all get its
 // result. A rank that does not arrive within the timeout fails the others.
 func (w *HostWorld) RunRank(ctx context.Context, rank int, dt DataType, input, output []byte) error {
+	if w == nil {
+		return errNilWorld
+	}
+	if ctx == nil {
+		return fmt.Errorf("%s: rank %d: nil context", w.plan.label(), rank)
+	}
+	if err := context.Cause(ctx); err != nil {
+		return fmt.Errorf("%s: rank %d: not launched: %w", w.plan.label(), rank, err)
+	}
 	return w.rv.join(ctx, w, rank, dt, input, output)
 }
 
@@ -186,6 +224,8 @@ func InPlaceOutput(r *Resolved, input []byte) []byte {
 	at := uint64(r.Rank) * r.OutputBytes
 	return input[at : at+r.OutputBytes]
 }
+
+var errNilWorld = errors.New("plan: nil HostWorld")
 
 // rendezvous gathers the ranks of a RunRank launch.
 type rendezvous struct {
@@ -242,7 +282,15 @@ func (rv *rendezvous) join(ctx context.Context, w *HostWorld, rank int, dt DataT
 	case <-g.done:
 		return g.err
 	case <-ctx.Done():
-		return ctx.Err()
+		// This rank leaves the gathering: the launch can no longer start
+		// with it, and the others time out naming it.
+		rv.mu.Lock()
+		if rv.cur == g && g.out[rank] != nil {
+			g.in[rank], g.out[rank] = nil, nil
+			g.arrived--
+		}
+		rv.mu.Unlock()
+		return fmt.Errorf("%s: rank %d: %w", w.plan.label(), rank, context.Cause(ctx))
 	case <-t.C:
 		rv.mu.Lock()
 		defer rv.mu.Unlock()
@@ -256,7 +304,7 @@ func (rv *rendezvous) join(ctx context.Context, w *HostWorld, rank int, dt DataT
 			if rv.cur == g {
 				rv.cur = nil
 			}
-			return fmt.Errorf("%s: rank %d waited %s for ranks %v to start the launch", w.plan.label(), rank, w.cfg.Timeout, missing)
+			return fmt.Errorf("%s: rank %d waited %s for ranks %v to start the launch: %w", w.plan.label(), rank, w.cfg.Timeout, missing, ErrTimeout)
 		}
 		rv.mu.Unlock()
 		<-g.done // every rank is in: the launch itself is bounded

@@ -95,7 +95,7 @@ func (p *proxy) push(t trigger) error {
 	case <-p.l.ctx.Done():
 		return errAborted
 	case <-timer.C:
-		return fmt.Errorf("port channel %d: timed out after %s waiting for a free FIFO slot", t.ch, p.l.w.cfg.Timeout)
+		return fmt.Errorf("port channel %d: %w after %s waiting for a free FIFO slot", t.ch, ErrTimeout, p.l.w.cfg.Timeout)
 	}
 }
 
@@ -113,7 +113,7 @@ func (p *proxy) flush(ch int) error {
 	case <-p.l.ctx.Done():
 		return errAborted
 	case <-timer.C:
-		return fmt.Errorf("port channel %d: flush timed out after %s", ch, p.l.w.cfg.Timeout)
+		return fmt.Errorf("port channel %d: flush %w after %s", ch, ErrTimeout, p.l.w.cfg.Timeout)
 	}
 }
 

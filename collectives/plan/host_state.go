@@ -56,6 +56,11 @@ type chanState struct {
 // errAborted marks blocks stopped because another one failed.
 var errAborted = errors.New("aborted: another threadblock failed")
 
+// ErrTimeout is wrapped by every timeout of the host interpreter (a wait
+// of a threadblock, the proxy's FIFO and flush, a rank that never joined a
+// launch), for errors.Is.
+var ErrTimeout = errors.New("timed out")
+
 func (l *hostLaunch) run(parent context.Context) error {
 	w := l.w
 	l.ctx, l.cancel = context.WithCancel(parent)
@@ -128,7 +133,7 @@ func (l *hostLaunch) wait(cond func() bool, what func() string) error {
 			return errAborted
 		}
 		if waited := time.Since(start); waited > l.w.cfg.Timeout {
-			return fmt.Errorf("timed out after %s waiting for %s", l.w.cfg.Timeout, what())
+			return fmt.Errorf("%w after %s waiting for %s", ErrTimeout, l.w.cfg.Timeout, what())
 		}
 		if i < 64 {
 			runtime.Gosched()
@@ -215,3 +220,7 @@ func span(buf []byte, off, n uint64, o *Operand) error {
 	}
 	return nil
 }
+
+// ErrNil is returned by methods called on a nil *Plan, *HostWorld,
+// *Registry or *Entry.
+var ErrNil = errors.New("plan: nil receiver")

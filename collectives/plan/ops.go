@@ -224,3 +224,18 @@ const (
 	maxChunks            = 1 << 20
 	predefinedScratchCap = 64 << 20 // reuse_resources scratch slice
 )
+
+// Bounds of the scratch a plan implies, checked by Resolve so that a plan
+// file cannot make an executor allocate without limit: a scratch_chunks
+// inside the validator's range would otherwise, at a small message, ask
+// for up to 2^20 chunks (each at least buffer_alignment bytes) per rank.
+const (
+	// ScratchChunksPerRank bounds scratch_chunks against the data:
+	// scratch_chunks <= ScratchChunksPerRank * world * max(input_chunks,
+	// output_chunks). The densest shipped plans use world-1 scratch chunks
+	// per data chunk (an all-pairs LL allreduce).
+	ScratchChunksPerRank = 4
+	// MaxScratchBytes bounds one rank's whole scratch allocation (both
+	// halves, packets included): 8 GiB.
+	MaxScratchBytes = 8 << 30
+)

@@ -64,6 +64,9 @@ type Selector func(q Query, candidates []*Entry) *Entry
 
 // SetSelector installs f (nil restores the default: the first candidate).
 func (r *Registry) SetSelector(f Selector) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.selector = f
@@ -71,6 +74,10 @@ func (r *Registry) SetSelector(f Selector) {
 
 // Add registers a validated plan.
 func (r *Registry) Add(p *Plan, opts ...EntryOption) *Entry {
+	if r == nil {
+		var r0 *Entry
+		return r0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e := &Entry{Plan: p, order: r.next}
@@ -84,6 +91,10 @@ func (r *Registry) Add(p *Plan, opts ...EntryOption) *Entry {
 
 // AddFile loads and registers one plan file.
 func (r *Registry) AddFile(path string, opts ...EntryOption) (*Entry, error) {
+	if r == nil {
+		var r0 *Entry
+		return r0, ErrNil
+	}
 	p, err := Load(path)
 	if err != nil {
 		return nil, err
@@ -94,6 +105,10 @@ func (r *Registry) AddFile(path string, opts ...EntryOption) (*Entry, error) {
 // AddDir registers every *.json plan of dir, in file name order. It loads
 // them all before registering any, and reports every bad file.
 func (r *Registry) AddDir(dir string, opts ...EntryOption) ([]*Entry, error) {
+	if r == nil {
+		var r0 []*Entry
+		return r0, ErrNil
+	}
 	names, err := filepath.Glob(filepath.Join(dir, "*.json"))
 	if err != nil {
 		return nil, err
@@ -126,6 +141,10 @@ func (r *Registry) AddDir(dir string, opts ...EntryOption) ([]*Entry, error) {
 
 // Entries lists the registered plans in registration order.
 func (r *Registry) Entries() []*Entry {
+	if r == nil {
+		var r0 []*Entry
+		return r0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]*Entry(nil), r.entries...)
@@ -172,6 +191,9 @@ func (r *Registry) Select(q Query) *Entry {
 
 // Why says why e does not take q ("" when it does).
 func (e *Entry) Why(q Query) string {
+	if e == nil {
+		return "no entry (nil)"
+	}
 	p := e.Plan
 	switch {
 	case normalize(p.Collective) != normalize(q.Collective):
@@ -205,6 +227,10 @@ func normalize(s string) string { return strings.ReplaceAll(strings.ToLower(s), 
 
 // ReduceOps lists the distinct reductions the plan's ops use.
 func (p *Plan) ReduceOps() []ReduceOp {
+	if p == nil {
+		var r0 []ReduceOp
+		return r0
+	}
 	seen := map[ReduceOp]bool{}
 	var out []ReduceOp
 	var visit func(ops []Op)

@@ -18,6 +18,10 @@ type Sizes struct {
 // chunks. The output is input * output_chunks / input_chunks (allgather:
 // world x input; reduce-scatter: input / world), which must be exact.
 func (p *Plan) SizesFor(msgBytes uint64) (Sizes, error) {
+	if p == nil {
+		var r0 Sizes
+		return r0, ErrNil
+	}
 	g := &p.GPUs[0]
 	ci, co := uint64(g.InputChunks), uint64(g.OutputChunks)
 	var s Sizes
@@ -62,6 +66,10 @@ func (p *Plan) SizesFor(msgBytes uint64) (Sizes, error) {
 // RangeSize is the size min/max_message_size bound: the output for
 // allgather, the input otherwise (as upstream).
 func (p *Plan) RangeSize(s Sizes) uint64 {
+	if p == nil {
+		var r0 uint64
+		return r0
+	}
 	if p.Collective == "allgather" || s.Input == 0 {
 		return s.Output
 	}
@@ -70,6 +78,9 @@ func (p *Plan) RangeSize(s Sizes) uint64 {
 
 // CheckWorld fails when the plan is written for another number of ranks.
 func (p *Plan) CheckWorld(world int) error {
+	if p == nil {
+		return ErrNil
+	}
 	if world != len(p.GPUs) {
 		return fmt.Errorf("%s: written for %d GPUs, the world has %d ranks", p.label(), len(p.GPUs), world)
 	}
@@ -129,6 +140,11 @@ func (r *Resolved) layoutScratch(p *Plan, gpu *GPU) error {
 		return nil
 	}
 	A := p.BufferAlignment
+	dataChunks := uint64(max(gpu.InputChunks, gpu.OutputChunks))
+	if limit := uint64(ScratchChunksPerRank) * uint64(len(p.GPUs)) * dataChunks; sc > limit {
+		return fmt.Errorf("%s: gpu %d: field \"scratch_chunks\": %d scratch chunks for %d data chunks and %d ranks (at most %d x ranks x data chunks = %d)",
+			p.label(), r.Rank, sc, dataChunks, len(p.GPUs), ScratchChunksPerRank, limit)
+	}
 	if p.ReuseResources {
 		capBytes := uint64(predefinedScratchCap)
 		if p.UseDoubleScratchBuffer {
@@ -148,7 +164,7 @@ func (r *Resolved) layoutScratch(p *Plan, gpu *GPU) error {
 		}
 	}
 	hi, data := bits.Mul64(sc, r.ChunkBytes)
-	if hi != 0 || data > 1<<42 {
+	if hi != 0 || data > MaxScratchBytes {
 		return fmt.Errorf("%s: gpu %d: scratch of %d chunks of %d bytes is too large", p.label(), r.Rank, sc, r.ChunkBytes)
 	}
 	if p.IsLL() {
@@ -159,6 +175,10 @@ func (r *Resolved) layoutScratch(p *Plan, gpu *GPU) error {
 	if p.UseDoubleScratchBuffer {
 		r.ScratchHalf = data
 		r.ScratchBytes = 2 * data
+	}
+	if r.ScratchBytes > MaxScratchBytes {
+		return fmt.Errorf("%s: gpu %d: a scratch of %d bytes for a message of %d (at most %d bytes, plan.MaxScratchBytes)",
+			p.label(), r.Rank, r.ScratchBytes, r.PieceBytes, MaxScratchBytes)
 	}
 	return nil
 }

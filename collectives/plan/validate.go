@@ -9,6 +9,9 @@ import (
 // cannot exist. Errors name the plan, GPU, threadblock, op index and field.
 // Parse and Load call it.
 func (p *Plan) Validate() error {
+	if p == nil {
+		return ErrNil
+	}
 	if err := p.validateTop(); err != nil {
 		return err
 	}

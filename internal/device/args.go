@@ -16,6 +16,7 @@ type Args struct {
 	buf     []byte
 	offsets []uint32
 	kinds   []argKind
+	err     error // the first value that did not fit its parameter (U32Int, I32Int)
 }
 
 type argKind uint8
@@ -48,7 +49,7 @@ func NewArgs(n int) *Args {
 
 // Reset empties the list, keeping its storage.
 func (a *Args) Reset() *Args {
-	a.buf, a.offsets, a.kinds = a.buf[:0], a.offsets[:0], a.kinds[:0]
+	a.buf, a.offsets, a.kinds, a.err = a.buf[:0], a.offsets[:0], a.kinds[:0], nil
 	return a
 }
 
@@ -75,6 +76,42 @@ func (a *Args) U32(v uint32) *Args { return a.put(kindU32, 4, uint64(v)) }
 
 // I32 appends a signed 32-bit integer.
 func (a *Args) I32(v int32) *Args { return a.put(kindU32, 4, uint64(uint32(v))) }
+
+// U32Int appends v as an unsigned 32-bit integer, checked: a v outside
+// [0, 2^32) is recorded (Err) and both backends refuse to launch with
+// these arguments, instead of a kernel seeing the value wrapped.
+func (a *Args) U32Int(v int) *Args {
+	if (v < 0 || uint64(v) > math.MaxUint32) && a.err == nil {
+		a.err = fmt.Errorf("kernel argument %d: %d does not fit an unsigned 32-bit parameter", len(a.offsets), v)
+	}
+	return a.put(kindU32, 4, uint64(uint32(v)))
+}
+
+// I32Int appends v as a signed 32-bit integer, checked like U32Int.
+func (a *Args) I32Int(v int) *Args {
+	if (v < math.MinInt32 || v > math.MaxInt32) && a.err == nil {
+		a.err = fmt.Errorf("kernel argument %d: %d does not fit a signed 32-bit parameter", len(a.offsets), v)
+	}
+	return a.put(kindU32, 4, uint64(uint32(int32(v))))
+}
+
+// U64Int appends v as an unsigned 64-bit integer, checked: a negative v is
+// recorded (Err).
+func (a *Args) U64Int(v int) *Args {
+	if v < 0 && a.err == nil {
+		a.err = fmt.Errorf("kernel argument %d: %d does not fit an unsigned 64-bit parameter", len(a.offsets), v)
+	}
+	return a.put(kindU64, 8, uint64(v))
+}
+
+// Err is the first checked value that did not fit its parameter (nil when
+// every one did, and on a nil Args).
+func (a *Args) Err() error {
+	if a == nil {
+		return nil
+	}
+	return a.err
+}
 
 // U64 appends an unsigned 64-bit integer.
 func (a *Args) U64(v uint64) *Args { return a.put(kindU64, 8, v) }
@@ -140,4 +177,36 @@ func (a *Args) get32(i int, k argKind) uint32 {
 		panic(err)
 	}
 	return binary.LittleEndian.Uint32(a.buf[off:])
+}
+
+// Launch limits (the CUDA limits; the host backend enforces the same so a
+// call that would fail on a GPU fails in CI too).
+const (
+	MaxGridX        = math.MaxInt32
+	MaxGridYZ       = 65535
+	MaxBlockThreads = 1024
+	MaxSharedMem    = 1 << 30
+)
+
+// checkLaunch refuses a launch shape or argument list that a kernel would
+// see wrapped: dimensions are 32-bit (0 means 1, as before), the block at
+// most 1024 threads, the arguments all fitting (Args.Err).
+func checkLaunch(grid, block Dim3, smem int, args *Args) error {
+	for _, d := range []struct {
+		what string
+		v    int
+		max  int
+	}{{"grid.X", grid.X, MaxGridX}, {"grid.Y", grid.Y, MaxGridYZ}, {"grid.Z", grid.Z, MaxGridYZ},
+		{"block.X", block.X, MaxBlockThreads}, {"block.Y", block.Y, MaxBlockThreads}, {"block.Z", block.Z, 64}} {
+		if d.v < 0 || d.v > d.max {
+			return fmt.Errorf("%s = %d (want 0..%d)", d.what, d.v, d.max)
+		}
+	}
+	if t := max(block.X, 1) * max(block.Y, 1) * max(block.Z, 1); t > MaxBlockThreads {
+		return fmt.Errorf("block of %d threads (at most %d)", t, MaxBlockThreads)
+	}
+	if smem < 0 || smem > MaxSharedMem {
+		return fmt.Errorf("shared memory %d bytes (want 0..%d)", smem, MaxSharedMem)
+	}
+	return args.Err()
 }

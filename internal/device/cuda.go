@@ -245,6 +245,9 @@ func (d *cudaDevice) stream0(s Stream) (*cuda.Stream, error) {
 }
 
 func (d *cudaDevice) CopyAsync(dst, src uintptr, n int, s Stream) error {
+	if n < 0 {
+		return d.errorf("copy of %d bytes", n)
+	}
 	cs, err := d.stream0(s)
 	if err != nil || n == 0 {
 		return err
@@ -256,6 +259,9 @@ func (d *cudaDevice) CopyAsync(dst, src uintptr, n int, s Stream) error {
 }
 
 func (d *cudaDevice) MemsetAsync(dst uintptr, v byte, n int, s Stream) error {
+	if n < 0 {
+		return d.errorf("memset of %d bytes", n)
+	}
 	cs, err := d.stream0(s)
 	if err != nil || n == 0 {
 		return err
@@ -313,6 +319,12 @@ func (d *cudaDevice) Function(name string) (*cuda.Function, error) {
 }
 
 func (d *cudaDevice) Launch(name string, grid, block Dim3, smem int, s Stream, args *Args) error {
+	if err := checkLaunch(grid, block, smem, args); err != nil {
+		return d.errorf("launch %s: %w", name, err)
+	}
+	if args == nil {
+		args = NewArgs(0)
+	}
 	cs, err := d.stream0(s)
 	if err != nil {
 		return err

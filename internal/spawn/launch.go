@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"syscall"
 	"time"
 )
@@ -26,7 +27,24 @@ type Options struct {
 	// GracePeriod is how long stopped ranks get between SIGTERM (or the
 	// forwarded signal) and SIGKILL. Default DefaultGracePeriod.
 	GracePeriod time.Duration
+	// MaxN bounds N (0: DefaultMaxN()): a typo such as -n 100000 must not
+	// fork-bomb the host. Callers that know better (GPUs present, an
+	// explicit override) set it.
+	MaxN int
+	// Settle is how long, after the first rank fails, the launcher keeps
+	// collecting other failures before it stops the job and names one
+	// (default DefaultSettle): ranks that exit because a peer died tend to
+	// be reaped at about the same moment as the peer, in any order.
+	Settle time.Duration
 }
+
+// DefaultSettle is Options.Settle's default.
+const DefaultSettle = 200 * time.Millisecond
+
+// DefaultMaxN bounds the ranks of one launch when the caller sets no
+// bound: four per CPU core (ranks are processes with their own runtimes;
+// far beyond that the host thrashes before anything useful runs).
+func DefaultMaxN() int { return 4 * runtime.NumCPU() }
 
 // DefaultGracePeriod gives ranks time to tear down GPU state before SIGKILL.
 const DefaultGracePeriod = 10 * time.Second
@@ -38,6 +56,9 @@ type RankError struct {
 	Signal   syscall.Signal // the signal that killed it; 0 if it exited
 	Stopped  int            // ranks still running that were then stopped
 	Others   int            // N-1
+	// Also are other ranks that failed on their own (not stopped by the
+	// launcher) within the settle window, most likely because of Rank.
+	Also []int
 }
 
 func (e *RankError) Error() string {
@@ -46,6 +67,9 @@ func (e *RankError) Error() string {
 		msg = fmt.Sprintf("launch: rank %d was killed by signal %d (%v)", e.Rank, int(e.Signal), e.Signal)
 	} else {
 		msg = fmt.Sprintf("launch: rank %d exited with status %d", e.Rank, e.ExitCode)
+	}
+	if len(e.Also) > 0 {
+		msg += fmt.Sprintf(" (first; then %s %v, likely because of it)", plural(len(e.Also), "rank"), e.Also)
 	}
 	switch {
 	case e.Stopped == 0:
@@ -75,6 +99,15 @@ func Run(ctx context.Context, opts Options) error {
 	if opts.N < 1 {
 		return fmt.Errorf("launch: N=%d; need at least one rank", opts.N)
 	}
+	if opts.MaxN <= 0 {
+		opts.MaxN = DefaultMaxN()
+	}
+	if opts.N > opts.MaxN {
+		return fmt.Errorf("launch: N=%d ranks, more than the bound of %d on this host (raise it explicitly if you mean it)", opts.N, opts.MaxN)
+	}
+	if opts.Settle <= 0 {
+		opts.Settle = DefaultSettle
+	}
 	if opts.Executable == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -101,6 +134,13 @@ func Run(ctx context.Context, opts Options) error {
 	j := &job{opts: opts, out: newOutput(opts.Stdout, opts.Stderr)}
 	runID := newRunID()
 	for r := range opts.N {
+		// A signal while starting stops the starting: the ranks started so
+		// far are killed and nothing more is forked.
+		if err := ctx.Err(); err != nil {
+			j.abort()
+			return fmt.Errorf("launch: %w (%v) while starting rank %d of %d; killed the %d started: %w",
+				errInterrupted, context.Cause(ctx), r, opts.N, r, err)
+		}
 		env := childEnv(os.Environ(), opts.Env, r, opts.N, port, runID)
 		if err := j.start(r, env); err != nil {
 			j.abort()

@@ -84,6 +84,16 @@ func childMain(mode string) int {
 	case "sleep":
 		time.Sleep(time.Minute)
 		return 0
+	case "peerdeath":
+		// Ranks 0 and 2 report rank 1 gone and exit before rank 1 itself
+		// does: the order in which a launcher may reap them.
+		if rank == 1 {
+			time.Sleep(250 * time.Millisecond)
+			return 5
+		}
+		time.Sleep(100 * time.Millisecond)
+		fmt.Fprintf(os.Stderr, "bootstrap: rank %d: barrier: peer rank 1 is gone: EOF\n", rank)
+		return 1
 	case "selfkill":
 		if rank == 1 {
 			time.Sleep(200 * time.Millisecond)

@@ -26,6 +26,11 @@ func newOutput(stdout, stderr io.Writer) *output {
 // copyLines reads r until EOF or until r is closed, writing each line to w
 // with prefix.
 func (o *output) copyLines(r *os.File, w io.Writer, prefix string) {
+	o.copyLinesNoting(r, w, prefix, nil)
+}
+
+// copyLinesNoting is copyLines that also shows each line to note.
+func (o *output) copyLinesNoting(r *os.File, w io.Writer, prefix string, note func(line []byte)) {
 	br := bufio.NewReaderSize(r, maxLine)
 	buf := make([]byte, 0, 256)
 	for {
@@ -39,6 +44,9 @@ func (o *output) copyLines(r *os.File, w io.Writer, prefix string) {
 			o.mu.Lock()
 			w.Write(buf) // a broken writer must not stop us draining the child
 			o.mu.Unlock()
+			if note != nil {
+				note(chunk)
+			}
 		}
 		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			return

@@ -1,10 +1,13 @@
 package spawn
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -22,6 +25,46 @@ type job struct {
 	out      *output
 	children []*child
 	readers  sync.WaitGroup
+
+	blameMu sync.Mutex
+	blames  map[int]int // rank -> the peer its output said was gone
+}
+
+// peerGone matches the bootstrap's report of a dead peer ("peer rank N is
+// gone"): a rank that printed it most likely failed because of rank N.
+var peerGone = regexp.MustCompile(`peer rank (\d+) is gone`)
+
+// noteLine records whom a rank's output blames.
+func (j *job) noteLine(rank int, line []byte) {
+	if !bytes.Contains(line, []byte("is gone")) {
+		return
+	}
+	m := peerGone.FindSubmatch(line)
+	if m == nil {
+		return
+	}
+	peer, err := strconv.Atoi(string(m[1]))
+	if err != nil || peer == rank {
+		return
+	}
+	j.blameMu.Lock()
+	defer j.blameMu.Unlock()
+	if j.blames == nil {
+		j.blames = map[int]int{}
+	}
+	if _, seen := j.blames[rank]; !seen {
+		j.blames[rank] = peer
+	}
+}
+
+// blamed is the peer rank's output blamed (-1: none).
+func (j *job) blamed(rank int) int {
+	j.blameMu.Lock()
+	defer j.blameMu.Unlock()
+	if p, ok := j.blames[rank]; ok {
+		return p
+	}
+	return -1
 }
 
 // start launches rank in its own process group, so that signalling the group
@@ -69,7 +112,7 @@ func (j *job) start(rank int, env []string) error {
 		j.readers.Add(1)
 		go func() {
 			defer j.readers.Done()
-			j.out.copyLines(r, w, prefix)
+			j.out.copyLinesNoting(r, w, prefix, func(line []byte) { j.noteLine(rank, line) })
 		}()
 	}
 	return nil
@@ -121,6 +164,10 @@ func (j *job) supervise(ctx context.Context) error {
 		killTimer <-chan time.Time
 		running   = len(j.children)
 		ctxDone   = ctx.Done()
+		// Failures seen before the job is stopped, in the order reaped; the
+		// settle timer runs from the first.
+		failed      []exitInfo
+		settleTimer <-chan time.Time
 	)
 	stop := func(sig syscall.Signal) {
 		stopping = true
@@ -133,11 +180,22 @@ func (j *job) supervise(ctx context.Context) error {
 		case e := <-exits:
 			running--
 			if !stopping && !e.state.Success() {
-				failure = rankError(e, running, len(j.children)-1)
+				failed = append(failed, e)
+				if settleTimer == nil {
+					settleTimer = time.After(j.opts.Settle)
+				}
+			}
+		case <-settleTimer:
+			settleTimer = nil
+			if !stopping {
+				failure = j.culprit(failed, running, len(j.children)-1)
 				stop(syscall.SIGTERM)
 			}
 		case <-ctxDone:
 			ctxDone = nil
+			if !stopping && len(failed) > 0 {
+				failure = j.culprit(failed, running, len(j.children)-1)
+			}
 			if !stopping {
 				interrupt = ctx.Err()
 				stop(forwardedSignal(ctx))
@@ -146,6 +204,10 @@ func (j *job) supervise(ctx context.Context) error {
 			killTimer = nil
 			j.signalAll(syscall.SIGKILL)
 		}
+	}
+	if failure == nil && len(failed) > 0 {
+		// Every rank ended within the settle window.
+		failure = j.culprit(failed, 0, len(j.children)-1)
 	}
 	if stopping {
 		j.reapGroups(stopBy)
@@ -198,6 +260,47 @@ func (j *job) drain() {
 		c.closePipes() // unblocks readers still waiting
 	}
 	<-done
+}
+
+// culprit picks, among the failures seen before the job was stopped, the
+// rank that most likely failed for a reason of its own: not one whose
+// output said a failed peer was gone; then one killed by a signal (the
+// launcher had sent none yet: a crash or the OOM killer) over one that
+// exited with a status; then the first reaped. The others are listed in
+// Also.
+func (j *job) culprit(failed []exitInfo, stopped, others int) *RankError {
+	isFailed := map[int]bool{}
+	for _, e := range failed {
+		isFailed[e.rank] = true
+	}
+	score := func(e exitInfo) int {
+		s := 0
+		if p := j.blamed(e.rank); p < 0 || !isFailed[p] {
+			s += 2
+		}
+		if signaled(e) {
+			s++
+		}
+		return s
+	}
+	pick := 0
+	for i, e := range failed {
+		if score(e) > score(failed[pick]) {
+			pick = i
+		}
+	}
+	re := rankError(failed[pick], stopped, others)
+	for i, e := range failed {
+		if i != pick {
+			re.Also = append(re.Also, e.rank)
+		}
+	}
+	return re
+}
+
+func signaled(e exitInfo) bool {
+	ws, ok := e.state.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
 }
 
 func rankError(e exitInfo, stopped, others int) *RankError {

@@ -2,7 +2,9 @@ package gpu
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -55,8 +57,14 @@ type Args struct {
 	Stream  device.Stream   // nil: the device's default stream
 }
 
-// NewExecutor returns an executor over comm. Close it before comm.
+var errNilExecutor = errors.New("plan executor: nil executor (or built on a nil communicator)")
+
+// NewExecutor returns an executor over comm. Close it before comm. On a
+// nil comm it returns nil, whose methods fail.
 func NewExecutor(comm *channels.Communicator) *Executor {
+	if comm == nil {
+		return nil
+	}
 	x := &Executor{comm: comm, dev: comm.Device(), contexts: map[contextKey]*launchContext{}, nextTag: 1 << 20}
 	// Load the interpreter now: loading a module waits for the kernels
 	// running in the context, and at the first execution other ranks'
@@ -75,8 +83,30 @@ func (x *Executor) errorf(format string, a ...any) error {
 // Run enqueues one execution on a.Stream. Device-side timeouts surface
 // through Check (or the communicator's Check) after the stream completes.
 func (x *Executor) Run(ctx context.Context, a Args) error {
+	if x == nil {
+		return errNilExecutor
+	}
 	if a.Plan == nil {
 		return x.errorf("no plan")
+	}
+	if ctx == nil {
+		return x.errorf("nil context")
+	}
+	// A finished context launches nothing.
+	if err := context.Cause(ctx); err != nil {
+		return x.errorf("%s: not launched: %w", a.Plan.Name, err)
+	}
+	// The host backend knows its allocations (the CUDA path maps the
+	// buffers through IPC, which fails on anything but an allocation).
+	if rc, ok := x.dev.(device.RangeChecker); ok {
+		for _, b := range []struct {
+			what string
+			buf  device.Buffer
+		}{{"send", a.Send}, {"recv", a.Recv}} {
+			if err := rc.CheckRange(b.buf.Ptr, b.buf.Size); err != nil {
+				return x.errorf("%s: %s buffer: %w", a.Plan.Name, b.what, err)
+			}
+		}
 	}
 	if err := a.Plan.CheckWorld(x.comm.Size()); err != nil {
 		return x.errorf("%w", err)
@@ -114,11 +144,19 @@ func (x *Executor) Run(ctx context.Context, a Args) error {
 }
 
 // Check reports a device-side timeout or a proxy failure of any execution.
-func (x *Executor) Check() error { return x.comm.Check() }
+func (x *Executor) Check() error {
+	if x == nil {
+		return errNilExecutor
+	}
+	return x.comm.Check()
+}
 
 // Close frees every context's device memory and stops the proxy. The
 // communicator keeps its registrations and connections until its Close.
 func (x *Executor) Close() error {
+	if x == nil {
+		return errNilExecutor
+	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {
@@ -222,12 +260,20 @@ func (lc *launchContext) upload(data []byte) (uintptr, error) {
 // the same order, since each step's exchanges pair with the peers' ones.
 func (x *Executor) build(ctx context.Context, a Args) (_ *launchContext, err error) {
 	b := &builder{x: x, a: a, me: x.comm.Rank()}
-	if err := b.resolve(); err != nil {
+	rerr := b.resolve()
+	var prog *program
+	if rerr == nil {
+		prog, rerr = encode(b.res)
+	}
+	// Every rank states what it is about to build (or why it cannot)
+	// before any of them allocates or waits on a peer: a plan, size or mode
+	// that differs between ranks fails all of them at once, named, instead
+	// of corrupting memory or ending in a bootstrap timeout.
+	if err := channels.AgreeConfig(ctx, x.comm.Bootstrap(), "Executor", buildFields(a), rerr); err != nil {
 		return nil, err
 	}
-	prog, err := encode(b.res)
-	if err != nil {
-		return nil, err
+	if rerr != nil {
+		return nil, rerr
 	}
 	b.lc = &launchContext{x: x, res: b.res, grid: len(b.res.Blocks), threads: min(max(b.res.Threads, 32), 1024), wrap: b.res.ScratchWrap}
 	defer func() {
@@ -263,6 +309,19 @@ func (x *Executor) build(ctx context.Context, a Args) (_ *launchContext, err err
 		return nil, err
 	}
 	return b.lc, nil
+}
+
+// buildFields are what every rank's build must agree on: the plan (by
+// content), the message size, the mode and the packet layout.
+func buildFields(a Args) []string {
+	js, _ := json.Marshal(a.Plan)
+	sum := sha256.Sum256(js)
+	return []string{
+		fmt.Sprintf("Plan=%.40q#%x", a.Plan.Name, sum[:6]),
+		fmt.Sprintf("Bytes=%d", a.Bytes),
+		fmt.Sprintf("InPlace=%v", a.InPlace),
+		fmt.Sprintf("Packet=%v", a.Packet),
+	}
 }
 
 // builder carries one build's state from step to step.

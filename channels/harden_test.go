@@ -1,0 +1,112 @@
+package channels_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/internal/apicheck"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// Class 1: every exported method of the channel layer's types answers on a
+// nil receiver with an error or a zero value.
+func TestNilReceivers(t *testing.T) {
+	for _, v := range []any{(*channels.Communicator)(nil), (*channels.Proxy)(nil), (*channels.PacketBuffer)(nil),
+		(*channels.DeviceArray)(nil), (*channels.MemoryChannel)(nil), (*channels.PortChannel)(nil),
+		(*channels.Mesh)(nil), (*channels.PortMesh)(nil), (*channels.MemorySemaphore)(nil), (*channels.HostSemaphore)(nil),
+		(*channels.TimeoutError)(nil)} {
+		for _, f := range apicheck.Call(v, apicheck.Options{}) {
+			t.Error(f)
+		}
+	}
+	_, err := channels.NewCommunicator(nil, nil, channels.Config{})
+	require.Error(t, err)
+}
+
+// Class 1: after Close every method of the communicator and of what it
+// built answers without a panic, and calls fail with ErrClosed.
+func TestUseAfterClose(t *testing.T) {
+	runRaw(t, world{device.Host, 2}, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
+		c, err := channels.NewCommunicator(bs, dev, channels.Config{})
+		if err != nil {
+			return err
+		}
+		buf, err := dev.Alloc(4096)
+		if err != nil {
+			return err
+		}
+		mem, err := c.RegisterMemory(buf)
+		if err != nil {
+			return err
+		}
+		pkts, err := c.NewPacketBuffer(8192)
+		if err != nil {
+			return err
+		}
+		mesh, err := c.NewMemoryChannelMesh(ctx, channels.MeshConfig{Local: mem})
+		if err != nil {
+			return err
+		}
+		proxy, err := c.NewProxy(channels.ProxyConfig{})
+		if err != nil {
+			return err
+		}
+		if err := bs.Barrier(ctx); err != nil {
+			return err
+		}
+		if err := c.Close(); err != nil {
+			return err
+		}
+		for _, v := range []any{c, pkts, mesh, proxy} {
+			for _, f := range apicheck.Call(v, apicheck.Options{}) {
+				t.Error(f)
+			}
+		}
+		if _, err := c.RegisterMemory(buf); !errors.Is(err, channels.ErrClosed) {
+			t.Errorf("RegisterMemory after Close: %v", err)
+		}
+		if err := c.Barrier(ctx); !errors.Is(err, channels.ErrClosed) {
+			t.Errorf("Barrier after Close: %v", err)
+		}
+		return nil
+	})
+}
+
+// Class 3: AgreeConfig names every differing field with the ranks holding
+// each value, and a rank whose configuration is invalid, on every rank.
+func TestAgreeConfig(t *testing.T) {
+	ctx := context.Background()
+	errs := bootstrap.RunInProcess(ctx, 4, bootstrap.Config{}, func(ctx context.Context, bs bootstrap.Bootstrap) error {
+		fields := []string{"A=1", "B=2"}
+		if bs.Rank() == 3 {
+			fields[1] = "B=3"
+		}
+		return channels.AgreeConfig(ctx, bs, "Thing", fields, nil)
+	})
+	for r, err := range errs {
+		require.ErrorIs(t, err, channels.ErrConfigMismatch, "rank %d", r)
+		require.ErrorContains(t, err, "Thing.B: 2 on ranks 0 1 2, 3 on rank 3", "rank %d", r)
+		require.NotContains(t, err.Error(), "Thing.A", "rank %d", r)
+	}
+	errs = bootstrap.RunInProcess(ctx, 3, bootstrap.Config{}, func(ctx context.Context, bs bootstrap.Bootstrap) error {
+		var bad error
+		if bs.Rank() == 1 {
+			bad = errors.New("Threads 33: want a multiple of 32")
+		}
+		return channels.AgreeConfig(ctx, bs, "Thing", []string{"A=1"}, bad)
+	})
+	for r, err := range errs {
+		require.ErrorContains(t, err, "rank 1: Threads 33", "rank %d", r)
+	}
+	errs = bootstrap.RunInProcess(ctx, 3, bootstrap.Config{}, func(ctx context.Context, bs bootstrap.Bootstrap) error {
+		return channels.AgreeConfig(ctx, bs, "Thing", []string{"A=1"}, nil)
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}

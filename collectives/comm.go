@@ -128,6 +128,9 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if c.events, err = newEventPool(c.gpu, cfg.Events); err != nil {
 		return nil, c.errorf("%w", err)
 	}
+	if c.gpuShared {
+		c.events.window = sharedGPUWindow
+	}
 	c.tuning = tuning
 	if cfg.NCCL == NCCLEager {
 		if err = c.ncclInit(ctx); err != nil {

@@ -105,15 +105,21 @@ func TestGPUPointersAndWork(t *testing.T) {
 		other := bufs[1-c.Rank()]
 		s := c.Device().DefaultStream()
 		host := make([]byte, 4096)
-		for _, tc := range []struct {
+		type badCall struct {
 			send, recv uintptr
 			count      int
 			want       string
-		}{
-			{other.Ptr, b.Recv.Ptr, 64, "memory of GPU"},
+		}
+		cases := []badCall{
 			{b.Send.Ptr, b.Recv.Ptr, 1 << 20, "past the end of its allocation"},
 			{hostPtr(host), b.Recv.Ptr, 64, "not device memory"},
-		} {
+		}
+		// The other rank's memory is another GPU's only when the two ranks
+		// do not share one (with one GPU it is this GPU's memory, and valid).
+		if gpus() > 1 {
+			cases = append(cases, badCall{other.Ptr, b.Recv.Ptr, 64, "memory of GPU"})
+		}
+		for _, tc := range cases {
 			_, err := c.AllReduce(ctx, s, tc.send, tc.recv, tc.count, ref.BF16, ref.Sum)
 			if err == nil || !containsAll(err.Error(), tc.want) {
 				return fmt.Errorf("call with %#x: %v, want an error with %q", tc.send, err, tc.want)

@@ -249,6 +249,9 @@ func runSpec(t *testing.T, r *rig, s spec) {
 		if it == 0 {
 			allocs = r.allocations()
 		}
+		if s.iters >= 1000 && (it+1)%1000 == 0 { // progress of long runs
+			t.Logf("%s: %d of %d rounds checked", s.name, it+1, s.iters)
+		}
 	}
 	// Repeated calls must not grow memory: after the first round, no round
 	// allocates (or frees) device, host-mapped or imported memory, neither

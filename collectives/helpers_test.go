@@ -9,7 +9,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
@@ -97,8 +96,17 @@ func run(t *testing.T, w world, cfg collectives.Config, fn func(ctx context.Cont
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	errs := colltest.RunLocal(ctx, w.kind, w.ranks, bootstrap.Config{Timeout: time.Minute}, cfg, fn)
+	// Every rank's error, not only the first: a rank's failure often shows
+	// on its peers as "peer is gone", which hides the cause.
+	failed := false
 	for r, err := range errs {
-		require.NoError(t, err, "%s rank %d", w, r)
+		if err != nil {
+			t.Errorf("%s rank %d: %v", w, r, err)
+			failed = true
+		}
+	}
+	if failed {
+		t.FailNow()
 	}
 }
 

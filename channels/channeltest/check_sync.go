@@ -270,6 +270,10 @@ func (r *Rank) CheckCounterWait(ctx context.Context) error {
 	return nil
 }
 
+// sharedGPUInFlight bounds the launches a rank keeps queued when ranks
+// share a GPU (collectives keep 32 calls in flight for the same reason).
+const sharedGPUInFlight = 32
+
 // CheckGraphPackets captures one LL exchange of generated data (words
 // payload words each way between partners me^mask, for every power-of-two
 // mask below the number of ranks) in a graph and replays it replays times:
@@ -333,6 +337,14 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 	for i := 0; i < replays; i++ {
 		if err := g.Launch(s); err != nil {
 			return r.errorf("graph replay %d: %w", i, err)
+		}
+		// Ranks sharing a GPU share its hardware queues: a rank far ahead can
+		// fill one with replays that wait for a peer whose own replays then
+		// cannot be queued. Keep a bounded number in flight, as collectives do.
+		if r.shared && i%sharedGPUInFlight == sharedGPUInFlight-1 {
+			if err := s.Synchronize(); err != nil {
+				return r.errorf("graph replays: %w", err)
+			}
 		}
 	}
 	if err := s.Synchronize(); err != nil {

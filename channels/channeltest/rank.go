@@ -77,6 +77,8 @@ type Rank struct {
 	// spin caps the grids of kernels that wait on peers (ranks sharing a
 	// GPU must be co-resident); 0: no cap.
 	spin int
+	// shared: some GPU of the group runs several ranks.
+	shared bool
 }
 
 // NewRank builds a Rank on comm (collective: every rank calls it).
@@ -91,7 +93,7 @@ func NewRank(ctx context.Context, comm *channels.Communicator, l Layout) (_ *Ran
 	if err != nil {
 		return nil, err
 	}
-	r.spin = pl.SpinBlocks
+	r.spin, r.shared = pl.SpinBlocks, pl.AnyShared
 	// The test kernels are loaded before any rank launches one (a module
 	// load waits for the kernels running in the context, which ranks
 	// sharing a GPU share).

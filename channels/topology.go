@@ -85,6 +85,9 @@ func (p topoInfo) marshal() []byte {
 // disagree on the network configuration (naming the field and the ranks on
 // each side) or when a virtual node spans hosts.
 func (c *Communicator) Topology(ctx context.Context) (Topology, error) {
+	if c == nil {
+		return Topology{}, ErrNil
+	}
 	c.net.topoMu.Lock()
 	defer c.net.topoMu.Unlock()
 	if c.net.topo != nil {

@@ -64,7 +64,7 @@ func TestTutorialOnPlainHostRefuses(t *testing.T) {
 func TestTutorialConfigRefusals(t *testing.T) {
 	noErrors(t, runRanks(t, host, 2, time.Minute, func(ctx context.Context, comm *channels.Communicator) error {
 		for _, c := range []tutorial.Config{
-			{Channels: "switch"}, {SliceBytes: -1}, {Rounds: -2}, {SliceBytes: 1 << 31 + 1},
+			{Channels: "switch"}, {SliceBytes: -1}, {Rounds: -2}, {SliceBytes: 1<<31 + 1},
 		} {
 			if _, err := tutorial.Run(ctx, comm, c); err == nil || errors.Is(err, userkernel.ErrNeedsGPU) {
 				return fmt.Errorf("config %+v: error %v, want a refusal of the config", c, err)

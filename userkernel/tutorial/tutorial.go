@@ -85,6 +85,9 @@ const maxBuffer = 1 << 32
 // it with the same Config. It fails on the first round whose data differs
 // from what the peers sent, naming the peer, the round and the first byte;
 // a peer that never signals ends in the communicator's named timeout.
+// Give each Run a communicator of its own: Run frees its buffer, while the
+// communicator keeps the peers' memory it opened until Close, so a later
+// run's buffer allocated where an earlier one's was could be taken for it.
 func Run(ctx context.Context, comm *channels.Communicator, cfg Config) (res Result, err error) {
 	if comm == nil {
 		return res, errors.New("tutorial: Run needs a communicator")

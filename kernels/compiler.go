@@ -329,10 +329,11 @@ func (c *Compiler) Compile(m Module, t Target) (*Compiled, error) {
 	if b, ok := c.memGet(key); ok {
 		return done(b, true)
 	}
-	if m.Source == "" {
+	memoryOnly := m.Source != "" && !m.CacheOnDisk
+	if !memoryOnly {
 		c.resolveDir()
 	}
-	if m.Source != "" || c.dir == "" {
+	if memoryOnly || c.dir == "" {
 		cubin, log, err := c.compile(lib, m, src, opts, arch)
 		if err != nil {
 			return nil, err

@@ -78,8 +78,13 @@ type Module struct {
 	Kernels []string
 	// Source, when not empty, is compiled instead of File's embedded
 	// content (tests and one-off programs). Such modules are cached in
-	// memory only.
+	// memory only, unless CacheOnDisk.
 	Source string
+	// CacheOnDisk keeps the CUBIN of an inline Source in the disk cache too,
+	// as embedded modules are (user kernels loaded by package userkernel:
+	// the key hashes the source, so a changed source never hits a stale
+	// file).
+	CacheOnDisk bool
 }
 
 // sourceFile returns the embedded content of a .cu or .cuh file.

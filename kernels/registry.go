@@ -81,9 +81,10 @@ func Modules() []Module {
 	return out
 }
 
-// ModuleByName returns the registered module with this name.
+// ModuleByName returns the registered module with this name (goep's own
+// or a user source, RegisterSource).
 func ModuleByName(name string) (Module, bool) {
-	for _, m := range Modules() {
+	for _, m := range append(Modules(), SourceModules()...) {
 		if m.Name == name {
 			return m, true
 		}
@@ -91,9 +92,10 @@ func ModuleByName(name string) (Module, bool) {
 	return Module{}, false
 }
 
-// ModuleForKernel returns the registered module that defines kernel.
+// ModuleForKernel returns the registered module that defines kernel (goep's
+// own or a user source, RegisterSource).
 func ModuleForKernel(kernel string) (Module, bool) {
-	for _, m := range Modules() {
+	for _, m := range append(Modules(), SourceModules()...) {
 		if slices.Contains(m.Kernels, kernel) {
 			return m, true
 		}

@@ -101,7 +101,9 @@ func fileOf(kernel string) (string, error) {
 	}
 	f, ok := kindex[kernel]
 	if !ok {
-		return "", fmt.Errorf("cpuemu: no kernel %s in the kernel sources", kernel)
+		if f, ok = userFileOf(kernel); !ok {
+			return "", fmt.Errorf("cpuemu: no kernel %s in the kernel sources", kernel)
+		}
 	}
 	return f, nil
 }
@@ -144,7 +146,7 @@ func build(file string) (*module, error) {
 	if err != nil {
 		return nil, err
 	}
-	src := sources()
+	src := withUserSources(sources())
 	m := &module{file: file}
 	for _, k := range kernelRE.FindAllStringSubmatch(src[file], -1) {
 		m.kernels = append(m.kernels, k[1])

@@ -40,6 +40,7 @@ var layerTable = []struct {
 	{4, "internode/..."},
 	{4, "lowlatency/..."},
 	{4, "collectives/..."},
+	{4, "userkernel/..."},
 	// 5: the EP Buffer (owns the mode), 6: the public EP API.
 	{5, "buffer/..."},
 	{6, "ep/..."},

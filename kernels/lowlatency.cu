@@ -183,18 +183,24 @@ __device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl,
   }
 }
 
-// The receive gate: block 0 waits for every active rank's counter to reach
-// e units, then publishes the mask it ended with (eff) and the gate; the
-// other blocks wait for the gate. Every block then agrees on eff. Returns
-// false (whole block) when a wait failed. With tab_t, thread 0 of block 0
-// also copies the sources' token counts (0 for masked ones) there before
-// the gate.
+// The receive gate. Without elastic, every block waits for every active
+// rank's counter itself (the mask cannot change during a call: only
+// SetMask, stream-ordered, writes it), so no block depends on another
+// block of its grid being scheduled; block 0 alone publishes eff and, with
+// tab_t, the sources' token counts (0 for masked ones) for later kernels.
+// With elastic, a wait may mask a peer, so block 0 waits and publishes the
+// mask it ended with (eff) behind the gate and the other blocks wait for
+// the gate: every block then agrees on eff (this needs the whole grid
+// resident, which the spin budget gives). s_ntok (when not null) gets the
+// token counts in every block. Returns false (whole block) when a wait
+// failed.
 __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_gate, int off_eff, int set,
                                              int num_ranks, int rank, u64 e, int elastic, goep_watchdog* wd,
-                                             u32 wait_id, u32 stage, u32 gate_stage, u32* s_eff, i32* tab_t) {
+                                             u32 wait_id, u32 stage, u32 gate_stage, u32* s_eff, i32* tab_t,
+                                             int* s_ntok) {
   u64* gate = (u64*)(ctrl + off_gate) + set;
   u32* eff = (u32*)(ctrl + off_eff) + set;
-  if (blockIdx.x == 0) {
+  if (!elastic || blockIdx.x == 0) {
     if (threadIdx.x == 0) {
       *s_eff = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);  // the ranks to wait for
     }
@@ -207,14 +213,28 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
       if ((m >> rank) & 1u) {
         m = 0xffffffffu;
       }
-      *(volatile u32*)eff = m;
-      if (tab_t != nullptr) {
+      if (s_ntok != nullptr) {
         for (int s = 0; s < num_ranks; ++s) {
           const i32 n = ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 32 * set))[s];
-          tab_t[s] = ((m >> s) & 1u) ? 0 : n;
+          s_ntok[s] = ((m >> s) & 1u) ? 0 : n;
         }
       }
-      goep_st_release_sys_u64(gate, e);
+      *s_eff = m;
+      if (blockIdx.x == 0) {
+        *(volatile u32*)eff = m;
+        if (tab_t != nullptr) {
+          for (int s = 0; s < num_ranks; ++s) {
+            tab_t[s] = s_ntok[s];
+          }
+        }
+        if (elastic) {
+          goep_st_release_sys_u64(gate, e);
+        }
+      }
+    }
+    __syncthreads();
+    if (!elastic) {
+      return true;
     }
   } else {
     bool ok = true;
@@ -224,12 +244,16 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
     if (goep_block_any_failed(!ok)) {
       return false;
     }
+    if (threadIdx.x == 0) {
+      *s_eff = *(volatile u32*)eff;
+      if (s_ntok != nullptr) {
+        for (int s = 0; s < num_ranks; ++s) {
+          s_ntok[s] = ((volatile i32*)tab_t)[s];
+        }
+      }
+    }
+    __syncthreads();
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    *s_eff = *(volatile u32*)eff;
-  }
-  __syncthreads();
   return true;
 }
 
@@ -485,13 +509,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   i32* const tab_t = (i32*)(base + off_tab_t);
   if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_DISP_ARRIVE, GOEP_LL_CTRL_DISP_GATE, GOEP_LL_CTRL_DISP_EFF, set, num_ranks,
                     rank, e, elastic, wd, wait_id, GOEP_LL_STAGE_DISP_ARRIVAL, GOEP_LL_STAGE_DISP_GATE, &s_eff,
-                    tab_t)) {
+                    tab_t, s_ntok)) {
     return;
   }
-  if (tid < num_ranks) {
-    s_ntok[tid] = ((volatile i32*)tab_t)[tid];
-  }
-  __syncthreads();
   const u32 eff = s_eff;
   const i32* stage_ids = (const i32*)(base + off_stage_ids);
   const float* stage_w = (const float*)(base + off_stage_w);
@@ -718,7 +738,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
   if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_COMB_ARRIVE, GOEP_LL_CTRL_COMB_GATE, GOEP_LL_CTRL_COMB_EFF, set, num_ranks,
                     rank, e, elastic, wd, wait_id, GOEP_LL_STAGE_COMB_ARRIVAL, GOEP_LL_STAGE_COMB_GATE, &s_eff,
-                    nullptr)) {
+                    nullptr, nullptr)) {
     return;
   }
   const u32 eff = s_eff;

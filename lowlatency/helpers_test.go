@@ -185,6 +185,44 @@ func (g *group) run(t testing.TB, f func(i int, r *rank) error) {
 	}))
 }
 
+// steps issues the launch steps of one round in lockstep: every rank
+// issues step k before any rank issues step k+1, then every rank
+// synchronises its stream and checks for device timeouts. Goroutine ranks
+// sharing a GPU share its hardware queues; a launch waiting behind its own
+// rank's spinning kernel holds back whatever was queued after it in that
+// queue, so a peer's step that the spinning kernel waits for must be queued
+// before it: issuing the steps in lockstep guarantees that (a rank that
+// runs ahead, as in runCase before, could queue its second receive ahead
+// of a peer's first send and wait out the device timeout; seen on one H100
+// with 8 and with 3 ranks).
+func (g *group) steps(t testing.TB, steps ...func(i int, r *rank) error) {
+	t.Helper()
+	n := len(g.ranks)
+	gates := make([]sync.WaitGroup, len(steps))
+	for k := range gates {
+		gates[k].Add(n)
+	}
+	require.NoError(t, g.each(func(i int, r *rank) error {
+		var err error
+		for k, f := range steps {
+			if err == nil {
+				err = f(i, r)
+			}
+			// Every rank passes every gate, failed or not, so none waits
+			// here for ever.
+			gates[k].Done()
+			gates[k].Wait()
+		}
+		if err != nil {
+			return err
+		}
+		if err := r.stream.Synchronize(); err != nil {
+			return err
+		}
+		return r.check()
+	}))
+}
+
 func bytesOf[T any](s []T) []byte {
 	if len(s) == 0 {
 		return nil

@@ -139,31 +139,25 @@ func runCase(t *testing.T, g *group, c llCase) {
 			}
 			mbs[b] = m
 		}
-		// Dispatch.
-		g.run(t, func(i int, r *rank) error {
-			if len(c.masks) > 0 {
-				if err := r.ws.SetMask(r.dev, r.stream, lowlatency.MaskSet, o.Masked); err != nil {
-					return err
-				}
+		// Dispatch: the steps in lockstep across ranks (group.steps says
+		// why); split: both micro-batches' sends, then their receives.
+		var disp []func(i int, r *rank) error
+		if len(c.masks) > 0 {
+			disp = append(disp, func(i int, r *rank) error {
+				return r.ws.SetMask(r.dev, r.stream, lowlatency.MaskSet, o.Masked)
+			})
+		}
+		for _, p := range phasesOf(c.split) {
+			for b := range mbs {
+				disp = append(disp, func(i int, r *rank) error {
+					m := mbs[b]
+					a := lowlatency.DispatchArgs{Set: b, X: m.x[i], TopK: m.ids[i], IDs64: !c.ids32, Weights: m.w[i],
+						Tokens: m.tokens[i], Format: c.format, RankMajor: c.rankMajor, Phase: p}
+					return r.ws.Dispatch(r.dev, r.stream, a, c.cfg)
+				})
 			}
-			args := func(b int, p lowlatency.Phase) lowlatency.DispatchArgs {
-				m := mbs[b]
-				return lowlatency.DispatchArgs{Set: b, X: m.x[i], TopK: m.ids[i], IDs64: !c.ids32, Weights: m.w[i],
-					Tokens: m.tokens[i], Format: c.format, RankMajor: c.rankMajor, Phase: p}
-			}
-			phases := []lowlatency.Phase{lowlatency.Both}
-			if c.split {
-				phases = []lowlatency.Phase{lowlatency.Send, lowlatency.Recv}
-			}
-			for _, p := range phases {
-				for b := range mbs {
-					if err := r.ws.Dispatch(r.dev, r.stream, args(b, p), c.cfg); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		})
+		}
+		g.steps(t, disp...)
 		for b, m := range mbs {
 			var err error
 			m.recv, err = lowlatency.ReferenceDispatch(lc, m.ins, o)
@@ -256,22 +250,17 @@ func runCase(t *testing.T, g *group, c llCase) {
 				}
 			}
 		}
-		g.run(t, func(i int, r *rank) error {
-			phases := []lowlatency.Phase{lowlatency.Both}
-			if c.split {
-				phases = []lowlatency.Phase{lowlatency.Send, lowlatency.Recv}
-			}
-			for _, p := range phases {
-				for b, m := range mbs {
+		var comb []func(i int, r *rank) error
+		for _, p := range phasesOf(c.split) {
+			for b, m := range mbs {
+				comb = append(comb, func(i int, r *rank) error {
 					a := lowlatency.CombineArgs{Set: b, Tokens: m.tokens[i], Y: m.y[i], YScales: m.s[i], YFP8: c.fp8Combine,
 						Out: m.out[i], RankMajor: c.rankMajor, Phase: p}
-					if err := r.ws.Combine(r.dev, r.stream, a, c.cfg); err != nil {
-						return err
-					}
-				}
+					return r.ws.Combine(r.dev, r.stream, a, c.cfg)
+				})
 			}
-			return nil
-		})
+		}
+		g.steps(t, comb...)
 		for b, m := range mbs {
 			want, err := lowlatency.ReferenceCombine(lc, m.ins, m.recv, m.cins, c.rankMajor, o)
 			require.NoError(t, err)
@@ -280,6 +269,14 @@ func runCase(t *testing.T, g *group, c llCase) {
 			}
 		}
 	}
+}
+
+// phasesOf is the steps of one call: fused, or send then receive.
+func phasesOf(split bool) []lowlatency.Phase {
+	if split {
+		return []lowlatency.Phase{lowlatency.Send, lowlatency.Recv}
+	}
+	return []lowlatency.Phase{lowlatency.Both}
 }
 
 // checkRecv compares rank r's outputs of set b with the reference.

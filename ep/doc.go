@@ -47,6 +47,14 @@
 // Combine always takes a Handle and never waits on the host. Layout runs
 // DeepEP's get_dispatch_layout for the engine (Dispatch does not need it).
 //
+// The low-latency (decode) mode is a separate Buffer, LowLatencyBuffer
+// (NewLowLatencyBuffer, ep/lowlatency.go, protocol in package lowlatency):
+// fixed-shape expert-major (or rank-major) outputs, two alternating buffer
+// sets, FP8/UE8M0 cast in the kernel, no host wait, graph-capturable, each
+// call optionally split into a send and a receive step, and a mask of
+// active ranks. Goroutine ranks sharing one GPU should issue each step on
+// every rank before any rank issues the next (package lowlatency says why).
+//
 // # What an engine holds, and for how long
 //
 // Borrowed views. Dispatch returns views into this rank's workspace, where

@@ -6,6 +6,18 @@
 // active ranks. DESIGN.md has the protocol; ReferenceDispatch and
 // ReferenceCombine the semantics; the kernels are kernels/lowlatency.cu.
 //
+// It is the EP layer's low-latency mode: buffer.LowLatency runs it and
+// ep.LowLatencyBuffer is its API (ep.NewBuffer's normal mode is package
+// intranode).
+//
+// Ranks sharing a GPU: a kernel that waits behind its own rank's spinning
+// kernel (the second micro-batch's receive behind the first's) blocks
+// whatever another rank queued after it in a shared hardware queue, so a
+// peer's send that the spinning kernel needs must be queued first. Goroutine
+// ranks on one GPU issue each step (send, receive, or the fused call) on
+// every rank before any rank issues the next; one process per GPU needs
+// nothing of the kind.
+//
 // Across nodes (port channels) is not built yet: NewLayout refuses a
 // group that spans nodes (Config.Nodes > 1).
 package lowlatency

@@ -111,7 +111,7 @@ func TestGPUPointersAndWork(t *testing.T) {
 			want       string
 		}
 		cases := []badCall{
-			{b.Send.Ptr, b.Recv.Ptr, 1 << 20, "past the end of its allocation"},
+			{b.Send.Ptr, b.Send.Ptr, 1 << 20, "past the end of its allocation"}, // in place: no overlap to refuse first
 			{hostPtr(host), b.Recv.Ptr, 64, "not device memory"},
 		}
 		// The other rank's memory is another GPU's only when the two ranks

@@ -35,7 +35,7 @@ extern "C" __global__ void uk_abi_probe(const goep_port_channel* pc, const goep_
   o[2] = (u64)pc[p].channel | (u64)pc[p].dst << 16 | (u64)pc[p].src << 32;
   o[3] = mc[p].sem.id;
   o[4] = mc[p].sem.peer;
-  o[5] = (u64)(uintptr_t)mc[p].remote;
+  o[5] = (u64)mc[p].remote;
   o[6] = mc[p].local_size;
   o[7] = sems[p].id;
 }

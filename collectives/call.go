@@ -129,7 +129,7 @@ func (c *Communicator) inspect(x *call) error {
 	}
 	// The host backend knows its allocations: the same range checks as the
 	// driver's pointer queries give the CUDA path.
-	if rc, ok := c.dev.(device.RangeChecker); ok && c.gpu == nil {
+	if rc, ok := c.dev.(device.RangeChecker); ok && c.gpu == nil && !c.cfg.ForeignHostMemory {
 		if err := rc.CheckRange(x.send, x.sendBytes); err != nil {
 			return c.errorf("%s: send buffer: %w", x, err)
 		}

@@ -140,6 +140,11 @@ type Config struct {
 	Tuning *Tuning
 	// NCCL says when NCCL is loaded ($GOEP_COLL_NCCL overrides it).
 	NCCL NCCLMode
+	// ForeignHostMemory, on the host backend only, accepts buffers the
+	// backend did not allocate (skips its range checks): the NCCL shim's host
+	// mode, where C programs pass memory from malloc or another rank's
+	// device. Per rank; the CUDA path always checks.
+	ForeignHostMemory bool
 	// Debug makes every call compare its collective, sizes, type, reduction
 	// and algorithm across ranks over the bootstrap first (one round trip
 	// per call) and fail, naming the ranks, on a mismatch. Off by default:

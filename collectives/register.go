@@ -59,7 +59,7 @@ func (c *Communicator) Register(ctx context.Context, buf device.Buffer) (*Regist
 	if _, ok := rangeEnd(buf.Ptr, buf.Size); !ok {
 		return nil, c.errorf("register: [%#x, +%d) overflows the address space: %w", buf.Ptr, buf.Size, ErrOverflow)
 	}
-	if rc, ok := c.dev.(device.RangeChecker); ok && c.gpu == nil {
+	if rc, ok := c.dev.(device.RangeChecker); ok && c.gpu == nil && !c.cfg.ForeignHostMemory {
 		if err := rc.CheckRange(buf.Ptr, buf.Size); err != nil {
 			return nil, c.errorf("register: %w", err)
 		}

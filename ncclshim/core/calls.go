@@ -273,7 +273,10 @@ func (c *Comm) runNative(ctx context.Context, x Call, d decision) error {
 		// One rank: the result is the input (a reduction of one value,
 		// whatever the type and operation).
 		if x.Count > 0 && x.Send != x.Recv {
-			if err := c.dev.CopyAsync(x.Recv, x.Send, int(x.Count)*x.Type.Size(), s); err != nil {
+			n := int(x.Count) * x.Type.Size()
+			if c.dev.Info().Kind == device.Host { // caller's plain host memory (see copyIn)
+				copy(device.HostSlice[byte](x.Recv, n), device.HostSlice[byte](x.Send, n))
+			} else if err := c.dev.CopyAsync(x.Recv, x.Send, n, s); err != nil {
 				return errorf(UnhandledCudaError, "%s: %v", x, err)
 			}
 		}

@@ -265,7 +265,7 @@ func newComm(ctx context.Context, bs bootstrap.Bootstrap, kind device.Kind, ordi
 	}
 	// goep's communicator. When it cannot be made, every call goes to NCCL
 	// (the reason is kept for the log and the errors).
-	coll, err := collectives.New(ctx, bs, c.dev, collectives.Config{})
+	coll, err := collectives.New(ctx, bs, c.dev, collectives.Config{ForeignHostMemory: true})
 	if err != nil {
 		c.collErr = err
 		Logf("rank %d: goep's collectives are unavailable, every call goes to NCCL: %v", c.rank, err)

@@ -5,7 +5,27 @@ import (
 	"fmt"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/internal/device"
 )
+
+// copyOut and copyIn move a caller's buffer. On the host backend the shim's
+// C programs pass memory the backend did not allocate (malloc), which its
+// checked copies refuse: that memory is plain host memory, copied directly.
+func (c *Comm) copyOut(dst []byte, src uintptr) error {
+	if c.dev.Info().Kind == device.Host {
+		copy(dst, device.HostSlice[byte](src, len(dst)))
+		return nil
+	}
+	return c.dev.CopyOut(dst, src)
+}
+
+func (c *Comm) copyIn(dst uintptr, src []byte) error {
+	if c.dev.Info().Kind == device.Host {
+		copy(device.HostSlice[byte](dst, len(src)), src)
+		return nil
+	}
+	return c.dev.CopyIn(dst, src)
+}
 
 // Bootstrap tags of the staged path (channels use tags with high bits set).
 const (
@@ -35,7 +55,7 @@ func (c *Comm) runStaged(ctx context.Context, x Call, why string) error {
 	switch {
 	case x.Kind == Send:
 		buf := make([]byte, n)
-		if err := c.dev.CopyOut(buf, x.Send); err != nil {
+		if err := c.copyOut(buf, x.Send); err != nil {
 			return fail(err)
 		}
 		if err := c.sendChunks(ctx, x.Root, tagP2P, buf); err != nil {
@@ -47,7 +67,7 @@ func (c *Comm) runStaged(ctx context.Context, x Call, why string) error {
 		}
 	case x.Kind == Broadcast && x.Root == c.rank:
 		buf := make([]byte, n)
-		if err := c.dev.CopyOut(buf, x.Send); err != nil {
+		if err := c.copyOut(buf, x.Send); err != nil {
 			return fail(err)
 		}
 		for p := 0; p < c.size; p++ {
@@ -58,7 +78,7 @@ func (c *Comm) runStaged(ctx context.Context, x Call, why string) error {
 			}
 		}
 		if x.Recv != x.Send {
-			if err := c.dev.CopyIn(x.Recv, buf); err != nil {
+			if err := c.copyIn(x.Recv, buf); err != nil {
 				return fail(err)
 			}
 		}
@@ -96,7 +116,7 @@ func (c *Comm) recvChunks(ctx context.Context, peer, tag int, dst uintptr, n int
 			return fmt.Errorf("rank %d sent %d bytes at offset %d, want %d (the ranks' counts differ)", peer, len(msg), off, want)
 		}
 		if want > 0 {
-			if err := c.dev.CopyIn(dst+uintptr(off), msg); err != nil {
+			if err := c.copyIn(dst+uintptr(off), msg); err != nil {
 				return err
 			}
 		}

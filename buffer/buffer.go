@@ -609,6 +609,11 @@ func (b *Buffer) Barrier(s device.Stream) error {
 	return nil
 }
 
+// ErrMismatch: ranks made different calls (kind, dtype, weights, or
+// order); every rank gets a *intranode.MismatchError naming the peer and
+// the fields, and the Buffer refuses calls until Close.
+var ErrMismatch = intranode.ErrMismatch
+
 // errNil is what methods on a nil *Buffer return.
 var errNil = errors.New("buffer: nil Buffer")
 
@@ -645,6 +650,13 @@ func (b *Buffer) describe(err error) error {
 	var te *channels.TimeoutError
 	if !errors.As(err, &te) {
 		return b.errorf("unusable: %w", err)
+	}
+	if te.ID == b.waitID && te.Stage == intranode.StageMismatch {
+		// Not a timeout: a peer's call fingerprint differed. Every rank of
+		// the call sees it (see intranode/fingerprint.go); the protocol
+		// state is unknown, so the Buffer stays broken until Close.
+		me := intranode.NewMismatchError(b.rank, te.Peer, "intranode", te.Expected, te.Observed)
+		return b.errorf("the ranks' calls do not match; the buffer is unusable until Close: %w", me)
 	}
 	stage := fmt.Sprintf("stage %d", te.Stage)
 	switch {

@@ -14,6 +14,13 @@ var (
 	// *channels.TimeoutError naming the stage and the rank waited on). The
 	// Buffer refuses calls until Close.
 	ErrTimeout = channels.ErrTimeout
+	// ErrMismatch: the ranks made mismatched calls (a different call
+	// kind, cached on some ranks and full on others, another dtype or
+	// weights, or the same calls in another order). Every rank gets it
+	// (the error wraps a *intranode.MismatchError naming the peer and the
+	// fields); the Buffer refuses calls until Close. It is always checked:
+	// a fingerprint travels with the signals the kernels already exchange.
+	ErrMismatch = buffer.ErrMismatch
 	// ErrClosed: the Buffer was closed.
 	ErrClosed = channels.ErrClosed
 	// ErrForeignHandle: a handle from another Buffer.

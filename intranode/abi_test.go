@@ -123,6 +123,18 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 	common := map[string]uint64{"peers": 0x7000, "off_ctrl": off(l.Ctrl), "wd": 0x7100, "wait_id": 99,
 		"num_tokens": 5, "k": 3, "num_ranks": 4, "rank": 2, "send_pos": 0x8004, "rank_prefix": 0x8104,
 		"recv_base": 0x8204, "num_recv": 0x8304}
+	// The call fingerprint's shape word, spelled out (kernels/intranode.cuh):
+	// kind+1 at bit 16, FP8 18, weights 19, top-k 20, experts 26, hidden 39.
+	shape := func(kind uint64, fp8, weights bool) uint64 {
+		w := (kind+1)<<16 | 3<<20 | 12<<26 | 256<<39
+		if fp8 {
+			w |= 1 << 18
+		}
+		if weights {
+			w |= 1 << 19
+		}
+		return w
+	}
 	with := func(extra map[string]uint64, names ...string) map[string]uint64 {
 		m := map[string]uint64{}
 		for _, n := range names {
@@ -143,6 +155,7 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 	checkLaunch(t, params[intranode.KernelNotify], rec.args, with(map[string]uint64{
 		"off_counts": off(l.Counts), "off_expert_counts": off(l.ExpertCounts), "topk_idx": 0x9008, "num_experts": 12,
 		"expert_alignment": 7, "mapped_num_recv": 0xa004, "expert_counts": 0xa104, "invalid": 0xa204,
+		"fp_shape": shape(0, false, false),
 	}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "rank_prefix",
 		"recv_base", "num_recv"))
 
@@ -157,6 +170,7 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 			"off_recv_topk": off(l.RecvTopK), "off_recv_weights": off(l.RecvWeights), "x": 0xb010,
 			"scales": uint64(a.Scales), "topk_idx": 0xb108, "topk_weights": 0xb204, "local_experts": 3,
 			"row_bytes": rowBytes, "num_scales": scales, "num_slices": slices, "skip_entry": skip,
+			"fp_shape": shape(1, a.FP8, a.Weights != 0),
 		}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "recv_base")
 	}
 	for _, kind := range []string{"bf16", "fp8", "fp8-column-major"} {
@@ -225,7 +239,7 @@ func TestLaunchersMatchKernelSignatures(t *testing.T) {
 	combineWant := func(offY, offW uint64, slices uint64) map[string]uint64 {
 		return with(map[string]uint64{
 			"off_y": offY, "off_w": offW, "bias0": 0xc210, "bias1": 0xc310, "out": 0xc410, "out_weights": 0xc504,
-			"hidden": 256, "num_slices": slices,
+			"hidden": 256, "num_slices": slices, "fp_shape": shape(2, false, offW != intranode.NoOffset),
 		}, "peers", "off_ctrl", "wd", "wait_id", "num_tokens", "k", "num_ranks", "rank", "send_pos", "recv_base")
 	}
 	in := ws.CombineInput()

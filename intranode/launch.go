@@ -302,12 +302,13 @@ func (w *Workspace) Notify(dev device.Device, s device.Stream, a NotifyArgs, cfg
 	if a.Handle.Tokens < 0 || a.Handle.Tokens > l.MaxTokens {
 		return fmt.Errorf("intranode: notify: %d tokens: the layout holds 0..%d", a.Handle.Tokens, l.MaxTokens)
 	}
-	args := device.NewArgs(20).
+	args := device.NewArgs(21).
 		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(uint64(l.Counts.Offset)).U64(uint64(l.ExpertCounts.Offset)).
 		Ptr(a.TopK).I32(int32(a.Handle.Tokens)).I32(int32(l.TopK)).I32(int32(l.Experts())).
 		I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(a.ExpertAlignment)).
 		Ptr(a.Handle.SendPos).Ptr(a.Handle.RankPrefix).Ptr(a.Handle.RecvBase).Ptr(a.Handle.NumRecv).
-		Ptr(a.RecvCount).Ptr(a.ExpertCounts).Ptr(a.Invalid).Ptr(w.Watchdog).U32(w.WaitID)
+		Ptr(a.RecvCount).Ptr(a.ExpertCounts).Ptr(a.Invalid).Ptr(w.Watchdog).U32(w.WaitID).
+		U64(shapeWord(KindNotify, false, false, l))
 	if err := dev.Launch(KernelNotify, device.D1(1), device.D1(threads), 4*l.Experts(), s, args); err != nil {
 		return fmt.Errorf("intranode: notify: %w", err)
 	}
@@ -425,7 +426,7 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 	if afterNotify {
 		skip = 1
 	}
-	args := device.NewArgs(28).
+	args := device.NewArgs(31).
 		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(uint64(l.RecvX.Offset)).U64(uint64(l.RecvScales.Offset)).
 		U64(uint64(l.RecvSrcToken.Offset)).U64(uint64(l.RecvTopK.Offset)).U64(uint64(l.RecvWeights.Offset)).
 		Ptr(a.X).Ptr(a.Scales).Ptr(a.TopK).Ptr(a.Weights).Ptr(a.Handle.SendPos).Ptr(a.Handle.RecvBase).
@@ -440,7 +441,8 @@ func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		smem = threads / lanesPerWarp * TMAStages * piece
 		args.I32(int32(piece)).I32(TMAStages)
 	}
-	args.Ptr(w.Watchdog).U32(w.WaitID).I64(strides[0]).I64(strides[1])
+	args.Ptr(w.Watchdog).U32(w.WaitID).I64(strides[0]).I64(strides[1]).
+		U64(shapeWord(KindDispatch, a.FP8, a.Weights != 0, l))
 	if err := dev.Launch(kernel, device.D1(blocks), device.D1(threads), smem, s, args); err != nil {
 		return fmt.Errorf("intranode: dispatch (%v): %w", mode, err)
 	}
@@ -534,11 +536,11 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 			return err
 		}
 	}
-	args := device.NewArgs(18).
+	args := device.NewArgs(19).
 		Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).U64(offY).U64(offW).
 		Ptr(a.Handle.RecvBase).Ptr(a.Handle.SendPos).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		I32(int32(t)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.Hidden)).I32(int32(sl)).
-		Ptr(w.Watchdog).U32(w.WaitID)
+		Ptr(w.Watchdog).U32(w.WaitID).U64(shapeWord(KindCombine, false, a.Weights != 0, l))
 	if err := dev.Launch(KernelCombine, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
 		return fmt.Errorf("intranode: combine: %w", err)
 	}

@@ -101,18 +101,22 @@ func CombineInputOffset(src int) int { return CtrlCombineInput + CtrlCombineInpu
 
 // Stages named in timeout records (goep_timeout_record.stage).
 const (
-	StageNotifyBarrier    = 1 // notify: waiting for a peer's counts
-	StageDispatchEntry    = 2 // dispatch: waiting for a peer to enter the same dispatch
-	StageDispatchArrival  = 3 // dispatch: waiting for a peer's rows to arrive
-	StageCombineEntry     = 4 // combine: waiting for a peer to enter the same combine (its input ready)
-	StageCombineArrival   = 5 // combine: waiting for a peer to finish reading this rank's input
-	firstStage, lastStage = StageNotifyBarrier, StageCombineArrival
+	StageNotifyBarrier   = 1 // notify: waiting for a peer's counts
+	StageDispatchEntry   = 2 // dispatch: waiting for a peer to enter the same dispatch
+	StageDispatchArrival = 3 // dispatch: waiting for a peer's rows to arrive
+	StageCombineEntry    = 4 // combine: waiting for a peer to enter the same combine (its input ready)
+	StageCombineArrival  = 5 // combine: waiting for a peer to finish reading this rank's input
+	// StageMismatch in a watchdog record is not a timeout: a peer's call
+	// fingerprint differed (Expected = own, Observed = the peer's; see
+	// fingerprint.go).
+	StageMismatch         = 6
+	firstStage, lastStage = StageNotifyBarrier, StageMismatch
 )
 
 // StageName says what a stage waited for.
 func StageName(stage uint32) string {
 	names := [...]string{"notify barrier", "dispatch entry", "dispatch arrival", "combine entry",
-		"combine arrival (peers reading this rank's input)"}
+		"combine arrival (peers reading this rank's input)", "call fingerprint check"}
 	if stage >= firstStage && stage <= lastStage {
 		return names[stage-1]
 	}

@@ -36,6 +36,9 @@ func (c inCtrl) arrive(kind, src int) uintptr {
 func (c inCtrl) entered(kind, src int) uintptr {
 	return uintptr(c) + uintptr(EnteredOffset(kind, src))
 }
+func (c inCtrl) fingerprint(src int) uintptr {
+	return uintptr(c) + uintptr(FingerprintOffset(src))
+}
 func (c inCtrl) combineInput(src int) uintptr {
 	return uintptr(c) + uintptr(CombineInputOffset(src))
 }
@@ -47,6 +50,7 @@ type inGroup struct {
 	rank    int
 	wd      uintptr
 	waitID  uint32
+	fp      uint64 // this launch's call fingerprint (setFingerprint)
 }
 
 func newInGroup(peerTable uintptr, offCtrl uint64, ranks, rank int, wd uintptr, waitID uint32) inGroup {
@@ -59,6 +63,92 @@ func newInGroup(peerTable uintptr, offCtrl uint64, ranks, rank int, wd uintptr, 
 
 func (g inGroup) ctrl(r int) inCtrl { return inCtrl(g.peers[r] + g.offCtrl) }
 func (g inGroup) own() inCtrl       { return g.ctrl(g.rank) }
+
+// setFingerprint is goep_in_fingerprint: the launcher's shape word with the
+// launch's sequence number (sum of the epochs + 1).
+//
+// It reports false when an earlier launch of this rank failed: the twin
+// then returns at once, like the kernel.
+func (g *inGroup) setFingerprint(shape uint64) bool {
+	if devapi.U64(uintptr(g.own())+CtrlFailed).Load() != 0 {
+		return false
+	}
+	seq := uint64(1)
+	for k := KindNotify; k <= KindCombine; k++ {
+		seq += devapi.U64(g.own().epoch(k)).Load()
+	}
+	g.fp = shape&^(1<<fpSeqBits-1) | seq&(1<<fpSeqBits-1)
+	return true
+}
+
+// publishFingerprint is goep_in_publish_fp: this launch's fingerprint into
+// every rank's fp[rank], before the signal that releases it.
+func (g inGroup) publishFingerprint() {
+	for d := range g.peers {
+		devapi.U64(g.ctrl(d).fingerprint(g.rank)).Store(g.fp)
+	}
+}
+
+// Results of fpCompare (goep_in_fp_cmp).
+const (
+	fpBehind = iota
+	fpSame
+	fpAhead
+	fpMismatch
+)
+
+func fpCompare(mine, theirs uint64) int {
+	switch d := int16(uint16(theirs) - uint16(mine)); {
+	case d < 0:
+		return fpBehind
+	case d > 0:
+		return fpAhead
+	case theirs == mine:
+		return fpSame
+	}
+	return fpMismatch
+}
+
+// waitFP is goep_in_wait_ge_fp: waits for *p >= target from peer while
+// comparing the peer's fingerprint with this launch's; a failure marks
+// this rank's control block failed.
+func (g inGroup) waitFP(p uintptr, target uint64, peer int, stage uint32) bool {
+	if g.waitFPInner(p, target, peer, stage) {
+		return true
+	}
+	devapi.U64(uintptr(g.own()) + CtrlFailed).Store(1)
+	return false
+}
+
+func (g inGroup) waitFPInner(p uintptr, target uint64, peer int, stage uint32) bool {
+	slot := g.own().fingerprint(peer)
+	var s devapi.Spin
+	var f uint64
+	for {
+		v := devapi.U64(p).Load()
+		f = devapi.U64(slot).Load()
+		if v >= target {
+			break
+		}
+		if fpCompare(g.fp, f) == fpMismatch {
+			devapi.Expire(g.wd, devapi.OpValue, g.waitID, uint32(peer), StageMismatch, 0, g.fp, f)
+			return false
+		}
+		if !s.OK(g.wd, devapi.OpValue, g.waitID, uint32(peer), stage, target, v) {
+			return false
+		}
+	}
+	c := fpCompare(g.fp, f)
+	if c == fpBehind {
+		f = devapi.U64(slot).Load()
+		c = fpCompare(g.fp, f)
+	}
+	if c == fpBehind || c == fpMismatch {
+		devapi.Expire(g.wd, devapi.OpValue, g.waitID, uint32(peer), StageMismatch, 0, g.fp, f)
+		return false
+	}
+	return true
+}
 
 // nextEpoch is the epoch this launch of kind runs as.
 func (g inGroup) nextEpoch(kind int) uint64 { return devapi.U64(g.own().epoch(kind)).Load() + 1 }
@@ -82,7 +172,7 @@ func (g inGroup) enter(kind int, e uint64, stage uint32) bool {
 // waitEntered waits until every rank announced epoch e of kind.
 func (g inGroup) waitEntered(kind int, e uint64, stage uint32) bool {
 	for d := range g.peers {
-		if !devapi.WaitGE64(g.own().entered(kind, d), e, g.wd, g.waitID, uint32(d), stage) {
+		if !g.waitFP(g.own().entered(kind, d), e, d, stage) {
 			return false
 		}
 	}
@@ -96,7 +186,7 @@ func (g inGroup) arrive(kind int, e uint64, stage uint32) bool {
 		devapi.U64(g.ctrl(d).arrive(kind, g.rank)).Add(ArrivalUnit)
 	}
 	for s := range g.peers {
-		if !devapi.WaitGE64(g.own().arrive(kind, s), e*ArrivalUnit, g.wd, g.waitID, uint32(s), stage) {
+		if !g.waitFP(g.own().arrive(kind, s), e*ArrivalUnit, s, stage) {
 			return false
 		}
 	}
@@ -109,7 +199,8 @@ func (g inGroup) arrive(kind int, e uint64, stage uint32) bool {
 //	 const i64* topk_idx, int num_tokens, int k, int num_experts,
 //	 int num_ranks, int rank, int expert_alignment, i32* send_pos,
 //	 i32* rank_prefix, i32* recv_base, i32* num_recv, i32* mapped_num_recv,
-//	 i32* expert_counts, i32* invalid, goep_watchdog* wd, u32 wait_id)
+//	 i32* expert_counts, i32* invalid, goep_watchdog* wd, u32 wait_id,
+//	 u64 fp_shape)
 func notifyTwin(l *device.HostLaunch) error {
 	a := l.Args
 	offCounts, offEC := uintptr(a.GetU64(2)), uintptr(a.GetU64(3))
@@ -119,6 +210,10 @@ func notifyTwin(l *device.HostLaunch) error {
 	le := experts / ranks
 	e := g.nextEpoch(KindNotify)
 	parity := int(e & 1)
+	if !g.setFingerprint(a.GetU64(20)) {
+		return nil
+	}
+	g.publishFingerprint()
 
 	ids := device.HostSlice[int64](a.GetPtr(4), t*k)
 	sendPos := device.HostSlice[int32](a.GetPtr(11), t*ranks)
@@ -197,7 +292,8 @@ func notifyTwin(l *device.HostLaunch) error {
 //	 const i32* send_pos, const i32* recv_base, int num_tokens, int k,
 //	 int num_ranks, int rank, int local_experts, int row_bytes,
 //	 int num_scales, int num_slices, int skip_entry, goep_watchdog* wd,
-//	 u32 wait_id, i64 scale_token_stride, i64 scale_hidden_stride)
+//	 u32 wait_id, i64 scale_token_stride, i64 scale_hidden_stride,
+//	 u64 fp_shape)
 func dispatchTwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 22) }
 
 // dispatchTMATwin is goep_intranode_dispatch_tma: the same parameters with
@@ -206,7 +302,8 @@ func dispatchTwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 22) 
 func dispatchTMATwin(l *device.HostLaunch) error { return dispatchRows(l.Args, 24) }
 
 // dispatchRows runs a dispatch whose watchdog and wait id are parameters
-// wdArg and wdArg+1, and the scales' element strides wdArg+2 and wdArg+3.
+// wdArg and wdArg+1, the scales' element strides wdArg+2 and wdArg+3, and
+// the fingerprint's shape word wdArg+4.
 func dispatchRows(a *device.Args, wdArg int) error {
 	offX, offScales, offSrc := uintptr(a.GetU64(2)), uintptr(a.GetU64(3)), uintptr(a.GetU64(4))
 	offTopK, offW := uintptr(a.GetU64(5)), uintptr(a.GetU64(6))
@@ -215,6 +312,10 @@ func dispatchRows(a *device.Args, wdArg int) error {
 	skipEntry := a.GetI32(21) != 0
 	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(wdArg), a.GetU32(wdArg+1))
 	e := g.nextEpoch(KindDispatch)
+	if !g.setFingerprint(a.GetU64(wdArg + 4)) {
+		return nil
+	}
+	g.publishFingerprint()
 	g.announce(KindDispatch, e)
 	if !skipEntry && !g.waitEntered(KindDispatch, e, StageDispatchEntry) {
 		return nil
@@ -286,7 +387,7 @@ func dispatchRows(a *device.Args, wdArg int) error {
 //	 const i32* recv_base, const i32* send_pos, const u8* bias0,
 //	 const u8* bias1, u8* out, float* out_weights, int num_tokens, int k,
 //	 int num_ranks, int rank, int hidden, int num_slices,
-//	 goep_watchdog* wd, u32 wait_id)
+//	 goep_watchdog* wd, u32 wait_id, u64 fp_shape)
 //
 // Entry publishes this rank's input descriptor and then its entry flag;
 // once every rank's flag is here, the twin reads every peer's input where
@@ -298,6 +399,10 @@ func combineTwin(l *device.HostLaunch) error {
 	t, k, ranks, rank, h := int(a.GetI32(10)), int(a.GetI32(11)), int(a.GetI32(12)), int(a.GetI32(13)), int(a.GetI32(14))
 	g := newInGroup(a.GetPtr(0), a.GetU64(1), ranks, rank, a.GetPtr(16), a.GetU32(17))
 	e := g.nextEpoch(KindCombine)
+	if !g.setFingerprint(a.GetU64(18)) {
+		return nil
+	}
+	g.publishFingerprint()
 	for d := range g.peers {
 		desc := g.ctrl(d).combineInput(rank)
 		devapi.U64(desc).Store(offY)

@@ -52,14 +52,14 @@ __global__ void __launch_bounds__(GOEP_IN_NOTIFY_MAX_THREADS)
     goep_intranode_notify(const u64* peers, u64 off_ctrl, u64 off_counts, u64 off_expert_counts, const i64* topk_idx,
                           int num_tokens, int k, int num_experts, int num_ranks, int rank, int expert_alignment,
                           i32* send_pos, i32* rank_prefix, i32* recv_base, i32* num_recv, i32* mapped_num_recv,
-                          i32* expert_counts, i32* invalid, goep_watchdog* wd, u32 wait_id);
+                          i32* expert_counts, i32* invalid, goep_watchdog* wd, u32 wait_id, u64 fp_shape);
 __global__ void __launch_bounds__(GOEP_IN_DISPATCH_MAX_THREADS)
     goep_intranode_dispatch(const u64* peers, u64 off_ctrl, u64 off_recv_x, u64 off_recv_scales, u64 off_recv_src,
                             u64 off_recv_topk, u64 off_recv_weights, const u8* x, const float* scales,
                             const i64* topk_idx, const float* topk_weights, const i32* send_pos, const i32* recv_base,
                             int num_tokens, int k, int num_ranks, int rank, int local_experts, int row_bytes,
                             int num_scales, int num_slices, int skip_entry, goep_watchdog* wd, u32 wait_id,
-                            i64 scale_token_stride, i64 scale_hidden_stride);
+                            i64 scale_token_stride, i64 scale_hidden_stride, u64 fp_shape);
 __global__ void __launch_bounds__(GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
     goep_intranode_dispatch_wide(const u64* peers, u64 off_ctrl, u64 off_recv_x, u64 off_recv_scales,
                                  u64 off_recv_src, u64 off_recv_topk, u64 off_recv_weights, const u8* x,
@@ -67,12 +67,12 @@ __global__ void __launch_bounds__(GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
                                  const i32* send_pos, const i32* recv_base, int num_tokens, int k, int num_ranks,
                                  int rank, int local_experts, int row_bytes, int num_scales, int num_slices,
                                  int skip_entry, goep_watchdog* wd, u32 wait_id,
-                                 i64 scale_token_stride, i64 scale_hidden_stride);
+                                 i64 scale_token_stride, i64 scale_hidden_stride, u64 fp_shape);
 __global__ void __launch_bounds__(GOEP_IN_COMBINE_MAX_THREADS)
     goep_intranode_combine(const u64* peers, u64 off_ctrl, u64 off_y, u64 off_w, const i32* recv_base,
                            const i32* send_pos, const u8* bias0, const u8* bias1, u8* out, float* out_weights,
                            int num_tokens, int k, int num_ranks, int rank, int hidden, int num_slices,
-                           goep_watchdog* wd, u32 wait_id);
+                           goep_watchdog* wd, u32 wait_id, u64 fp_shape);
 __global__ void __launch_bounds__(GOEP_IN_COPY_MAX_THREADS)
     goep_intranode_copy_rows(const u8* src, u8* dst, const i32* num_rows, int max_rows, u64 row_bytes);
 }
@@ -103,13 +103,14 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
                                                  int num_experts, int num_ranks, int rank, int expert_alignment,
                                                  i32* send_pos, i32* rank_prefix, i32* recv_base, i32* num_recv,
                                                  i32* mapped_num_recv, i32* expert_counts, i32* invalid,
-                                                 goep_watchdog* wd, u32 wait_id) {
+                                                 goep_watchdog* wd, u32 wait_id, u64 fp_shape) {
   extern __shared__ i32 s_expert[];  // [num_experts]
   __shared__ i32 s_warp[32][GOEP_IN_MAX_RANKS];
   __shared__ i32 s_total[GOEP_IN_MAX_RANKS];
   __shared__ i32 s_matrix[GOEP_IN_MAX_RANKS][GOEP_IN_MAX_RANKS];
   __shared__ i32 s_bad;
   __shared__ u64 s_epoch;
+  __shared__ u64 s_fp;
 
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
@@ -120,9 +121,16 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
   if (tid == 0) {
     s_bad = 0;
     s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_NOTIFY)) + 1;
+    s_fp = goep_in_fingerprint(ctrl, fp_shape);
   }
   __syncthreads();
-  const u64 e = s_epoch;
+  const u64 e = s_epoch, fp = s_fp;
+  if (fp == 0) {  // an earlier launch of this rank failed
+    return;
+  }
+  // The fingerprint (it carries the shape of the dispatch that follows)
+  // goes out first; the barrier's arrival releases it.
+  goep_in_publish_fp(peers, off_ctrl, num_ranks, rank, fp);
   const int parity = (int)(e & 1ull);
   const int le = num_experts / num_ranks;
 
@@ -231,7 +239,8 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
 
   // Barrier: every rank's counts of this epoch are here.
   goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, rank);
-  if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_NOTIFY_BARRIER)) {
+  if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, e, fp, wd, wait_id,
+                            GOEP_IN_STAGE_NOTIFY_BARRIER)) {
     return;
   }
   const i32* own_counts = (const i32*)(peers[rank] + off_counts) + parity * num_ranks * num_ranks;
@@ -314,7 +323,7 @@ extern "C" __global__ void goep_intranode_dispatch(const u64* peers, u64 off_ctr
                                                    int num_ranks, int rank, int local_experts, int row_bytes,
                                                    int num_scales, int num_slices, int skip_entry,
                                                    goep_watchdog* wd, u32 wait_id,
-                                                   i64 scale_token_stride, i64 scale_hidden_stride) {
+                                                   i64 scale_token_stride, i64 scale_hidden_stride, u64 fp_shape) {
   GOEP_IN_DISPATCH_KERNEL_BODY(GOEP_IN_UNROLL, false, GOEP_IN_DISPATCH_MAX_THREADS)
 }
 
@@ -326,7 +335,7 @@ extern "C" __global__ void goep_intranode_dispatch_wide(const u64* peers, u64 of
                                                         int k, int num_ranks, int rank, int local_experts,
                                                         int row_bytes, int num_scales, int num_slices,
                                                         int skip_entry, goep_watchdog* wd, u32 wait_id,
-                                                        i64 scale_token_stride, i64 scale_hidden_stride) {
+                                                        i64 scale_token_stride, i64 scale_hidden_stride, u64 fp_shape) {
   GOEP_IN_DISPATCH_KERNEL_BODY(GOEP_IN_WIDE_UNROLL, true, GOEP_IN_DISPATCH_WIDE_MAX_THREADS)
 }
 
@@ -426,8 +435,9 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
                                                   const i32* recv_base, const i32* send_pos, const u8* bias0,
                                                   const u8* bias1, u8* out, float* out_weights, int num_tokens,
                                                   int k, int num_ranks, int rank, int hidden, int num_slices,
-                                                  goep_watchdog* wd, u32 wait_id) {
+                                                  goep_watchdog* wd, u32 wait_id, u64 fp_shape) {
   __shared__ u64 s_epoch;
+  __shared__ u64 s_fp;
   __shared__ u64 s_y[GOEP_IN_MAX_RANKS];  // peer d's combine input as mapped here
   __shared__ u64 s_w[GOEP_IN_MAX_RANKS];  // peer d's combine weights, 0 if none
   __shared__ i32 s_base[GOEP_IN_MAX_RANKS];
@@ -439,23 +449,28 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
     s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_COMBINE)) + 1;
+    s_fp = goep_in_fingerprint(ctrl, fp_shape);
   }
   if (tid < num_ranks) {
     s_base[tid] = recv_base[tid];
   }
   __syncthreads();
-  const u64 e = s_epoch;
+  const u64 e = s_epoch, fp = s_fp;
+  if (fp == 0) {  // an earlier launch of this rank failed
+    return;
+  }
   if (blockIdx.x == 0 && tid < num_ranks) {
     u64* const peer_ctrl = goep_in_ctrl(peers[tid], off_ctrl);
     volatile u64* const desc = goep_in_cinput(peer_ctrl, rank);
     desc[0] = off_y;
     desc[1] = off_w;
+    *(volatile u64*)goep_in_fp(peer_ctrl, rank) = fp;  // the entry flag's release covers it
     goep_st_release_sys_u64(goep_in_entered(peer_ctrl, GOEP_IN_KIND_COMBINE, rank), e);
   }
   bool ok = true;
   if (tid < num_ranks) {
-    ok = goep_wait_ge_u64(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, wd, wait_id, tid,
-                          GOEP_IN_STAGE_COMBINE_ENTRY);
+    ok = goep_in_wait_ge_fp(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, goep_in_fp(ctrl, tid), fp, wd,
+                            wait_id, tid, GOEP_IN_STAGE_COMBINE_ENTRY);
     if (ok) {
       // Program-ordered after this thread's acquire of peer tid's flag.
       const volatile u64* const desc = goep_in_cinput(ctrl, tid);
@@ -531,7 +546,8 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
   // rank is done with this rank's input.
   goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank);
   if (blockIdx.x == 0) {
-    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_COMBINE_ARRIVAL)) {
+    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, fp, wd, wait_id,
+                              GOEP_IN_STAGE_COMBINE_ARRIVAL)) {
       return;
     }
     if (tid == 0) {

@@ -31,6 +31,25 @@
 //                        release covers it): where src's combine input rows
 //                        and weights lie in src's own workspace
 //                        (GOEP_IN_NO_OFFSET: no weights).
+//   fp[src]              u64, written by rank src at the start of each of its
+//                        launches, before the signal that launch sends
+//                        (entry flag or arrival), so that signal's release
+//                        covers it: src's call fingerprint (below).
+//
+// Call fingerprint (always on; intranode/fingerprint.go decodes it): bits
+// 0..15 the launch's sequence number, epoch[notify] + epoch[dispatch] +
+// epoch[combine] + 1 at its start (advanced by the kernels themselves, so
+// graph replays stay in step), bits 16..63 the call's shape, packed by the
+// launcher (GOEP_IN_FP_SHAPE_*: kernel kind, FP8, weights, top-k, experts,
+// hidden). Every wait on a peer also compares the peer's fingerprint with
+// the rank's own: a peer at the same sequence number with another shape,
+// or one whose signal came from another sequence number, is a mismatched
+// call. The first thread to see it fills the watchdog record with stage
+// GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
+// observed = the peer's, raises the abort flag, and the kernel leaves before
+// touching data (waits come before the writes they guard). No rank moves
+// past a launch before it saw every peer's fingerprint of that launch equal
+// to its own, so a mismatch is seen by every rank, never by only some.
 //
 // Block shares: block b of a grid of G blocks adds
 //   floor((b+1)*U/G) - floor(b*U/G),  U = GOEP_IN_ARRIVAL_UNIT,
@@ -81,6 +100,8 @@
 // Control block byte offsets. Each kind's arrive and entered arrays have a
 // 128-byte line of their own (peers update them over NVLink).
 #define GOEP_IN_CTRL_EPOCH 0
+#define GOEP_IN_CTRL_FAILED 32  // u64, this rank only: nonzero once a wait of any launch gave up
+#define GOEP_IN_CTRL_FP 64      // fp[src], in the epoch line's unused half
 #define GOEP_IN_CTRL_ARRIVE 128
 #define GOEP_IN_CTRL_ENTERED 512
 #define GOEP_IN_CTRL_KIND_STRIDE 128
@@ -99,10 +120,16 @@
 #define GOEP_IN_STAGE_DISPATCH_ARRIVAL 3
 #define GOEP_IN_STAGE_COMBINE_ENTRY 4
 #define GOEP_IN_STAGE_COMBINE_ARRIVAL 5  // pull combine: peers finishing their reads of this rank's input
+#define GOEP_IN_STAGE_MISMATCH 6         // a peer's call fingerprint differs (not a timeout)
+
+#define GOEP_IN_FP_SEQ_MASK 0xffffull
 
 static_assert(GOEP_IN_CTRL_ARRIVE + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_ENTERED, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_BYTES, "goep: intranode ctrl");
 static_assert(GOEP_IN_MAX_RANKS * 8 <= GOEP_IN_CTRL_KIND_STRIDE, "goep: intranode ctrl line");
+static_assert(GOEP_IN_CTRL_EPOCH + 3 * 8 <= GOEP_IN_CTRL_FAILED, "goep: intranode ctrl");
+static_assert(GOEP_IN_CTRL_FAILED + 8 <= GOEP_IN_CTRL_FP, "goep: intranode ctrl");
+static_assert(GOEP_IN_CTRL_FP + GOEP_IN_MAX_RANKS * 8 <= GOEP_IN_CTRL_ARRIVE, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_CINPUT, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_CINPUT + GOEP_IN_MAX_RANKS * GOEP_IN_CTRL_CINPUT_STRIDE <= GOEP_IN_CTRL_BYTES,
               "goep: intranode ctrl");
@@ -120,6 +147,109 @@ __device__ __forceinline__ u64* goep_in_entered(u64* ctrl, int kind, int src) {
 // cinput[src]: {y_off, w_off}.
 __device__ __forceinline__ u64* goep_in_cinput(u64* ctrl, int src) {
   return (u64*)((char*)ctrl + GOEP_IN_CTRL_CINPUT + src * GOEP_IN_CTRL_CINPUT_STRIDE);
+}
+
+__device__ __forceinline__ u64* goep_in_fp(u64* ctrl, int src) {
+  return (u64*)((char*)ctrl + GOEP_IN_CTRL_FP) + src;
+}
+
+// This launch's fingerprint: the launcher's shape word with the sequence
+// number in the low bits. Read by one thread at the start of each block,
+// before any epoch of this launch advances. 0 (never a fingerprint: the
+// kind bits are nonzero) once an earlier launch of this rank gave up a
+// wait: its epochs no longer count calls, so every later launch leaves at
+// once without signalling (peers then fail too, never proceed).
+__device__ __forceinline__ u64 goep_in_fingerprint(u64* ctrl, u64 shape) {
+  const volatile u64* ep = goep_in_epoch(ctrl, 0);
+  if (*(const volatile u64*)((char*)ctrl + GOEP_IN_CTRL_FAILED) != 0) {
+    return 0;
+  }
+  const u64 seq = ep[GOEP_IN_KIND_NOTIFY] + ep[GOEP_IN_KIND_DISPATCH] + ep[GOEP_IN_KIND_COMBINE] + 1ull;
+  return (shape & ~GOEP_IN_FP_SEQ_MASK) | (seq & GOEP_IN_FP_SEQ_MASK);
+}
+
+// Block 0, thread d: this launch's fingerprint into peer d's fp[rank]
+// (relaxed; the signal that follows releases it).
+__device__ __forceinline__ void goep_in_publish_fp(const u64* peers, u64 off_ctrl, int num_ranks, int rank, u64 fp) {
+  if (blockIdx.x == 0 && (int)threadIdx.x < num_ranks) {
+    *(volatile u64*)goep_in_fp(goep_in_ctrl(peers[threadIdx.x], off_ctrl), rank) = fp;
+  }
+}
+
+// How a peer's fingerprint compares with this launch's: the peer is behind
+// (an older launch: keep waiting), ahead (it already passed this launch,
+// having checked it), the same call, or a mismatch. Sequence numbers
+// compare as 16-bit signed distances (ranks are never 2^15 launches apart:
+// every launch waits on every rank).
+#define GOEP_IN_FP_BEHIND 0
+#define GOEP_IN_FP_SAME 1
+#define GOEP_IN_FP_AHEAD 2
+#define GOEP_IN_FP_MISMATCH 3
+__device__ __forceinline__ int goep_in_fp_cmp(u64 mine, u64 theirs) {
+  const short d = (short)(unsigned short)((theirs & GOEP_IN_FP_SEQ_MASK) - (mine & GOEP_IN_FP_SEQ_MASK));
+  if (d < 0) {
+    return GOEP_IN_FP_BEHIND;
+  }
+  if (d > 0) {
+    return GOEP_IN_FP_AHEAD;
+  }
+  return theirs == mine ? GOEP_IN_FP_SAME : GOEP_IN_FP_MISMATCH;
+}
+
+// Records a mismatch with peer (first thread of the watchdog wins) and
+// aborts the launch's other waits.
+__device__ __forceinline__ void goep_in_mismatch(goep_watchdog* wd, u32 wait_id, u32 peer, u64 mine, u64 theirs) {
+  goep_watchdog_expire(wd, GOEP_OP_VALUE, wait_id, peer, GOEP_IN_STAGE_MISMATCH, 0, mine, theirs);
+}
+
+// goep_wait_ge_u64 on a signal of peer that also watches the peer's
+// fingerprint: each poll loads both (independent loads, so the fast path
+// costs no extra round trip). Fails on a timeout, or on a mismatch: the
+// peer at this sequence number with another shape (seen while waiting or
+// once the signal came), or a signal that came from a launch of another
+// sequence number (its fingerprint, written before the signal, is still
+// behind after the acquire).
+__device__ __forceinline__ bool goep_in_wait_ge_fp_inner(const u64* p, u64 target, const u64* fp_slot, u64 fp,
+                                                     goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+  goep_spin s = goep_spin_start();
+  u64 v, f;
+  for (;;) {
+    v = goep_chan_ld_relaxed_sys_u64(p);
+    f = goep_chan_ld_relaxed_sys_u64(fp_slot);
+    if (v >= target) {
+      break;
+    }
+    if (goep_in_fp_cmp(fp, f) == GOEP_IN_FP_MISMATCH) {
+      goep_in_mismatch(wd, wait_id, peer, fp, f);
+      return false;
+    }
+    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, peer, stage, target, v)) {
+      return false;
+    }
+  }
+  (void)goep_ld_acquire_sys_u64(p);
+  int c = goep_in_fp_cmp(fp, f);
+  if (c == GOEP_IN_FP_BEHIND) {  // the relaxed load ran ahead of the signal's: look again
+    f = goep_chan_ld_relaxed_sys_u64(fp_slot);
+    c = goep_in_fp_cmp(fp, f);
+  }
+  if (c == GOEP_IN_FP_BEHIND || c == GOEP_IN_FP_MISMATCH) {
+    goep_in_mismatch(wd, wait_id, peer, fp, f);
+    return false;
+  }
+  return true;
+}
+
+// The wait above; a failure also marks this rank's control block failed
+// (fp_slot is fp[peer] of it), so its later launches leave at once. Not
+// inlined: the wait is off the copy path and registers stay with the copy.
+__device__ __noinline__ bool goep_in_wait_ge_fp(const u64* p, u64 target, const u64* fp_slot, u64 fp,
+                                               goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+  if (goep_in_wait_ge_fp_inner(p, target, fp_slot, fp, wd, wait_id, peer, stage)) {
+    return true;
+  }
+  *(volatile u64*)((char*)(fp_slot - peer) - GOEP_IN_CTRL_FP + GOEP_IN_CTRL_FAILED) = 1;
+  return false;
 }
 
 // This block's share of GOEP_IN_ARRIVAL_UNIT.
@@ -187,13 +317,14 @@ __device__ __forceinline__ void goep_in_announce(const u64* peers, u64 off_ctrl,
   }
 }
 
-// Waits until every peer announced epoch e of kind. Returns false (for the
-// whole block) when a wait gave up.
-__device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int num_ranks, u64 e, goep_watchdog* wd,
-                                                     u32 wait_id, u32 stage) {
+// Waits until every peer announced epoch e of kind (and its fingerprint
+// equals fp). Returns false (for the whole block) when a wait gave up.
+__device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int num_ranks, u64 e, u64 fp,
+                                                     goep_watchdog* wd, u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_wait_ge_u64(goep_in_entered(ctrl, kind, threadIdx.x), e, wd, wait_id, threadIdx.x, stage);
+    ok = goep_in_wait_ge_fp(goep_in_entered(ctrl, kind, threadIdx.x), e, goep_in_fp(ctrl, threadIdx.x), fp, wd,
+                            wait_id, threadIdx.x, stage);
   }
   return !goep_block_any_failed(!ok);
 }
@@ -216,14 +347,15 @@ __device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctr
   }
 }
 
-// Waits until every source's launch of epoch e has fully arrived here.
-// Returns false (for the whole block) when a wait gave up.
-__device__ __forceinline__ bool goep_in_wait_arrived(u64* ctrl, int kind, int num_ranks, u64 e, goep_watchdog* wd,
-                                                     u32 wait_id, u32 stage) {
+// Waits until every source's launch of epoch e has fully arrived here (and
+// its fingerprint equals fp). Returns false (for the whole block) when a
+// wait gave up.
+__device__ __forceinline__ bool goep_in_wait_arrived(u64* ctrl, int kind, int num_ranks, u64 e, u64 fp,
+                                                     goep_watchdog* wd, u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_wait_ge_u64(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT, wd, wait_id, threadIdx.x,
-                          stage);
+    ok = goep_in_wait_ge_fp(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT,
+                            goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
   }
   return !goep_block_any_failed(!ok);
 }
@@ -266,24 +398,29 @@ __device__ __forceinline__ void goep_in_slice_range(int nchunks, int slice, int 
 // directly follows notify on the same stream: notify's barrier already
 // proved that every rank finished the work before it), waits until every
 // rank entered it. False (whole block) when the wait gave up.
+// The fingerprint goes out first (the entry flag's release covers it). A
+// skipped entry leaves the check to notify (whose fingerprint carries this
+// dispatch's shape) and to the arrival wait.
 __device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
-                                                       int rank, u64 e, int skip_entry, goep_watchdog* wd,
+                                                       int rank, u64 e, u64 fp, int skip_entry, goep_watchdog* wd,
                                                        u32 wait_id) {
+  goep_in_publish_fp(peers, off_ctrl, num_ranks, rank, fp);
   goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e);
   if (skip_entry) {
     return true;
   }
-  return goep_in_wait_entered(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id, GOEP_IN_STAGE_DISPATCH_ENTRY);
+  return goep_in_wait_entered(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, fp, wd, wait_id,
+                              GOEP_IN_STAGE_DISPATCH_ENTRY);
 }
 
 // After the block's rows: arrival; block 0 waits for every source and
 // advances the epoch (the kernel ends once this rank's receive region is
 // complete).
 __device__ __forceinline__ void goep_in_dispatch_finish(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
-                                                        int rank, u64 e, goep_watchdog* wd, u32 wait_id) {
+                                                        int rank, u64 e, u64 fp, goep_watchdog* wd, u32 wait_id) {
   goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank);
   if (blockIdx.x == 0) {
-    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, wd, wait_id,
+    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, fp, wd, wait_id,
                               GOEP_IN_STAGE_DISPATCH_ARRIVAL)) {
       return;
     }
@@ -452,6 +589,7 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
 // their launch bounds MAXT. Expects the dispatch parameter names.
 #define GOEP_IN_DISPATCH_KERNEL_BODY(UNROLL, PREFETCH, MAXT)                                                       \
   __shared__ u64 s_epoch;                                                                                         \
+  __shared__ u64 s_fp;                                                                                            \
   __shared__ u64 s_peers[GOEP_IN_MAX_RANKS];                                                                      \
   __shared__ i32 s_base[GOEP_IN_MAX_RANKS];                                                                       \
   __shared__ u64 s_drow[(MAXT) / 32][GOEP_IN_MAX_RANKS];                                                          \
@@ -459,14 +597,18 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);                                                          \
   if (tid == 0) {                                                                                                 \
     s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;                            \
+    s_fp = goep_in_fingerprint(ctrl, fp_shape);                                                                   \
   }                                                                                                               \
   if (tid < num_ranks) {                                                                                          \
     s_peers[tid] = peers[tid];                                                                                    \
     s_base[tid] = recv_base[tid];                                                                                 \
   }                                                                                                               \
   __syncthreads();                                                                                                \
-  const u64 e = s_epoch;                                                                                          \
-  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, skip_entry, wd, wait_id)) {              \
+  const u64 e = s_epoch;                                                                               \
+  if (s_fp == 0) { /* an earlier launch of this rank failed */                                         \
+    return;                                                                                            \
+  }                                                                                                    \
+  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, s_fp, skip_entry, wd, wait_id)) {          \
     return;                                                                                                       \
   }                                                                                                               \
   goep_in_dispatch_rows<UNROLL, PREFETCH>(s_peers, s_base, s_drow[tid >> 5], off_recv_x, off_recv_scales,        \
@@ -474,6 +616,6 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
                                           topk_weights, send_pos, num_tokens, k, num_ranks, local_experts,        \
                                           row_bytes, num_scales, scale_token_stride, scale_hidden_stride,        \
                                           num_slices);                                                            \
-  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, wd, wait_id);
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp, wd, wait_id);
 
 #endif  // GOEP_INTRANODE_CUH

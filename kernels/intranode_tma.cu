@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(GOEP_IN_DISPATCH_TMA_MAX_THREADS)
                                 const i32* send_pos, const i32* recv_base, int num_tokens, int k, int num_ranks,
                                 int rank, int local_experts, int row_bytes, int num_scales, int num_slices,
                                 int skip_entry, int piece_bytes, int stages, goep_watchdog* wd, u32 wait_id,
-                                i64 scale_token_stride, i64 scale_hidden_stride);
+                                i64 scale_token_stride, i64 scale_hidden_stride, u64 fp_shape);
 }
 
 #if GOEP_ENABLE_TMA
@@ -127,9 +127,10 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
                                                        int k, int num_ranks, int rank, int local_experts,
                                                        int row_bytes, int num_scales, int num_slices, int skip_entry,
                                                        int piece_bytes, int stages, goep_watchdog* wd, u32 wait_id,
-                                                       i64 scale_token_stride, i64 scale_hidden_stride) {
+                                                       i64 scale_token_stride, i64 scale_hidden_stride, u64 fp_shape) {
 #if GOEP_ENABLE_TMA
   __shared__ u64 s_epoch;
+  __shared__ u64 s_fp;
   __shared__ u64 s_peers[GOEP_IN_MAX_RANKS];
   __shared__ i32 s_base[GOEP_IN_MAX_RANKS];
   __shared__ u64 s_drow[GOEP_IN_DISPATCH_TMA_MAX_THREADS / 32][GOEP_IN_MAX_RANKS];
@@ -139,6 +140,7 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
     s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;
+    s_fp = goep_in_fingerprint(ctrl, fp_shape);
   }
   if (tid < num_ranks) {
     s_peers[tid] = peers[tid];
@@ -158,7 +160,10 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
   }
   __syncthreads();
   const u64 e = s_epoch;
-  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, skip_entry, wd, wait_id)) {
+  if (s_fp == 0) {  // an earlier launch of this rank failed
+    return;
+  }
+  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, s_fp, skip_entry, wd, wait_id)) {
     return;
   }
 
@@ -253,7 +258,7 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
     goep_fence_acq_rel_sys();
   }
 
-  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, wd, wait_id);
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp, wd, wait_id);
 #else
   (void)piece_bytes;
   (void)stages;

@@ -2,10 +2,12 @@ package intranode_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"github.com/goep-dev/goep/intranode/intranodetest"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -274,7 +276,42 @@ func run(t testing.TB, g *intranodetest.Group, streams []device.Stream, f func(i
 		}
 		return r.Check()
 	})
+	if err != nil {
+		dumpControl(t, g)
+	}
 	require.NoError(t, err)
+}
+
+// dumpControl logs every rank's control block (epochs, fingerprints,
+// arrivals and entries per kind) after a failed launch: which signals
+// landed tells a lost signal from a launch that never ran.
+func dumpControl(t testing.TB, g *intranodetest.Group) {
+	t.Helper()
+	for i, r := range g.Ranks {
+		l := r.WS.Layout
+		b := make([]byte, intranode.CtrlBytes)
+		if err := r.Dev.CopyOut(b, r.WS.Base+uintptr(l.Ctrl.Offset)); err != nil {
+			t.Logf("rank %d: control block: %v", i, err)
+			continue
+		}
+		u := func(off int) uint64 { return binary.LittleEndian.Uint64(b[off:]) }
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "rank %d: epochs", i)
+		for k := 0; k < 3; k++ {
+			fmt.Fprintf(&sb, " %d", u(intranode.EpochOffset(k)))
+		}
+		for k, name := range []string{"notify", "dispatch", "combine"} {
+			fmt.Fprintf(&sb, " | %s arrive/entered:", name)
+			for src := 0; src < l.Ranks; src++ {
+				fmt.Fprintf(&sb, " %d/%d", u(intranode.ArriveOffset(k, src))>>20, u(intranode.EnteredOffset(k, src)))
+			}
+		}
+		fmt.Fprintf(&sb, " | fp seq:")
+		for src := 0; src < l.Ranks; src++ {
+			fmt.Fprintf(&sb, " %d", uint16(u(intranode.FingerprintOffset(src))))
+		}
+		t.Log(sb.String())
+	}
 }
 
 func newStreams(t testing.TB, g *intranodetest.Group) []device.Stream {

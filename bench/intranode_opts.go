@@ -67,17 +67,11 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
 	fs.StringVar(&o.plotPrefix, "plot", "", "write GB/s vs tokens as PREFIX.png and PREFIX.svg (with a --tokens sweep)")
-	if err := parse(fs, args); err != nil {
+	kind, set, err := parseBackend(fs, args, backend, gpus)
+	if err != nil {
 		return err
 	}
-	var err error
-	if o.kind, _, err = device.ParseKind(*backend); err != nil {
-		return err
-	}
-	if err := gpus.apply(o.kind); err != nil {
-		return err
-	}
-	set := given(fs)
+	o.kind = kind
 	if o.kind == device.Host {
 		// The host backend checks the same things with far fewer timed
 		// calls: its timings only show that timing works, and DeepEP's

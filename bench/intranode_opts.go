@@ -55,9 +55,7 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.dispatchThreads, "dispatch-threads", 0, "dispatch threads per block (0: the copy path's default)")
 	copyMode := fs.String("copy", "default", "dispatch copy path: default, plain, wide or tma")
 	fs.IntVar(&o.combineThreads, "combine-threads", 0, "combine threads per block (0: default)")
-	fs.IntVar(&o.warmup, "warmup", 50, "untimed calls before the timed ones (host backend: 2 unless given)")
-	fs.IntVar(&o.iters, "iters", 50, "timed calls, each between its own two events, back to back; the first is dropped (host backend: 5 unless given)")
-	fs.IntVar(&o.flushMiB, "flush-mib", 256, "MiB zeroed to flush L2 after the warm-ups (0: none; host backend: 0 unless given)")
+	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 50, iters: 50, hostWarmup: 2, hostIters: 5})
 	fs.BoolVar(&o.tune, "tune", false, "sweep SMs and threads per block for cached dispatch and combine and print the best per (ranks, op), instead of the timings")
 	tuneSMs := fs.String("tune-sms", "8,12,16,20,24,28,32", "SM counts the tuning sweeps")
 	fs.IntVar(&o.tuneWarmup, "tune-warmup", 10, "warm-ups per tuning point")
@@ -72,20 +70,9 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	o.kind = kind
-	if o.kind == device.Host {
-		// The host backend checks the same things with far fewer timed
-		// calls: its timings only show that timing works, and DeepEP's
-		// shape then runs in about a minute on two cores.
-		if !set["warmup"] {
-			o.warmup = 2
-		}
-		if !set["iters"] {
-			o.iters = 5
-		}
-		if !set["flush-mib"] {
-			o.flushMiB = 0
-		}
-	}
+	// The host backend checks the same things with far fewer timed calls:
+	// DeepEP's shape then runs in about a minute on two cores.
+	hostTiming(kind, set)
 	o.showLaunch = o.kind == device.CUDA || o.tune || set["sms"] || set["dispatch-threads"] || set["combine-threads"]
 	if err := o.parseLists(*tokens, *copyMode, *sms, *tuneSMs); err != nil {
 		return err

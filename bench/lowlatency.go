@@ -54,9 +54,7 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&o.mask, "mask", 1, "rank masked in the mask check (-1: no mask check)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the routing and the data")
 	fs.BoolVar(&o.graph, "graph", true, "also time dispatch+combine captured in a CUDA graph and replayed")
-	fs.IntVar(&o.warmup, "warmup", 20, "untimed calls before the timed ones (host backend: 1 unless given)")
-	fs.IntVar(&o.iters, "iters", 50, "timed calls, each between its own two events, back to back; the first is dropped (host backend: 3 unless given)")
-	fs.IntVar(&o.flushMiB, "flush-mib", 256, "MiB zeroed to flush L2 after the warm-ups (0: none; host backend: 0 unless given)")
+	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 20, iters: 50, hostWarmup: 1, hostIters: 3})
 	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks (default: every GPU up to 8, or 4 host ranks); more ranks than GPUs share them")
 	fs.IntVar(&o.sms, "sms", 0, "grid of every launch (0: the library's default within this rank's share of its GPU)")
 	gpus := addGPUsFlag(fs)
@@ -68,19 +66,7 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	o.kind = kind
-	if o.kind == device.Host {
-		// The host backend checks the same things; its timings only show
-		// that timing works.
-		if !set["warmup"] {
-			o.warmup = 1
-		}
-		if !set["iters"] {
-			o.iters = 3
-		}
-		if !set["flush-mib"] {
-			o.flushMiB = 0
-		}
-	}
+	hostTiming(kind, set)
 	if o.tokens, err = parseIntList(*tokens); err != nil {
 		return fmt.Errorf("--tokens: %w", err)
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"sync"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
@@ -113,4 +114,32 @@ func (l *lockstep) leave() {
 	l.left = true
 	l.cond.Broadcast()
 	l.mu.Unlock()
+}
+
+// timingDefaults are the defaults of --warmup and --iters, on GPUs and on
+// the host backend.
+type timingDefaults struct{ warmup, iters, hostWarmup, hostIters int }
+
+// addTimingFlags registers --warmup, --iters and --flush-mib (DeepEP's
+// timing rules) into the given fields and returns what applies the host
+// backend's defaults (fewer calls, no flush: its timings only show that
+// timing works) to those not given on the command line.
+func addTimingFlags(fs *flag.FlagSet, warmup, iters, flushMiB *int, d timingDefaults) func(kind device.Kind, set map[string]bool) {
+	fs.IntVar(warmup, "warmup", d.warmup, fmt.Sprintf("untimed calls before the timed ones (host backend: %d unless given)", d.hostWarmup))
+	fs.IntVar(iters, "iters", d.iters, fmt.Sprintf("timed calls, each between its own two events, back to back; the first is dropped (host backend: %d unless given)", d.hostIters))
+	fs.IntVar(flushMiB, "flush-mib", 256, "MiB zeroed to flush L2 after the warm-ups (0: none; host backend: 0 unless given)")
+	return func(kind device.Kind, set map[string]bool) {
+		if kind != device.Host {
+			return
+		}
+		if !set["warmup"] {
+			*warmup = d.hostWarmup
+		}
+		if !set["iters"] {
+			*iters = d.hostIters
+		}
+		if !set["flush-mib"] {
+			*flushMiB = 0
+		}
+	}
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/internal/device"
 )
 
 func TestLowLatencyOnHost(t *testing.T) {
@@ -55,4 +57,28 @@ func TestLowLatencyOnHost(t *testing.T) {
 	require.NotEqual(t, 0, code)
 	code, _, _ = run(t, "lowlatency", "--backend", "host", "--ranks", "2", "--tokens", "0,4", "--plot", plotPrefix+"2")
 	require.NotEqual(t, 0, code, "a plot of one positive token count")
+}
+
+// On GPUs: 8 goroutine ranks over the GPUs present (sharing them when
+// fewer), the shape (hidden 7168, top-8 of 256) at 1 and 128
+// tokens, every format, graphs, a masked rank; shorter timing loops.
+func TestLowLatencyOnGPU(t *testing.T) {
+	n, err := device.CUDADeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no CUDA GPU: %v", err)
+	}
+	dir := t.TempDir()
+	js := filepath.Join(dir, "ll.json")
+	code, stdout, stderr := run(t, "lowlatency", "--backend", "cuda", "--ranks", "8", "--tokens", "1,128", "--warmup", "5",
+		"--iters", "10", "--json", js, "--plot", filepath.Join(dir, "ll"))
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	var rep llReport
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Len(t, rep.Figures, 2*3*5)
+	if n < 8 {
+		require.Contains(t, stdout, "not NVLink figures")
+	}
+	t.Logf("\n%s", stdout)
 }

@@ -541,7 +541,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
                     tab_t, s_ntok)) {
     return;
   }
-  const u32 eff = s_eff;
+  // The sources masked (s_eff) are already folded into s_ntok (0 tokens).
   const i32* stage_ids = (const i32*)(base + off_stage_ids);
   const float* stage_w = (const float*)(base + off_stage_w);
   i32* tab_pos = (i32*)(base + off_tab_pos);

@@ -1,3 +1,4 @@
 // Package bench is ep-bench: every check and benchmark of goep behind one CLI
-// (doctor, kernels, intranode, layout, route, channels, collectives, plan, launch).
+// (doctor, kernels, intranode, lowlatency, layout, route, channels, collectives, plan,
+// launch, userkernel).
 package bench

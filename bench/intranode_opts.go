@@ -55,9 +55,7 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.dispatchThreads, "dispatch-threads", 0, "dispatch threads per block (0: the copy path's default)")
 	copyMode := fs.String("copy", "default", "dispatch copy path: default, plain, wide or tma")
 	fs.IntVar(&o.combineThreads, "combine-threads", 0, "combine threads per block (0: default)")
-	fs.IntVar(&o.warmup, "warmup", 50, "untimed calls before the timed ones (host backend: 2 unless given)")
-	fs.IntVar(&o.iters, "iters", 50, "timed calls, each between its own two events, back to back; the first is dropped (host backend: 5 unless given)")
-	fs.IntVar(&o.flushMiB, "flush-mib", 256, "MiB zeroed to flush L2 after the warm-ups (0: none; host backend: 0 unless given)")
+	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 50, iters: 50, hostWarmup: 2, hostIters: 5})
 	fs.BoolVar(&o.tune, "tune", false, "sweep SMs and threads per block for cached dispatch and combine and print the best per (ranks, op), instead of the timings")
 	tuneSMs := fs.String("tune-sms", "8,12,16,20,24,28,32", "SM counts the tuning sweeps")
 	fs.IntVar(&o.tuneWarmup, "tune-warmup", 10, "warm-ups per tuning point")
@@ -67,31 +65,14 @@ func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
 	fs.StringVar(&o.plotPrefix, "plot", "", "write GB/s vs tokens as PREFIX.png and PREFIX.svg (with a --tokens sweep)")
-	if err := parse(fs, args); err != nil {
+	kind, set, err := parseBackend(fs, args, backend, gpus)
+	if err != nil {
 		return err
 	}
-	var err error
-	if o.kind, _, err = device.ParseKind(*backend); err != nil {
-		return err
-	}
-	if err := gpus.apply(o.kind); err != nil {
-		return err
-	}
-	set := given(fs)
-	if o.kind == device.Host {
-		// The host backend checks the same things with far fewer timed
-		// calls: its timings only show that timing works, and DeepEP's
-		// shape then runs in about a minute on two cores.
-		if !set["warmup"] {
-			o.warmup = 2
-		}
-		if !set["iters"] {
-			o.iters = 5
-		}
-		if !set["flush-mib"] {
-			o.flushMiB = 0
-		}
-	}
+	o.kind = kind
+	// The host backend checks the same things with far fewer timed calls:
+	// DeepEP's shape then runs in about a minute on two cores.
+	hostTiming(kind, set)
 	o.showLaunch = o.kind == device.CUDA || o.tune || set["sms"] || set["dispatch-threads"] || set["combine-threads"]
 	if err := o.parseLists(*tokens, *copyMode, *sms, *tuneSMs); err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
@@ -65,26 +64,18 @@ func intranodeGoroutines(ctx context.Context, o inOpts, stdout io.Writer) error 
 	}
 	cache := &inputCache{o: o, ranks: n}
 	outs := make([]inOutcome, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer boots[r].Close()
-			dev, err := device.OpenRank(o.kind, r)
-			if err != nil {
-				outs[r].Err = err.Error()
-				_ = boots[r].Close() // the others fail fast
-				return
-			}
-			defer dev.Close()
-			outs[r] = intranodeRank(ctx, boots[r], dev, o, cache, r == 0)
-			if outs[r].Err != "" {
-				_ = boots[r].Close()
-			}
-		}()
+	errs := onGoroutineRanks(o.kind, boots, func(r int, dev device.Device) error {
+		outs[r] = intranodeRank(ctx, boots[r], dev, o, cache, r == 0)
+		if outs[r].Err != "" {
+			return errors.New(outs[r].Err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil && outs[r].Err == "" {
+			outs[r].Err = err.Error() // the device did not open
+		}
 	}
-	wg.Wait()
 	if err := interrupted(ctx); err != nil {
 		return err // the ranks' failures are the interruption's echoes
 	}

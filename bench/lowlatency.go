@@ -7,7 +7,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -32,32 +31,15 @@ type llOpts struct {
 	seed                  uint64
 	graph                 bool
 	warmup, iters         int
+	flushMiB              int
 	ranks, sms            int
 	timeout               time.Duration
-	jsonPath              string
+	jsonPath, plotPrefix  string
 	progress              *progress
-}
-
-// llFigure is one timing (rank 0's): mean GPU time per call, DeepEP's rule
-// (each call between its own two events, back to back, the first dropped).
-type llFigure struct {
-	Tokens int     `json:"tokens"`
-	Format string  `json:"format"`
-	Op     string  `json:"op"` // dispatch, combine, dispatch+combine
-	Graph  bool    `json:"graph"`
-	US     float64 `json:"us"`
-}
-
-type llReport struct {
-	Command string     `json:"command"`
-	Backend string     `json:"backend"`
-	Ranks   int        `json:"ranks"`
-	Hidden  int        `json:"hidden"`
-	TopK    int        `json:"topk"`
-	Experts int        `json:"experts"`
-	Note    string     `json:"note,omitempty"`
-	Checks  []check    `json:"checks"`
-	Figures []llFigure `json:"figures"`
+	// shared: ranks share a GPU; every timed call is then synchronised
+	// before the next is issued (lowlatency's DESIGN.md: queued launches of
+	// ranks sharing hardware queues must not wait on one another).
+	shared bool
 }
 
 func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -72,32 +54,19 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&o.mask, "mask", 1, "rank masked in the mask check (-1: no mask check)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the routing and the data")
 	fs.BoolVar(&o.graph, "graph", true, "also time dispatch+combine captured in a CUDA graph and replayed")
-	fs.IntVar(&o.warmup, "warmup", 20, "untimed calls before the timed ones (host backend: 1 unless given)")
-	fs.IntVar(&o.iters, "iters", 50, "timed calls; the first is dropped (host backend: 3 unless given)")
+	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 20, iters: 50, hostWarmup: 1, hostIters: 3})
 	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks (default: every GPU up to 8, or 4 host ranks); more ranks than GPUs share them")
 	fs.IntVar(&o.sms, "sms", 0, "grid of every launch (0: the library's default within this rank's share of its GPU)")
 	gpus := addGPUsFlag(fs)
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file")
-	if err := parse(fs, args); err != nil {
+	fs.StringVar(&o.plotPrefix, "plot", "", "write us per call vs tokens as PREFIX.png and PREFIX.svg (with a --tokens sweep)")
+	kind, set, err := parseBackend(fs, args, backend, gpus)
+	if err != nil {
 		return err
 	}
-	var err error
-	if o.kind, _, err = device.ParseKind(*backend); err != nil {
-		return err
-	}
-	if err := gpus.apply(o.kind); err != nil {
-		return err
-	}
-	set := given(fs)
-	if o.kind == device.Host {
-		if !set["warmup"] {
-			o.warmup = 1
-		}
-		if !set["iters"] {
-			o.iters = 3
-		}
-	}
+	o.kind = kind
+	hostTiming(kind, set)
 	if o.tokens, err = parseIntList(*tokens); err != nil {
 		return fmt.Errorf("--tokens: %w", err)
 	}
@@ -118,8 +87,19 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("--tokens: %d is negative", t)
 		}
 	}
-	if o.iters < 2 || o.warmup < 0 || o.ranks < 0 || o.sms < 0 || o.timeout < 0 {
-		return errors.New("want --iters >= 2 and non-negative --warmup, --ranks, --sms, --timeout")
+	if o.iters < 2 || o.warmup < 0 || o.ranks < 0 || o.sms < 0 || o.timeout < 0 || o.flushMiB < 0 {
+		return errors.New("want --iters >= 2 and non-negative --warmup, --ranks, --sms, --timeout, --flush-mib")
+	}
+	if o.flushMiB > 1<<20 {
+		return fmt.Errorf("--flush-mib %d: want at most %d", o.flushMiB, 1<<20)
+	}
+	if o.plotPrefix != "" {
+		if n := len(positiveSet(o.tokens)); n < 2 {
+			return fmt.Errorf("--plot needs a --tokens sweep of at least two positive token counts (have %d)", n)
+		}
+		if err := checkOutput("plot", o.plotPrefix+".png"); err != nil {
+			return err
+		}
 	}
 	if err := checkOutput("json", o.jsonPath); err != nil {
 		return err
@@ -143,62 +123,31 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	o.progress = newProgress(stderr)
 	o.progress.printf("%d goroutine ranks, %s backend: setting up low-latency buffers", n, o.kind)
-	rep := llReport{Command: "lowlatency", Backend: string(o.kind), Ranks: n, Hidden: o.hidden, TopK: o.topk, Experts: o.experts,
-		Note: sharedGPUNote(o.kind, n)}
-	if rep.Note != "" {
-		fmt.Fprintln(stdout, "note:", rep.Note)
+	note := sharedGPUNote(o.kind, n)
+	o.shared = note != ""
+	if note != "" {
+		fmt.Fprintln(stdout, "note:", note)
 	}
 	boots, err := bootstrap.NewInProcess(n, bootstrap.Config{})
 	if err != nil {
 		return err
 	}
-	reps := make([]report, n)
-	figs := make([][]llFigure, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer boots[r].Close()
-			dev, err := device.OpenRank(o.kind, r)
-			if err != nil {
-				errs[r] = err
-				_ = boots[r].Close()
-				return
-			}
-			defer dev.Close()
-			lr := &llRank{o: o, rank: r, ranks: n, dev: dev, rep: &reps[r]}
-			errs[r] = lr.run(ctx, boots[r])
-			figs[r] = lr.figs
-			if errs[r] != nil {
-				_ = boots[r].Close() // the others fail fast
-			}
-		}()
-	}
-	wg.Wait()
+	step := newLockstep(n)
+	ranks := make([]*llRank, n)
+	errs := onGoroutineRanks(o.kind, boots, func(r int, dev device.Device) error {
+		ranks[r] = &llRank{o: o, rank: r, ranks: n, dev: dev, step: step, shapes: map[[2]int]*llShape{}}
+		err := ranks[r].run(ctx, boots[r])
+		if err != nil {
+			step.leave() // the others stop at their next step
+		}
+		return err
+	})
 	if err := interrupted(ctx); err != nil {
 		return err
 	}
-	rep.Checks, rep.Figures = reps[0].Checks, figs[0]
-	for r := 1; r < n; r++ {
-		for _, c := range reps[r].Checks {
-			if c.Status == "fail" {
-				rep.Checks = append(rep.Checks, c)
-			}
-		}
-	}
-	for _, f := range rep.Figures {
-		g := ""
-		if f.Graph {
-			g = " (graph)"
-		}
-		rep.Checks = append(rep.Checks, check{Section: "timing", Name: fmt.Sprintf("T=%d %s %s%s", f.Tokens, f.Format, f.Op, g),
-			Result: fmt.Sprintf("%.1f us (rank 0)", f.US), Status: "info"})
-	}
-	(&report{Checks: rep.Checks}).print(stdout)
-	if err := writeJSON(o.jsonPath, rep); err != nil {
-		return err
+	rep := newLLReport(o, n, note, ranks)
+	if err := rep.write(stdout, o); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -228,9 +177,12 @@ type llRank struct {
 	rank, ranks int
 	dev         device.Device
 	buf         *ep.LowLatencyBuffer
-	rep         *report
+	step        *lockstep
+	rep         report
 	figs        []llFigure
 	bufs        []device.Buffer
+	flush       device.Buffer
+	shapes      map[[2]int]*llShape // checked shapes by (tokens, format), for their timing
 }
 
 func (r *llRank) upload(b []byte) (uintptr, error) {
@@ -274,6 +226,22 @@ func (o llOpts) input(src, t int) lowlatency.RankInput {
 	return in
 }
 
+// expertOutput is what the benchmark's experts "compute" for received row
+// p: the row (dequantized) scaled by (p%3+1)/4, in BF16.
+func expertOutput(f ep.LLFormat, row lowlatency.RecvRow, p, hidden int) []uint16 {
+	y := make([]uint16, hidden)
+	for i := range y {
+		var v float32
+		if f == ep.LLBF16 {
+			v = kernels.BF16ToFloat32(row.X[i])
+		} else {
+			v = kernels.FP8E4M3ToFloat32(row.X8[i]) * row.Scales[i/lowlatency.FP8Block]
+		}
+		y[i] = kernels.Float32ToBF16(v * float32(p%3+1) / 4)
+	}
+	return y
+}
+
 func (r *llRank) run(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
 	o := r.o
 	if r.buf, err = ep.NewLowLatencyBuffer(ctx, bs, r.dev, o.config()); err != nil {
@@ -284,15 +252,26 @@ func (r *llRank) run(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
 			err = errors.Join(err, e)
 		}
 		err = errors.Join(err, r.buf.Close(context.Background()))
-		for _, b := range r.bufs {
-			err = errors.Join(err, r.dev.Free(b))
+		for _, b := range append(r.bufs, r.flush) {
+			if b.Ptr != 0 {
+				err = errors.Join(err, r.dev.Free(b))
+			}
 		}
 	}()
+	if o.flushMiB > 0 {
+		if r.flush, err = r.dev.Alloc(o.flushMiB << 20); err != nil {
+			return err
+		}
+	}
+	// Checks first (every shape and format, then the mask), timings after.
+	timed := map[[2]int]bool{}
 	for _, t := range o.tokens {
 		for _, f := range o.formats {
-			if err := r.shape(t, f, 0); err != nil {
+			ok, err := r.shape(t, f, 0)
+			if err != nil {
 				return err
 			}
+			timed[[2]int{t, int(f)}] = ok
 		}
 	}
 	if o.mask >= 0 && len(o.tokens) > 0 {
@@ -303,7 +282,7 @@ func (r *llRank) run(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
 		for _, t := range o.tokens {
 			mt = max(mt, t)
 		}
-		if err := r.shape(mt, ep.LLBF16, 1<<uint(o.mask)); err != nil {
+		if _, err := r.shape(mt, ep.LLBF16, 1<<uint(o.mask)); err != nil {
 			return err
 		}
 		got, err := r.buf.MaskedRanks()
@@ -319,39 +298,53 @@ func (r *llRank) run(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
 			return err
 		}
 	}
+	for _, t := range o.tokens {
+		for _, f := range o.formats {
+			if !timed[[2]int{t, int(f)}] {
+				continue // a shape that failed its check on some rank is not timed on any
+			}
+			if err := r.time(t, f); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 
-// shape checks one (tokens, format) against the reference, then times it
-// (unless masked: the mask check only checks).
-func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
+// llShape is one (tokens, format)'s inputs and outputs on this rank.
+type llShape struct {
+	dargs  ep.LLDispatchArgs
+	y, out ep.Tensor
+}
+
+func (r *llRank) newShape(t int, f ep.LLFormat, mine lowlatency.RankInput) (*llShape, error) {
+	o := r.o
+	var ptrs [4]uintptr
+	for i, b := range [][]byte{llAsBytes(mine.X), llAsBytes(mine.TopK), llAsBytes(mine.Weights), make([]byte, 2*t*o.hidden)} {
+		var err error
+		if ptrs[i], err = r.upload(b); err != nil {
+			return nil, err
+		}
+	}
+	return &llShape{
+		dargs: ep.LLDispatchArgs{X: ep.NewTensor(ptrs[0], ep.BF16, t, o.hidden), TopKIdx: ep.NewTensor(ptrs[1], ep.I64, t, o.topk),
+			TopKWeights: ep.NewTensor(ptrs[2], ep.F32, t, o.topk), Format: f},
+		out: ep.NewTensor(ptrs[3], ep.BF16, t, o.hidden),
+	}, nil
+}
+
+// shape checks one (tokens, format) against the reference (masked: with
+// those ranks masked) and reports whether every rank passed.
+func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) (bool, error) {
 	o := r.o
 	ins := make([]lowlatency.RankInput, r.ranks)
 	for s := range ins {
 		ins[s] = o.input(s, t)
 	}
-	mine := ins[r.rank]
-	xp, err := r.upload(llAsBytes(mine.X))
+	sh, err := r.newShape(t, f, ins[r.rank])
 	if err != nil {
-		return err
+		return false, err
 	}
-	ip, err := r.upload(llAsBytes(mine.TopK))
-	if err != nil {
-		return err
-	}
-	wp, err := r.upload(llAsBytes(mine.Weights))
-	if err != nil {
-		return err
-	}
-	op, err := r.upload(make([]byte, 2*t*o.hidden))
-	if err != nil {
-		return err
-	}
-	x := ep.NewTensor(xp, ep.BF16, t, o.hidden)
-	ids := ep.NewTensor(ip, ep.I64, t, o.topk)
-	w := ep.NewTensor(wp, ep.F32, t, o.topk)
-	out := ep.NewTensor(op, ep.BF16, t, o.hidden)
-	dargs := ep.LLDispatchArgs{X: x, TopKIdx: ids, TopKWeights: w, Format: f}
 	name := fmt.Sprintf("T=%d %s", t, f)
 	section := "check"
 	if masked != 0 {
@@ -361,32 +354,32 @@ func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
 		LocalExperts: o.experts / r.ranks, FP8: o.config().FP8}
 	want, err := lowlatency.ReferenceDispatch(lc, ins, lowlatency.Options{Format: lowlatency.Format(f), Masked: masked})
 	if err != nil {
-		return err
+		return false, err
 	}
-	res, err := r.buf.Dispatch(dargs)
+	res, err := r.buf.Dispatch(sh.dargs)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := r.buf.Stream().Synchronize(); err != nil {
-		return err
+		return false, err
 	}
 	if err := r.buf.Check(); err != nil {
-		return err
+		return false, err
 	}
-	// Dispatch: counts and every received row (and scales).
+	// Dispatch: counts, every received row (and scales), no invalid ids.
 	got, err := r.buf.HostCounts(res.Handle)
 	if err != nil {
-		return err
+		return false, err
 	}
 	rv := want[r.rank]
 	slots := r.buf.Slots()
 	rowBytes := lc.RowBytes(lowlatency.Format(f))
 	bad := ""
-	y := make([]uint16, 0)
-	cin := lowlatency.CombineInput{Y: make([][][]uint16, len(rv.Experts))}
-	yt, err := r.buf.NextCombineBuffer(res.Handle)
-	if err != nil {
-		return err
+	if err := r.buf.InvalidIDs(res.Handle); err != nil {
+		bad = err.Error()
+	}
+	if sh.y, err = r.buf.NextCombineBuffer(res.Handle); err != nil {
+		return false, err
 	}
 	for l, rows := range rv.Experts {
 		if got[l] != len(rows) {
@@ -398,14 +391,12 @@ func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
 		}
 		raw := make([]byte, len(rows)*rowBytes)
 		if err := r.dev.CopyOut(raw, res.RecvX.Ptr+uintptr(l*slots*rowBytes)); err != nil {
-			return err
+			return false, err
 		}
 		for p, row := range rows {
-			var wantRow []byte
+			wantRow := row.X8
 			if f == ep.LLBF16 {
 				wantRow = llAsBytes(row.X)
-			} else {
-				wantRow = row.X8
 			}
 			if string(raw[p*rowBytes:(p+1)*rowBytes]) != string(wantRow) && bad == "" {
 				bad = fmt.Sprintf("expert %d row %d differs", l, p)
@@ -415,14 +406,12 @@ func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
 			per := res.RecvScales.Shape[2]
 			sc := make([]uint32, len(rows)*per)
 			if err := r.dev.CopyOut(llAsBytes(sc), res.RecvScales.Ptr+uintptr(4*l*slots*per)); err != nil {
-				return err
+				return false, err
 			}
 			for p, row := range rows {
-				var ws []uint32
+				ws := llAsBytesU32(row.Scales)
 				if f == ep.LLUE8M0 {
 					ws = lowlatency.PackExps(row.Exps)
-				} else {
-					ws = llAsBytesU32(row.Scales)
 				}
 				for i := range ws {
 					if ws[i] != sc[p*per+i] && bad == "" {
@@ -431,25 +420,13 @@ func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
 				}
 			}
 		}
-		// The experts' outputs: y = row p scaled by (p%3+1)/4, into the
-		// zero-copy buffer.
-		y = y[:0]
+		// The experts' outputs, into the zero-copy buffer.
+		y := make([]uint16, 0, len(rows)*o.hidden)
 		for p, row := range rows {
-			yr := make([]uint16, o.hidden)
-			for i := range yr {
-				var v float32
-				if f == ep.LLBF16 {
-					v = kernels.BF16ToFloat32(row.X[i])
-				} else {
-					v = kernels.FP8E4M3ToFloat32(row.X8[i]) * row.Scales[i/lowlatency.FP8Block]
-				}
-				yr[i] = kernels.Float32ToBF16(v * float32(p%3+1) / 4)
-			}
-			cin.Y[l] = append(cin.Y[l], yr)
-			y = append(y, yr...)
+			y = append(y, expertOutput(f, row, p, o.hidden)...)
 		}
-		if err := r.dev.CopyIn(yt.Ptr+uintptr(2*l*slots*o.hidden), llAsBytes(y)); err != nil {
-			return err
+		if err := r.dev.CopyIn(sh.y.Ptr+uintptr(2*l*slots*o.hidden), llAsBytes(y)); err != nil {
+			return false, err
 		}
 	}
 	if bad == "" {
@@ -457,39 +434,29 @@ func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
 	} else {
 		r.rep.fail(section, name+" dispatch", "%s", bad)
 	}
-	// Every rank's combine input, for the reference (the same y rule).
+	// Every rank's combine input, for the reference (the same rule).
 	cins := make([]lowlatency.CombineInput, r.ranks)
 	for d := range cins {
 		cins[d].Y = make([][][]uint16, len(want[d].Experts))
 		for l, rows := range want[d].Experts {
 			for p, row := range rows {
-				yr := make([]uint16, o.hidden)
-				for i := range yr {
-					var v float32
-					if f == ep.LLBF16 {
-						v = kernels.BF16ToFloat32(row.X[i])
-					} else {
-						v = kernels.FP8E4M3ToFloat32(row.X8[i]) * row.Scales[i/lowlatency.FP8Block]
-					}
-					yr[i] = kernels.Float32ToBF16(v * float32(p%3+1) / 4)
-				}
-				cins[d].Y[l] = append(cins[d].Y[l], yr)
+				cins[d].Y[l] = append(cins[d].Y[l], expertOutput(f, row, p, o.hidden))
 			}
 		}
 	}
 	wantOut, err := lowlatency.ReferenceCombine(lc, ins, want, cins, false, lowlatency.Options{Masked: masked})
 	if err != nil {
-		return err
+		return false, err
 	}
-	if _, err := r.buf.Combine(ep.LLCombineArgs{Handle: res.Handle, Y: yt, Out: out}); err != nil {
-		return err
+	if _, err := r.buf.Combine(ep.LLCombineArgs{Handle: res.Handle, Y: sh.y, Out: sh.out}); err != nil {
+		return false, err
 	}
 	if err := r.buf.Stream().Synchronize(); err != nil {
-		return err
+		return false, err
 	}
 	gotOut := make([]uint16, t*o.hidden)
-	if err := r.dev.CopyOut(llAsBytes(gotOut), op); err != nil {
-		return err
+	if err := r.dev.CopyOut(llAsBytes(gotOut), sh.out.Ptr); err != nil {
+		return false, err
 	}
 	diff := 0
 	for i := range gotOut {
@@ -502,10 +469,12 @@ func (r *llRank) shape(t int, f ep.LLFormat, masked uint32) error {
 	} else {
 		r.rep.fail(section, name+" combine", "%d of %d elements differ", diff, len(gotOut))
 	}
-	if masked != 0 || bad != "" || diff != 0 {
-		return nil
+	if masked == 0 {
+		r.shapes[[2]int{t, int(f)}] = sh
 	}
-	return r.time(t, f, dargs, yt, out)
+	// Every rank takes the same branch: a shape some rank failed is not
+	// timed anywhere (a rank that skips calls would leave peers waiting).
+	return r.step.all(bad == "" && diff == 0)
 }
 
 func llAsBytesU32(s []float32) []uint32 {
@@ -520,44 +489,69 @@ func sumInts(v []int) int {
 	return n
 }
 
-// time measures dispatch, combine (each after an untimed dispatch) and, on
-// request, dispatch+combine captured in a graph.
-func (r *llRank) time(t int, f ep.LLFormat, dargs ep.LLDispatchArgs, y, out ep.Tensor) error {
-	o := r.o
-	st := r.buf.Stream()
+// time measures one checked shape by llTimingRules: dispatch alone,
+// combine (after an untimed dispatch), then the same captured in CUDA
+// graphs and replayed: dispatch, combine, dispatch+combine.
+func (r *llRank) time(t int, f ep.LLFormat) error {
+	sh := r.shapes[[2]int{t, int(f)}]
 	var last *ep.LLDispatchResult
 	dispatch := func() error {
-		res, err := r.buf.Dispatch(dargs)
-		last = res
+		res, err := r.buf.Dispatch(sh.dargs)
+		if err == nil {
+			last = res
+		}
 		return err
 	}
+	// Y: the check's zero-copy buffer (any device memory of the rank
+	// serves; the send step reads it locally).
 	combine := func() error {
-		_, err := r.buf.Combine(ep.LLCombineArgs{Handle: last.Handle, Y: y, Out: out})
+		_, err := r.buf.Combine(ep.LLCombineArgs{Handle: last.Handle, Y: sh.y, Out: sh.out})
 		return err
 	}
-	us, err := r.timeCalls(st, nil, dispatch)
-	if err != nil {
-		return err
-	}
-	r.record(t, f, "dispatch", false, us)
-	if us, err = r.timeCalls(st, dispatch, combine); err != nil {
-		return err
-	}
-	r.record(t, f, "combine", false, us)
-	if !o.graph {
-		return nil
-	}
-	g, err := r.dev.Capture(st, func() error {
+	both := func() error {
 		if err := dispatch(); err != nil {
 			return err
 		}
 		return combine()
-	})
+	}
+	us, err := r.timeCalls(nil, dispatch)
 	if err != nil {
 		return err
 	}
-	defer g.Close()
-	if us, err = r.timeCalls(st, nil, func() error { return g.Launch(st) }); err != nil {
+	r.record(t, f, "dispatch", false, us)
+	if us, err = r.timeCalls(dispatch, combine); err != nil {
+		return err
+	}
+	r.record(t, f, "combine", false, us)
+	if !r.o.graph {
+		return nil
+	}
+	// The dispatch graph replays one dispatch on one set; the combine
+	// graph combines that set, so it runs after a dispatch replay.
+	st := r.buf.Stream()
+	var graphs []device.Graph
+	defer func() {
+		for _, g := range graphs {
+			_ = g.Close()
+		}
+	}()
+	for _, issue := range []func() error{dispatch, combine, both} {
+		g, err := r.dev.Capture(st, issue)
+		if err != nil {
+			return err
+		}
+		graphs = append(graphs, g)
+	}
+	launch := func(g device.Graph) func() error { return func() error { return g.Launch(st) } }
+	if us, err = r.timeCalls(nil, launch(graphs[0])); err != nil {
+		return err
+	}
+	r.record(t, f, "dispatch", true, us)
+	if us, err = r.timeCalls(launch(graphs[0]), launch(graphs[1])); err != nil {
+		return err
+	}
+	r.record(t, f, "combine", true, us)
+	if us, err = r.timeCalls(nil, launch(graphs[2])); err != nil {
 		return err
 	}
 	r.record(t, f, "dispatch+combine", true, us)
@@ -575,24 +569,26 @@ func (r *llRank) record(t int, f ep.LLFormat, op string, graph bool, us float64)
 	}
 }
 
-// timeCalls runs warmup calls, then iters calls each between its own two
-// events (before runs untimed first, outside the events), and returns the
-// mean GPU time of all but the first.
-func (r *llRank) timeCalls(st device.Stream, before, call func() error) (float64, error) {
+// pace ends one issued step: ranks sharing a GPU synchronise their stream
+// first (a launch queued behind a rank's spinning kernel must not be one
+// that kernel waits for: lowlatency's DESIGN.md), and no rank issues its
+// next step before every rank has issued this one.
+func (r *llRank) pace() error {
+	if r.o.shared {
+		if err := r.buf.Stream().Synchronize(); err != nil {
+			return err
+		}
+	}
+	_, err := r.step.all(true)
+	return err
+}
+
+// timeCalls runs the warm-ups, flushes L2, then runs iters calls each
+// between its own two events (before runs untimed first, outside the
+// events) and returns the mean GPU time of all but the first.
+func (r *llRank) timeCalls(before, call func() error) (float64, error) {
 	o := r.o
-	step := func() error {
-		if before != nil {
-			if err := before(); err != nil {
-				return err
-			}
-		}
-		return call()
-	}
-	for i := 0; i < o.warmup; i++ {
-		if err := step(); err != nil {
-			return 0, err
-		}
-	}
+	st := r.buf.Stream()
 	evs := make([]device.Event, 2*o.iters)
 	defer func() {
 		for _, e := range evs {
@@ -607,19 +603,40 @@ func (r *llRank) timeCalls(st device.Stream, before, call func() error) (float64
 			return 0, err
 		}
 	}
-	for i := 0; i < o.iters; i++ {
+	// i < 0: a warm-up.
+	step := func(i int) error {
 		if before != nil {
 			if err := before(); err != nil {
-				return 0, err
+				return err
 			}
 		}
-		if err := evs[2*i].Record(st); err != nil {
-			return 0, err
+		if i >= 0 {
+			if err := evs[2*i].Record(st); err != nil {
+				return err
+			}
 		}
 		if err := call(); err != nil {
+			return err
+		}
+		if i >= 0 {
+			if err := evs[2*i+1].Record(st); err != nil {
+				return err
+			}
+		}
+		return r.pace()
+	}
+	for i := 0; i < o.warmup; i++ {
+		if err := step(-1); err != nil {
 			return 0, err
 		}
-		if err := evs[2*i+1].Record(st); err != nil {
+	}
+	if r.flush.Size > 0 {
+		if err := r.dev.MemsetAsync(r.flush.Ptr, 0, r.flush.Size, st); err != nil {
+			return 0, err
+		}
+	}
+	for i := 0; i < o.iters; i++ {
+		if err := step(i); err != nil {
 			return 0, err
 		}
 	}

@@ -27,10 +27,21 @@ func plotIntranode(prefix string, rep inReport) error {
 	if len(tokens) < 2 {
 		return fmt.Errorf("a plot needs a --tokens sweep of at least two positive token counts (have %d)", len(tokens))
 	}
+	title := fmt.Sprintf("goep intranode, %d ranks, %s: hidden %d, top-%d of %d experts", rep.Ranks, rep.Device, rep.Hidden, rep.TopK, rep.Experts)
+	p, err := tokensPlot(title, "GB/s (received BF16 bytes incl. self / time, rank 0)", &ls, tokens)
+	if err != nil {
+		return err
+	}
+	return savePlot(p, prefix)
+}
+
+// tokensPlot draws ls against tokens per rank (log scale, a tick at each
+// count, from zero up, the legend above the lines).
+func tokensPlot(title, yLabel string, ls *lineSet, tokens map[int]bool) (*plot.Plot, error) {
 	p := plot.New()
-	p.Title.Text = fmt.Sprintf("goep intranode, %d ranks, %s: hidden %d, top-%d of %d experts", rep.Ranks, rep.Device, rep.Hidden, rep.TopK, rep.Experts)
+	p.Title.Text = title
 	p.X.Label.Text = "tokens per rank"
-	p.Y.Label.Text = "GB/s (received BF16 bytes incl. self / time, rank 0)"
+	p.Y.Label.Text = yLabel
 	p.X.Scale = plot.LogScale{}
 	var ticks []plot.Tick
 	for t := range tokens {
@@ -43,9 +54,9 @@ func plotIntranode(prefix string, rep inReport) error {
 	p.Legend.TextStyle.Font.Size = vg.Points(9)
 	p.Add(plotter.NewGrid())
 	if err := ls.draw(p, true); err != nil {
-		return err
+		return nil, err
 	}
-	return savePlot(p, prefix)
+	return p, nil
 }
 
 // lineSet collects points by line label, in first-seen order.

@@ -2,7 +2,6 @@ package buffer
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -163,21 +162,14 @@ func (b *Buffer) errorf(format string, a ...any) error {
 	return fmt.Errorf("buffer: rank %d: "+format, append([]any{b.rank}, a...)...)
 }
 
-// checkConfigs tells every peer this rank's shared configuration and
-// compares theirs, so that a mismatch is an error naming the rank instead
-// of kernels reading each other's memory at different offsets.
+// checkConfigs compares this rank's shared configuration with every
+// peer's (sameConfig).
 func (b *Buffer) checkConfigs(ctx context.Context) error {
 	c := b.cfg
 	mine := fmt.Sprintf("tokens=%d hidden=%d topk=%d experts=%d fp8=%v workspace=%d tag=%d",
 		c.MaxTokens, c.Hidden, c.TopK, c.Experts, c.FP8, b.hint.Workspace, c.Tag)
-	theirs, err := b.exchangeAll(ctx, tagConfig, []byte(mine))
-	if err != nil {
-		return b.errorf("config check: %w", timeoutError(err))
-	}
-	for r, t := range theirs {
-		if t != nil && string(t) != mine {
-			return b.errorf("rank %d's Buffer config (%s) differs from this rank's (%s)", r, t, mine)
-		}
+	if err := sameConfig(ctx, b.bs, b.rank, b.ranks, b.tag(tagConfig), "Buffer config", mine); err != nil {
+		return b.errorf("%w", err)
 	}
 	return nil
 }
@@ -221,26 +213,7 @@ func (b *Buffer) preload() error {
 // exchangeAll sends msg to every peer under the Buffer's tag and returns
 // theirs (nil at this rank's index), sending to all before receiving.
 func (b *Buffer) exchangeAll(ctx context.Context, kind int, msg []byte) ([][]byte, error) {
-	out := make([][]byte, b.ranks)
-	for p := 0; p < b.ranks; p++ {
-		if p != b.rank {
-			if err := b.bs.Send(ctx, p, b.tag(kind), msg); err != nil {
-				return nil, fmt.Errorf("send to rank %d: %w", p, err)
-			}
-		}
-	}
-	var errs []error
-	for p := 0; p < b.ranks; p++ {
-		if p != b.rank {
-			m, err := b.bs.Recv(ctx, p, b.tag(kind))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("rank %d: %w", p, err))
-				continue
-			}
-			out[p] = m
-		}
-	}
-	return out, errors.Join(errs...)
+	return exchangeAll(ctx, b.bs, b.rank, b.ranks, b.tag(kind), msg)
 }
 
 // allocate makes every allocation and zeroes what must start zeroed.
@@ -287,30 +260,9 @@ func (b *Buffer) allocate() (err error) {
 // exchange registers the workspace with the communicator, opens every
 // peer's, uploads the peer table and builds the barrier's semaphores.
 func (b *Buffer) exchange(ctx context.Context) error {
-	mine, err := b.comm.RegisterMemory(b.ws)
+	peers, err := exchangeWorkspaces(ctx, b.comm, b.dev, b.ws, b.table, b.rank, b.ranks, b.cfg.Tag, b.hint.Layout.Size)
 	if err != nil {
 		return b.errorf("%w", err)
-	}
-	var peers []int
-	for p := 0; p < b.ranks; p++ {
-		if p != b.rank {
-			peers = append(peers, p)
-		}
-	}
-	theirs, err := b.comm.ExchangeMemory(ctx, mine, peers, b.cfg.Tag)
-	if err != nil {
-		return b.errorf("exchange workspaces: %w", err)
-	}
-	table := make([]byte, 8*b.ranks)
-	binary.LittleEndian.PutUint64(table[8*b.rank:], uint64(b.ws.Ptr))
-	for i, p := range peers {
-		if theirs[i].Size() < b.hint.Layout.Size {
-			return b.errorf("rank %d's workspace has %d bytes; the layout needs %d", p, theirs[i].Size(), b.hint.Layout.Size)
-		}
-		binary.LittleEndian.PutUint64(table[8*p:], uint64(theirs[i].Ptr()))
-	}
-	if err := b.dev.CopyIn(b.table.Ptr, table); err != nil {
-		return b.errorf("peer table: %w", err)
 	}
 	b.work = intranode.Workspace{Layout: b.hint.Layout, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size,
 		Peers: b.table.Ptr, Watchdog: b.comm.Watchdog(), WaitID: b.waitID, SpinBlocks: b.spinBlocks}
@@ -677,13 +629,7 @@ func (b *Buffer) Fail(err error) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.broken == nil && !b.closed {
-		b.broken = err
-	}
-	if b.broken != nil {
-		return b.broken
-	}
-	return err
+	return firstFailure(&b.broken, b.closed, err)
 }
 
 // Close waits for the Buffer's stream, meets every rank (so that no peer
@@ -704,13 +650,9 @@ func (b *Buffer) Close(ctx context.Context) error {
 	if ctx == nil {
 		ctx = context.Background() // Close must free whatever it is given
 	}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if markClosed(&b.mu, &b.closed) {
 		return nil
 	}
-	b.closed = true
-	b.mu.Unlock()
 	b.calls.Lock() // no call is running from here on
 	defer b.calls.Unlock()
 	var errs []error

@@ -107,14 +107,8 @@ func NewLowLatency(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	}()
 	mine := fmt.Sprintf("lowlatency tokens=%d hidden=%d topk=%d experts=%d fp8=%v workspace=%d tag=%d",
 		cfg.MaxTokens, cfg.Hidden, cfg.TopK, cfg.Experts, cfg.FP8, l.Size, cfg.Tag)
-	theirs, err := b.exchangeAll(ctx, tagConfig, []byte(mine))
-	if err != nil {
-		return nil, b.errorf("config check: %w", err)
-	}
-	for r, t := range theirs {
-		if t != nil && string(t) != mine {
-			return nil, b.errorf("rank %d's config (%s) differs from this rank's (%s)", r, t, mine)
-		}
+	if err := sameConfig(ctx, bs, b.rank, b.ranks, b.tag(tagConfig), "config", mine); err != nil {
+		return nil, b.errorf("%w", err)
 	}
 	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout}}); err != nil {
 		return nil, b.errorf("%w", err)
@@ -152,30 +146,8 @@ func NewLowLatency(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	if b.stream, err = b.dev.NewStream(); err != nil {
 		return nil, b.errorf("stream: %w", err)
 	}
-	reg, err := b.comm.RegisterMemory(b.ws)
-	if err != nil {
+	if _, err := exchangeWorkspaces(ctx, b.comm, b.dev, b.ws, b.table, b.rank, b.ranks, cfg.Tag, l.Size); err != nil {
 		return nil, b.errorf("%w", err)
-	}
-	var peers []int
-	for p := 0; p < b.ranks; p++ {
-		if p != b.rank {
-			peers = append(peers, p)
-		}
-	}
-	remote, err := b.comm.ExchangeMemory(ctx, reg, peers, cfg.Tag)
-	if err != nil {
-		return nil, b.errorf("exchange workspaces: %w", err)
-	}
-	table := make([]byte, 8*b.ranks)
-	binary.LittleEndian.PutUint64(table[8*b.rank:], uint64(b.ws.Ptr))
-	for i, p := range peers {
-		if remote[i].Size() < l.Size {
-			return nil, b.errorf("rank %d's workspace has %d bytes; the layout needs %d", p, remote[i].Size(), l.Size)
-		}
-		binary.LittleEndian.PutUint64(table[8*p:], uint64(remote[i].Ptr()))
-	}
-	if err := b.dev.CopyIn(b.table.Ptr, table); err != nil {
-		return nil, b.errorf("peer table: %w", err)
 	}
 	b.work = lowlatency.Workspace{Layout: l, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size, Peers: b.table.Ptr,
 		Watchdog: b.comm.Watchdog(), WaitID: b.waitID, SpinBlocks: pl.SpinBlocks}
@@ -195,26 +167,7 @@ func (b *LowLatency) errorf(format string, a ...any) error {
 func (b *LowLatency) tag(kind int) int { return tagBase | b.cfg.Tag<<8 | 0x80 | kind }
 
 func (b *LowLatency) exchangeAll(ctx context.Context, kind int, msg []byte) ([][]byte, error) {
-	out := make([][]byte, b.ranks)
-	for p := 0; p < b.ranks; p++ {
-		if p != b.rank {
-			if err := b.bs.Send(ctx, p, b.tag(kind), msg); err != nil {
-				return nil, fmt.Errorf("send to rank %d: %w", p, err)
-			}
-		}
-	}
-	var errs []error
-	for p := 0; p < b.ranks; p++ {
-		if p != b.rank {
-			m, err := b.bs.Recv(ctx, p, b.tag(kind))
-			if err != nil {
-				errs = append(errs, fmt.Errorf("rank %d: %w", p, err))
-				continue
-			}
-			out[p] = m
-		}
-	}
-	return out, errors.Join(errs...)
+	return exchangeAll(ctx, b.bs, b.rank, b.ranks, b.tag(kind), msg)
 }
 
 // Rank, Ranks, Mode, Device, Stream, Workspace describe the buffer.
@@ -364,15 +317,12 @@ func (b *LowLatency) Check() error {
 
 // Fail makes the buffer unusable with err (the first error wins).
 func (b *LowLatency) Fail(err error) error {
+	if b == nil {
+		return errors.Join(errors.New("buffer: nil low-latency buffer"), err)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.broken == nil && !b.closed {
-		b.broken = err
-	}
-	if b.broken != nil {
-		return b.broken
-	}
-	return err
+	return firstFailure(&b.broken, b.closed, err)
 }
 
 // Close synchronises the buffer's stream, meets every rank and frees
@@ -381,13 +331,9 @@ func (b *LowLatency) Close(ctx context.Context) error {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	if b.closed {
-		b.mu.Unlock()
+	if markClosed(&b.mu, &b.closed) {
 		return nil
 	}
-	b.closed = true
-	b.mu.Unlock()
 	var errs []error
 	if err := b.stream.Synchronize(); err != nil {
 		errs = append(errs, b.errorf("close: stream: %w", err))

@@ -54,6 +54,9 @@
 // call optionally split into a send and a receive step, and a mask of
 // active ranks. Goroutine ranks sharing one GPU should issue each step on
 // every rank before any rank issues the next (package lowlatency says why).
+// Its bad input is refused as here, before any launch; ids outside [-1,
+// Experts) are counted on the device per dispatch (LLDispatchResult.Invalid,
+// readable in stream order, and LowLatencyBuffer.InvalidIDs on the host).
 //
 // # What an engine holds, and for how long
 //

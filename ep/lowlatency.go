@@ -245,7 +245,7 @@ func (l *LowLatencyBuffer) Check() error {
 // LLDispatchArgs are a low-latency dispatch's arguments.
 type LLDispatchArgs struct {
 	X           Tensor // BF16 [T, Hidden], T <= MaxTokens, 16-byte aligned
-	TopKIdx     Tensor // I64 or I32 [T, TopK]; -1 = none (ids outside [-1, Experts) are ignored)
+	TopKIdx     Tensor // I64 or I32 [T, TopK]; -1 = none (ids outside [-1, Experts) are ignored and counted: LLDispatchResult.Invalid, InvalidIDs)
 	TopKWeights Tensor // F32 [T, TopK], optional (weights of 1); applied by Combine
 	Format      LLFormat
 	// RankMajor leaves the rows per source rank ([R, MaxTokens] with local
@@ -279,6 +279,12 @@ type LLDispatchResult struct {
 	RecvTopKIdx, RecvWeights, SourceTokens Tensor
 	// Mask is the I32 [1] mask word (bit r: rank r masked), on the device.
 	Mask Tensor
+	// Invalid is the I32 [1] count of this rank's top-k ids outside [-1,
+	// Experts) in this dispatch (treated as -1), on the device: written by
+	// the receive step, so an engine may read it in stream order (in a
+	// graph too) without a host synchronisation; InvalidIDs reads it on
+	// the host. Valid until the next dispatch on the same set.
+	Invalid Tensor
 	// Done is recorded after the call's work (after the sends only, with
 	// ReturnRecv).
 	Done *Event
@@ -383,7 +389,7 @@ func (l *LowLatencyBuffer) views(h *LLHandle) *LLDispatchResult {
 	c := l.cfg
 	v := l.b.Views(h.set)
 	le, slots, r := v.LocalExperts, v.Slots, l.ranks
-	res := &LLDispatchResult{Handle: h, Mask: NewTensor(v.Mask, I32, 1)}
+	res := &LLDispatchResult{Handle: h, Mask: NewTensor(v.Mask, I32, 1), Invalid: NewTensor(v.Invalid, I32, 1)}
 	if h.rankMajor {
 		res.RecvX = NewTensor(v.RMX, U8, r, c.MaxTokens, 2*c.Hidden)
 		if h.format != LLBF16 {
@@ -480,8 +486,11 @@ func (l *LowLatencyBuffer) HostCounts(h *LLHandle) ([]int, error) {
 }
 
 // InvalidIDs reports the top-k ids outside [-1, Experts) of h's dispatch on
-// this rank (the kernels ignore them, as -1) as an *InvalidIDsError, nil
-// when none. Synchronous: call it after the dispatch's receive completed.
+// this rank (the kernels ignore them, as -1, and count them on the device:
+// LLDispatchResult.Invalid) as an *InvalidIDsError, as Buffer.InvalidIDs
+// does for the high-throughput path; nil when none. Synchronous (the one
+// host read of the count, on request): call it after the dispatch's
+// receive completed.
 func (l *LowLatencyBuffer) InvalidIDs(h *LLHandle) error {
 	if l == nil {
 		return errors.New("ep: nil low-latency buffer")

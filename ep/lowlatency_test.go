@@ -134,6 +134,9 @@ func llRoundTrip(t *testing.T, kind device.Kind, ranks int) {
 				}
 				for j := range in.TopK {
 					in.TopK[j] = int64(rng.IntN(experts+1)) - 1
+					if rng.IntN(12) == 0 {
+						in.TopK[j] = []int64{experts, -5, 1 << 40}[rng.IntN(3)] // out of range: ignored and counted
+					}
 					in.Weights[j] = rng.Float32()
 				}
 				ins[b][i] = in
@@ -159,8 +162,23 @@ func llRoundTrip(t *testing.T, kind device.Kind, ranks int) {
 			if err := r.buf.Stream().Synchronize(); err != nil {
 				return err
 			}
-			// Ids are drawn from [-1, experts): none invalid.
-			return r.buf.InvalidIDs(res[0][i].Handle)
+			// Out-of-range ids: counted per set, on the device (Invalid)
+			// and through InvalidIDs, as the reference counts them.
+			for b := 0; b < 2; b++ {
+				want := lowlatency.ReferenceInvalidIDs(lc, ins[b])[i]
+				if got := llDown[int32](t, r.dev, res[b][i].Invalid.Ptr, 1)[0]; int(got) != want {
+					return fmt.Errorf("round %d mb %d rank %d: invalid ids on the device %d, want %d", round, b, i, got, want)
+				}
+				err := r.buf.InvalidIDs(res[b][i].Handle)
+				var inv *ep.InvalidIDsError
+				switch {
+				case want == 0 && err != nil:
+					return err
+				case want > 0 && (!errors.As(err, &inv) || inv.Count != want || inv.Rank != i):
+					return fmt.Errorf("round %d mb %d rank %d: InvalidIDs %v, want a count of %d", round, b, i, err, want)
+				}
+			}
+			return nil
 		})
 		for b := 0; b < 2; b++ {
 			want, err := lowlatency.ReferenceDispatch(lc, ins[b], lowlatency.Options{Format: lowlatency.Format(format), Masked: masked})
@@ -321,4 +339,101 @@ func TestLowLatencyBadInput(t *testing.T) {
 	cfg.Nodes = 2
 	_, err = ep.LowLatencySizeHint(cfg, 2)
 	require.ErrorContains(t, err, "not built yet")
+}
+
+// More bad input, each refused before any launch and leaving the buffer
+// usable: ids of another shape, masks naming ranks outside the world, a
+// combine whose layout (expert-major vs rank-major, FP8 where BF16 only)
+// or handle (foreign, nil, already combined, no receive pending) does not
+// match its dispatch, and a set reused while its combine is in flight.
+func TestLowLatencyMismatchRefused(t *testing.T) {
+	const ranks, maxT, hidden, topk, experts = 2, 4, 128, 2, 4
+	cfg := ep.LowLatencyConfig{MaxTokens: maxT, Hidden: hidden, TopK: topk, Experts: experts, FP8: true, NumSMs: 1, Threads: 64,
+		Timeout: 5 * time.Second}
+	rs := newLLGroup(t, device.Host, ranks, cfg)
+	le, slots := experts/ranks, ranks*maxT
+	handles := make([]*ep.LLHandle, ranks)
+	refused := func(what string, err error) error {
+		if !errors.Is(err, ep.ErrInvalidArgument) {
+			return fmt.Errorf("%s: accepted or another error: %v", what, err)
+		}
+		return nil
+	}
+	llEach(t, rs, func(i int, r *llRank) error {
+		x := ep.NewTensor(llUp(t, r.dev, make([]uint16, maxT*hidden)), ep.BF16, maxT, hidden)
+		ids := ep.NewTensor(llUp(t, r.dev, []int64{0, 1, 2, 3, 1, -1, 3, 0}), ep.I64, maxT, topk)
+		out := ep.NewTensor(llUp(t, r.dev, make([]uint16, maxT*hidden)), ep.BF16, maxT, hidden)
+		emY := ep.NewTensor(llUp(t, r.dev, make([]uint16, le*slots*hidden)), ep.BF16, le, slots, hidden)
+		rmY := ep.NewTensor(llUp(t, r.dev, make([]uint16, ranks*maxT*hidden)), ep.BF16, ranks, maxT, hidden)
+		fp8Y := ep.NewTensor(emY.Ptr, ep.FP8E4M3, le, slots, hidden)
+		var errs []error
+		check := func(what string, err error) { errs = append(errs, refused(what, err)) }
+		_, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids.Slice(0, 3)})
+		check("ids of another row count", err)
+		check("unmask rank -1", r.buf.Unmask(nil, -1))
+		check("mask rank 5 of 2", r.buf.UpdateMask(nil, 0, 5))
+		// Rank-major dispatch on set 0.
+		rm, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids, RankMajor: true})
+		if err != nil {
+			return err
+		}
+		handles[i] = rm.Handle
+		_, err = r.buf.Recv(rm.Handle, nil, nil, nil)
+		check("recv of a fused dispatch", err)
+		_, err = r.buf.HostCounts(rm.Handle)
+		check("expert-major counts of a rank-major dispatch", err)
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: rm.Handle, Y: emY, Out: out})
+		check("expert-major y for a rank-major dispatch", err)
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: rm.Handle, Y: ep.NewTensor(rmY.Ptr, ep.FP8E4M3, ranks, maxT, hidden), Out: out})
+		check("FP8 y for a rank-major dispatch", err)
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: nil, Y: rmY, Out: out})
+		check("nil handle", err)
+		// Split combine of set 0: its receive is pending.
+		if _, err := r.buf.Combine(ep.LLCombineArgs{Handle: rm.Handle, Y: rmY, Out: out, ReturnRecv: true}); err != nil {
+			return err
+		}
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: rm.Handle, Y: rmY, Out: out})
+		check("a second combine of one dispatch", err)
+		em, err := r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids}) // set 1
+		if err != nil {
+			return err
+		}
+		_, err = r.buf.Dispatch(ep.LLDispatchArgs{X: x, TopKIdx: ids})
+		check("set 0 reused while its combine is in flight", err)
+		_, err = r.buf.CombineRecv(em.Handle, out, nil, nil, nil)
+		check("combine receive without a combine", err)
+		_, err = r.buf.CombineRecv(rm.Handle, out.Slice(0, 3), nil, nil, nil)
+		check("combine receive into another shape", err)
+		if _, err := r.buf.CombineRecv(rm.Handle, out, nil, nil, nil); err != nil {
+			return err
+		}
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: em.Handle, Y: rmY, Out: out})
+		check("rank-major y for an expert-major dispatch", err)
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: em.Handle, Y: fp8Y, Out: out})
+		check("FP8 y without scales", err)
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: em.Handle, Y: emY, Out: ep.NewTensor(out.Ptr, ep.F32, maxT, hidden/2)})
+		check("out of another dtype", err)
+		if _, err := r.buf.Combine(ep.LLCombineArgs{Handle: em.Handle, Y: emY, Out: out}); err != nil {
+			return err
+		}
+		_, err = r.buf.Combine(ep.LLCombineArgs{Handle: em.Handle, Y: emY, Out: out})
+		check("a combined dispatch combined again", err)
+		if err := r.buf.Stream().Synchronize(); err != nil {
+			return err
+		}
+		// Nothing refused reached the mask.
+		if m, err := r.buf.MaskedRanks(); err != nil || len(m) != 0 {
+			return fmt.Errorf("mask after refused updates: %v %v", m, err)
+		}
+		return errors.Join(errs...)
+	})
+	// Another rank's handle.
+	r := rs[0]
+	out := ep.NewTensor(llUp(t, r.dev, make([]uint16, maxT*hidden)), ep.BF16, maxT, hidden)
+	_, err := r.buf.Combine(ep.LLCombineArgs{Handle: handles[1], Out: out})
+	require.ErrorIs(t, err, ep.ErrForeignHandle)
+	require.ErrorIs(t, r.buf.InvalidIDs(handles[1]), ep.ErrForeignHandle)
+	_, err = r.buf.NextCombineBuffer(handles[1])
+	require.ErrorIs(t, err, ep.ErrForeignHandle)
+	require.NoError(t, r.buf.Check())
 }

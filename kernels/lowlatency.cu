@@ -183,6 +183,48 @@ __device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl,
   }
 }
 
+// A send step's start: the ranks this launch talks to (*s_active), once
+// they finished reading this set's rows of the previous epoch (freed >=
+// (e-1) units; elastic waits may mask some meanwhile, so the set is read
+// again after). False (whole block) when a wait failed.
+__device__ __forceinline__ bool goep_ll_send_gate(u8* ctrl, int off_freed, int set, int num_ranks, int rank, u64 e,
+                                                  int elastic, goep_watchdog* wd, u32 wait_id, u32 stage,
+                                                  u32* s_active) {
+  if (threadIdx.x == 0) {
+    *s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+  }
+  __syncthreads();
+  if (!goep_ll_wait_ranks(ctrl, off_freed, set, *s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic, wd, wait_id,
+                          stage)) {
+    return false;
+  }
+  if (threadIdx.x == 0) {
+    *s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+  }
+  __syncthreads();
+  return true;
+}
+
+// Eight BF16 values of a 16-byte chunk as floats (exact), and back
+// (rounded to nearest even).
+__device__ __forceinline__ void goep_ll_bf16x8_to_f32(uint4 v, float f[8]) {
+  const u32 wv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    f[2 * q] = goep_u32_as_f32(wv[q] << 16);
+    f[2 * q + 1] = goep_u32_as_f32(wv[q] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ uint4 goep_ll_f32x8_to_bf16(const float f[8]) {
+  uint4 o;
+  o.x = (u32)goep_f32_to_bf16_bits(f[0]) | ((u32)goep_f32_to_bf16_bits(f[1]) << 16);
+  o.y = (u32)goep_f32_to_bf16_bits(f[2]) | ((u32)goep_f32_to_bf16_bits(f[3]) << 16);
+  o.z = (u32)goep_f32_to_bf16_bits(f[4]) | ((u32)goep_f32_to_bf16_bits(f[5]) << 16);
+  o.w = (u32)goep_f32_to_bf16_bits(f[6]) | ((u32)goep_f32_to_bf16_bits(f[7]) << 16);
+  return o;
+}
+
 // The receive gate. Without elastic, every block waits for every active
 // rank's counter itself (the mask cannot change during a call: only
 // SetMask, stream-ordered, writes it), so no block depends on another
@@ -355,20 +397,12 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   const i64 num_experts = (i64)num_ranks * local_experts;
 
   if (phases & GOEP_LL_SEND) {
-    if (tid == 0) {
-      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
-    }
-    __syncthreads();
     // The destinations finished reading this set's rows of the previous
     // epoch.
-    if (!goep_ll_wait_ranks(ctrl, GOEP_LL_CTRL_DISP_FREED, set, s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic,
-                            wd, wait_id, GOEP_LL_STAGE_DISP_FREED)) {
+    if (!goep_ll_send_gate(ctrl, GOEP_LL_CTRL_DISP_FREED, set, num_ranks, rank, e, elastic, wd, wait_id,
+                           GOEP_LL_STAGE_DISP_FREED, &s_active)) {
       return;
     }
-    if (tid == 0) {
-      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
-    }
-    __syncthreads();
     const u32 active = s_active;
     const int nchunks = hidden >> 3;  // 16-byte chunks of the BF16 input row
     const int units = num_tokens * num_slices;
@@ -433,14 +467,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
           continue;
         }
         // FP8: 8 elements a lane, a 128-group over 16 lanes.
-        const u32 wv[4] = {v.x, v.y, v.z, v.w};
         float f[8];
         float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          f[2 * i] = goep_u32_as_f32(wv[i] << 16);
-          f[2 * i + 1] = goep_u32_as_f32(wv[i] & 0xffff0000u);
-        }
+        goep_ll_bf16x8_to_f32(v, f);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const float a = goep_u32_as_f32(goep_f32_as_u32(f[i]) & 0x7fffffffu);
@@ -512,7 +541,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
                     tab_t, s_ntok)) {
     return;
   }
-  const u32 eff = s_eff;
+  // The sources masked (s_eff) are already folded into s_ntok (0 tokens).
   const i32* stage_ids = (const i32*)(base + off_stage_ids);
   const float* stage_w = (const float*)(base + off_stage_w);
   i32* tab_pos = (i32*)(base + off_tab_pos);
@@ -639,18 +668,10 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   const int ns = hidden / 128;
 
   if (phases & GOEP_LL_SEND) {
-    if (tid == 0) {
-      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
-    }
-    __syncthreads();
-    if (!goep_ll_wait_ranks(ctrl, GOEP_LL_CTRL_COMB_FREED, set, s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic,
-                            wd, wait_id, GOEP_LL_STAGE_COMB_FREED)) {
+    if (!goep_ll_send_gate(ctrl, GOEP_LL_CTRL_COMB_FREED, set, num_ranks, rank, e, elastic, wd, wait_id,
+                           GOEP_LL_STAGE_COMB_FREED, &s_active)) {
       return;
     }
-    if (tid == 0) {
-      s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
-    }
-    __syncthreads();
     const u32 active = s_active;
     const i32* tab_pos = (const i32*)(base + off_tab_pos);
     const float* tab_w = (const float*)(base + off_tab_w);
@@ -706,13 +727,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
                 yv[4 + q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(hi >> (8 * q))), sc);
               }
             } else {
-              const uint4 v = goep_in_ld_nc_v4(y + (u64)p * row2 + (u64)c * 16);
-              const u32 wv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-              for (int q = 0; q < 4; ++q) {
-                yv[2 * q] = goep_u32_as_f32(wv[q] << 16);
-                yv[2 * q + 1] = goep_u32_as_f32(wv[q] & 0xffff0000u);
-              }
+              goep_ll_bf16x8_to_f32(goep_in_ld_nc_v4(y + (u64)p * row2 + (u64)c * 16), yv);
             }
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
@@ -721,12 +736,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
           }
         }
         if (in) {
-          uint4 o;
-          o.x = (u32)goep_f32_to_bf16_bits(acc[0]) | ((u32)goep_f32_to_bf16_bits(acc[1]) << 16);
-          o.y = (u32)goep_f32_to_bf16_bits(acc[2]) | ((u32)goep_f32_to_bf16_bits(acc[3]) << 16);
-          o.z = (u32)goep_f32_to_bf16_bits(acc[4]) | ((u32)goep_f32_to_bf16_bits(acc[5]) << 16);
-          o.w = (u32)goep_f32_to_bf16_bits(acc[6]) | ((u32)goep_f32_to_bf16_bits(acc[7]) << 16);
-          goep_in_st_v4(dst + (u64)c * 16, o);
+          goep_in_st_v4(dst + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
         }
       }
     }
@@ -764,20 +774,14 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         if (!((dm >> d) & 1u)) {
           continue;
         }
-        const uint4 v = goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16);
-        const u32 wv[4] = {v.x, v.y, v.z, v.w};
+        float pv[8];
+        goep_ll_bf16x8_to_f32(goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16), pv);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          acc[2 * q] = goep_ll_add(acc[2 * q], goep_u32_as_f32(wv[q] << 16));
-          acc[2 * q + 1] = goep_ll_add(acc[2 * q + 1], goep_u32_as_f32(wv[q] & 0xffff0000u));
+        for (int q = 0; q < 8; ++q) {
+          acc[q] = goep_ll_add(acc[q], pv[q]);
         }
       }
-      uint4 o;
-      o.x = (u32)goep_f32_to_bf16_bits(acc[0]) | ((u32)goep_f32_to_bf16_bits(acc[1]) << 16);
-      o.y = (u32)goep_f32_to_bf16_bits(acc[2]) | ((u32)goep_f32_to_bf16_bits(acc[3]) << 16);
-      o.z = (u32)goep_f32_to_bf16_bits(acc[4]) | ((u32)goep_f32_to_bf16_bits(acc[5]) << 16);
-      o.w = (u32)goep_f32_to_bf16_bits(acc[6]) | ((u32)goep_f32_to_bf16_bits(acc[7]) << 16);
-      goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, o);
+      goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
     }
   }
   // Done reading the partials: the expert ranks may write this set again.

@@ -144,7 +144,7 @@ type DispatchArgs struct {
 	// X is BF16 [Tokens][Hidden], 16-byte aligned.
 	X uintptr
 	// TopK is [Tokens][TopK] int64 (IDs64) or int32 ids, -1 = none; ids
-	// outside [-1, Experts) are ignored.
+	// outside [-1, Experts) are ignored and counted (InvalidPtr).
 	TopK  uintptr
 	IDs64 bool
 	// Weights is float32 [Tokens][TopK], optional (weights of 1); combine

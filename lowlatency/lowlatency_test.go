@@ -9,7 +9,8 @@ import (
 )
 
 // The checks of the issue, on a given backend: random routings with -1
-// and out-of-range ids, an expert that receives nothing, all tokens to one
+// and out-of-range ids (ignored, and counted: also with int32 ids, split
+// calls and masked ranks), an expert that receives nothing, all tokens to one
 // expert, T = 0, 1 and max, top-k 1..9, FP8 and UE8M0 scales, a masked
 // rank (and the mask cleared again), rank-major, int32 ids, split
 // send/receive with two micro-batches on alternating sets.
@@ -18,15 +19,15 @@ func cases() []llCase {
 		{name: "bf16-random", ranks: 4, maxTokens: 9, hidden: 64, topk: 3, le: 2, weights: true, microBatches: 2, iters: 3,
 			minus1: 10, bad: 5, hot: -1, cold: 5},
 		{name: "fp8-split", ranks: 3, maxTokens: 6, hidden: 256, topk: 4, le: 3, format: lowlatency.FP8, weights: true,
-			split: true, microBatches: 2, iters: 2, minus1: 15, hot: -1, cold: -1},
+			split: true, microBatches: 2, iters: 2, minus1: 15, bad: 4, hot: -1, cold: -1},
 		{name: "ue8m0-ids32", ranks: 2, maxTokens: 5, hidden: 384, topk: 2, le: 4, format: lowlatency.UE8M0, ids32: true,
-			microBatches: 1, iters: 2, hot: -1, cold: 0},
+			microBatches: 1, iters: 2, bad: 10, hot: -1, cold: 0},
 		{name: "one-expert", ranks: 4, maxTokens: 7, hidden: 32, topk: 1, le: 2, tokens: []int{7, 7, 7, 7}, weights: true,
 			microBatches: 2, iters: 2, hot: 5, cold: -1},
 		{name: "t0-t1-max", ranks: 3, maxTokens: 4, hidden: 48, topk: 9, le: 3, tokens: []int{0, 1, 4}, weights: true,
 			split: true, microBatches: 2, iters: 2, dups: 10, hot: -1, cold: -1},
 		{name: "masked", ranks: 4, maxTokens: 5, hidden: 64, topk: 4, le: 2, weights: true, microBatches: 2, iters: 4,
-			masks: []uint32{1 << 2, 1 << 2, 0, 1<<1 | 1<<3}, minus1: 5, hot: -1, cold: -1},
+			masks: []uint32{1 << 2, 1 << 2, 0, 1<<1 | 1<<3}, minus1: 5, bad: 6, hot: -1, cold: -1},
 		{name: "rank-major", ranks: 3, maxTokens: 6, hidden: 256, topk: 3, le: 2, format: lowlatency.FP8, rankMajor: true,
 			weights: true, split: true, microBatches: 2, iters: 2, minus1: 20, hot: -1, cold: -1},
 		{name: "fp8-combine", ranks: 2, maxTokens: 5, hidden: 256, topk: 2, le: 3, weights: true, fp8Combine: true,

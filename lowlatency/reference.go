@@ -13,7 +13,9 @@ import (
 //
 // Dispatch. Token t of rank s with top-k ids ids[t][j] goes to rank d when
 // some id lies in d's experts [d*LE, (d+1)*LE) and neither s nor d is
-// masked; ids outside [0, E) are ignored. At rank d, the rows of local
+// masked; ids outside [0, E) are ignored, and those outside [-1, E) are
+// counted at their source rank, masked or not (ReferenceInvalidIDs: the
+// input is wrong whatever the mask). At rank d, the rows of local
 // expert le are ordered by source rank, then token, then top-k slot (an id
 // listed twice gives two rows), from row 0 on; Count[le] is their number.
 // Rank-major: row (s, t) holds token t of source s when it was sent.
@@ -170,6 +172,21 @@ func (c Config) check(ins []RankInput, f Format) error {
 		}
 	}
 	return nil
+}
+
+// ReferenceInvalidIDs is each rank's count of top-k ids outside [-1, E)
+// (what the dispatch's receive step publishes for its set).
+func ReferenceInvalidIDs(c Config, ins []RankInput) []int {
+	e := int64(c.Experts())
+	out := make([]int, len(ins))
+	for r, in := range ins {
+		for _, id := range in.TopK {
+			if id < -1 || id >= e {
+				out[r]++
+			}
+		}
+	}
+	return out
 }
 
 // ReferenceDispatch computes what every rank receives.

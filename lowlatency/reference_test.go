@@ -36,6 +36,10 @@ func TestReferenceDispatchByHand(t *testing.T) {
 	}
 	got, err := lowlatency.ReferenceDispatch(c, ins, lowlatency.Options{})
 	require.NoError(t, err)
+	// -1 is no expert; 7 (of 4 experts) is counted; -2 and 4 would be too.
+	require.Equal(t, []int{0, 1}, lowlatency.ReferenceInvalidIDs(c, ins))
+	require.Equal(t, []int{2}, lowlatency.ReferenceInvalidIDs(lowlatency.Config{Ranks: 1, LocalExperts: 4},
+		[]lowlatency.RankInput{{TopK: []int64{-1, -2, 4, 3, 0}}}))
 	type rt struct{ src, tok, slot int }
 	rows := func(r []lowlatency.RecvRow) []rt {
 		o := []rt{}

@@ -103,29 +103,48 @@ func TestTwoBuffersAtOnce(t *testing.T) {
 				{name: "a", ranks: ranks, tokens: []int{9, 4}, hidden: 128, topk: 2, experts: 8, weights: true, iters: 5},
 				{name: "b", ranks: ranks, tokens: []int{3, 12}, hidden: 256, topk: 3, experts: 4, iters: 5},
 			}
+			// Both Buffers are built before either runs and closed after both
+			// finished: on a GPU that ranks share, a free or an allocation
+			// while another Buffer's kernels wait on their peers can hold
+			// the peers' launches behind them (ARCHITECTURE.md, "Ranks
+			// sharing a GPU").
+			rigs := make([]*rig, len(specs))
+			for m, s := range specs {
+				cfg := s.config()
+				cfg.Tag = m + 1
+				r := &rig{kind: kind, cfg: cfg, devs: devs, boots: boots, bufs: make([]*ep.Buffer, ranks), streams: make([]ep.Stream, ranks)}
+				require.NoError(t, r.run(func(i int, _ *ep.Buffer) error {
+					var err error
+					r.bufs[i], err = ep.NewBuffer(context.Background(), boots[i], devs[i], cfg)
+					if err == nil {
+						r.streams[i], err = devs[i].NewStream()
+					}
+					return err
+				}))
+				rigs[m] = r
+			}
+			// Where ranks share a GPU the two Buffers take turns (both stay
+			// alive throughout): each round of a spec allocates and frees
+			// its test tensors, which must not happen while the other
+			// Buffer's kernels wait on their peers.
+			shared := kind == ep.CUDA && gpuCount(t) < ranks
 			var wg sync.WaitGroup
 			for m, s := range specs {
 				wg.Add(1)
-				go func() {
+				do := func() {
 					defer wg.Done()
-					t.Run(s.name, func(t *testing.T) {
-						cfg := s.config()
-						cfg.Tag = m + 1
-						r := &rig{kind: kind, cfg: cfg, devs: devs, boots: boots, bufs: make([]*ep.Buffer, ranks), streams: make([]ep.Stream, ranks)}
-						require.NoError(t, r.run(func(i int, _ *ep.Buffer) error {
-							var err error
-							r.bufs[i], err = ep.NewBuffer(context.Background(), boots[i], devs[i], cfg)
-							if err == nil {
-								r.streams[i], err = devs[i].NewStream()
-							}
-							return err
-						}))
-						runSpec(t, r, s)
-						require.NoError(t, r.close())
-					})
-				}()
+					t.Run(s.name, func(t *testing.T) { runSpec(t, rigs[m], s) })
+				}
+				if shared {
+					do()
+				} else {
+					go do()
+				}
 			}
 			wg.Wait()
+			for _, r := range rigs {
+				require.NoError(t, r.close())
+			}
 		})
 	}
 }

@@ -305,7 +305,18 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 	if err != nil {
 		return err
 	}
-	defer s.Close()
+	// The graph and the stream are freed only once every rank is done with
+	// its replays (quiesce, below); on an error path nothing waits.
+	var g device.Graph
+	quiet := false
+	defer func() {
+		if !quiet {
+			if g != nil {
+				g.Close()
+			}
+			s.Close()
+		}
+	}()
 	grid := r.spinGrid(min(max(words/4096, 1), 16))
 	args := device.NewArgs(12).Ptr(r.Handles.Ptr()).U32(uint32(peer)).U32(uint32(peer)).U32(uint32(proto)).U32(uint32(r.me)).
 		U64(uint64(words)).U64(0).U64(uint64(words * pkt)).U32(seed).U32(1).U32(7).Ptr(r.out.Ptr)
@@ -324,13 +335,12 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 	if err != nil {
 		return err
 	}
-	g, err := r.Dev.Capture(s, func() error {
+	g, err = r.Dev.Capture(s, func() error {
 		return r.Dev.Launch(devapi.KernelChanLLPattern, device.D1(grid), device.D1(256), 0, s, args)
 	})
 	if err != nil {
 		return r.errorf("capture: %w", err)
 	}
-	defer g.Close()
 	if err := r.barrier(ctx); err != nil {
 		return err
 	}
@@ -371,5 +381,18 @@ func (r *Rank) graphPackets(ctx context.Context, seed uint32, proto, words, repl
 	if after != want {
 		return r.errorf("LL%d graph replays with rank %d: packet flag went from %d to %d, want %d", proto, peer, before, after, want)
 	}
-	return r.barrier(ctx)
+	return r.quiesce(ctx, func() error { quiet = true; return errors.Join(g.Close(), s.Close()) })
+}
+
+// quiesce frees resources (free) between two barriers, so that no rank has
+// a kernel in flight while any rank frees: on a GPU that ranks share, CUDA
+// may serialise streams around a free (or an allocation), and a spinning
+// kernel whose peer's launch is held behind it would wait until its
+// timeout (ARCHITECTURE.md, "Ranks sharing a GPU").
+func (r *Rank) quiesce(ctx context.Context, free func() error) error {
+	if err := r.barrier(ctx); err != nil {
+		return err
+	}
+	err := free()
+	return errors.Join(err, r.barrier(ctx))
 }

@@ -259,7 +259,7 @@ func (b *LowLatency) Stream() device.Stream {
 
 // Memory is what the buffer holds now (zero on a nil *LowLatency).
 func (b *LowLatency) Memory() Memory {
-	if b == nil {
+	if b == nil || b.dev == nil {
 		return Memory{}
 	}
 	return b.dev.live()
@@ -360,7 +360,7 @@ func (b *LowLatency) MaskNow() (uint32, error) {
 
 // CopyOut is a synchronous device-to-host copy (counts on request).
 func (b *LowLatency) CopyOut(dst []byte, src uintptr) error {
-	if b == nil {
+	if b == nil || b.dev == nil {
 		return errors.New("buffer: nil low-latency buffer")
 	}
 	return b.dev.CopyOut(dst, src)
@@ -427,7 +427,7 @@ func (b *LowLatency) Fail(err error) error {
 // Close synchronises the buffer's stream, meets every rank and frees
 // everything. Collective; callers synchronise their own streams first.
 func (b *LowLatency) Close(ctx context.Context) error {
-	if b == nil {
+	if b == nil || b.comm == nil { // nil, or not made by NewLowLatency: nothing to free
 		return nil
 	}
 	b.mu.Lock()

@@ -24,6 +24,9 @@ var apiTable = []any{
 	(*ep.Buffer)(nil), (*ep.Handle)(nil), (*ep.Event)(nil), (*ep.InvalidIDsError)(nil),
 	(*ep.LowLatencyBuffer)(nil), (*ep.LLHandle)(nil),
 	ep.LLFormat(0), ep.LLFormat(-1), ep.LLFormat(1 << 30), ep.Tensor{},
+	// new(T) of the opaque types, which only the constructors fill: a
+	// misuse that must still answer with an error, not a panic.
+	new(ep.Buffer), new(ep.Handle), new(ep.LowLatencyBuffer), new(ep.LLHandle), new(ep.Event),
 }
 
 // 1 (issue 18). Every exported method answers on a nil receiver and on a

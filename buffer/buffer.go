@@ -698,7 +698,7 @@ func (b *Buffer) Fail(err error) error {
 // values and calls return ErrClosed. Closing twice, or a nil Buffer, is a
 // no-op.
 func (b *Buffer) Close(ctx context.Context) error {
-	if b == nil || b.comm == nil { // nil, or not made by New: nothing to free
+	if b == nil || b.dev == nil { // nil, or not made by New: nothing to free
 		return nil
 	}
 	if ctx == nil {

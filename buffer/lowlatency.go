@@ -427,7 +427,7 @@ func (b *LowLatency) Fail(err error) error {
 // Close synchronises the buffer's stream, meets every rank and frees
 // everything. Collective; callers synchronise their own streams first.
 func (b *LowLatency) Close(ctx context.Context) error {
-	if b == nil || b.comm == nil { // nil, or not made by NewLowLatency: nothing to free
+	if b == nil || b.dev == nil { // nil, or not made by NewLowLatency: nothing to free
 		return nil
 	}
 	b.mu.Lock()

@@ -39,9 +39,15 @@ func TestAPITable(t *testing.T) {
 // handle it returned and of its events answers without a panic (zero
 // arguments, cancelled contexts).
 func TestAPIAfterClose(t *testing.T) {
+	for _, kind := range kinds(t) {
+		t.Run(string(kind), func(t *testing.T) { apiAfterClose(t, kind) })
+	}
+}
+
+func apiAfterClose(t *testing.T, kind ep.Kind) {
 	ctx := context.Background()
-	s := engineSpec(ep.Host, "apicheck")
-	r := newRig(t, ep.Host, s.ranks, s.config())
+	s := engineSpec(kind, "apicheck")
+	r := newRig(t, kind, s.ranks, s.config())
 	io := setup(t, r, s)
 	newRound(t, r, s, io, 0)
 	res := make([]ep.DispatchResult, s.ranks)
@@ -74,8 +80,14 @@ func TestAPIAfterClose(t *testing.T) {
 // and its accessors polled from other goroutines while Close runs do not
 // crash (run under -race).
 func TestLowLatencyAPIAfterClose(t *testing.T) {
+	for _, kind := range kinds(t) {
+		t.Run(string(kind), func(t *testing.T) { lowLatencyAPIAfterClose(t, kind) })
+	}
+}
+
+func lowLatencyAPIAfterClose(t *testing.T, kind ep.Kind) {
 	cfg := ep.LowLatencyConfig{MaxTokens: 4, Hidden: 128, TopK: 2, Experts: 4, NumSMs: 1, Threads: 64, Timeout: 10 * time.Second}
-	boots, devs := llWorld(t, 2)
+	boots, devs := llWorld(t, kind, 2)
 	bufs := make([]*ep.LowLatencyBuffer, 2)
 	hs := make([]*ep.LLDispatchResult, 2)
 	llEachRank(t, 2, func(i int) error {
@@ -126,14 +138,16 @@ func TestLowLatencyAPIAfterClose(t *testing.T) {
 	}
 }
 
-// llWorld opens n host devices and an in-process bootstrap, closed at
-// Cleanup.
-func llWorld(t *testing.T, n int) ([]bootstrap.Bootstrap, []device.Device) {
+// llWorld opens n devices of kind (ranks sharing the GPUs present) and an
+// in-process bootstrap, closed at Cleanup.
+func llWorld(t *testing.T, kind ep.Kind, n int) ([]bootstrap.Bootstrap, []device.Device) {
 	boots, err := bootstrap.NewInProcess(n, bootstrap.Config{Timeout: 30 * time.Second})
 	require.NoError(t, err)
 	devs := make([]device.Device, n)
 	for i := range devs {
-		devs[i] = device.OpenHost(i)
+		d, err := ep.OpenDevice(kind, ordinalOf(t, kind, i))
+		require.NoError(t, err)
+		devs[i] = d
 	}
 	t.Cleanup(func() {
 		for i := range devs {

@@ -27,7 +27,13 @@ func TestAPITable(t *testing.T) {
 func TestAPIAfterClose(t *testing.T) {
 	const src = `extern "C" __global__ void uk_closed(int* p) { *p = 1; }
 `
-	noErrors(t, runRanks(t, emu, 2, time.Minute, func(ctx context.Context, comm *channels.Communicator) error {
+	for _, b := range kernelBackends(t) {
+		t.Run(string(b), func(t *testing.T) { apiAfterClose(t, b, src) })
+	}
+}
+
+func apiAfterClose(t *testing.T, b backend, src string) {
+	noErrors(t, runRanks(t, b, 2, time.Minute, func(ctx context.Context, comm *channels.Communicator) error {
 		mod, err := userkernel.Load(ctx, comm, userkernel.Source{Name: "closed", Code: src})
 		if err != nil {
 			return err

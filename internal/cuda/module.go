@@ -37,7 +37,7 @@ func (e *ModuleLoadError) Error() string {
 
 func (e *ModuleLoadError) Unwrap() error {
 	if e == nil {
-		return errNil("ModuleLoadError")
+		return nil
 	}
 	return e.Err
 }

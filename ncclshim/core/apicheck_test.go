@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/internal/apicheck"
+	"github.com/goep-dev/goep/internal/device"
 )
 
 // apiTable is one value of every exported type of package core with
@@ -30,8 +31,22 @@ func TestAPITable(t *testing.T) {
 // without a panic (calls fail), and its accessors polled from other
 // goroutines while Destroy runs do not crash (run under -race).
 func TestAPIAfterDestroy(t *testing.T) {
-	t.Setenv(EnvBackend, "host")
-	comms, err := InitAll(2, nil)
+	t.Run("host", func(t *testing.T) {
+		t.Setenv(EnvBackend, "host")
+		apiAfterDestroy(t, nil)
+	})
+	t.Run("cuda", func(t *testing.T) {
+		n, err := device.CUDADeviceCount()
+		if err != nil || n == 0 {
+			t.Skipf("no CUDA GPU (%v)", err)
+		}
+		t.Setenv(EnvBackend, "cuda")
+		apiAfterDestroy(t, []int{0, 1 % n}) // two ranks on the GPUs present, sharing one if need be
+	})
+}
+
+func apiAfterDestroy(t *testing.T, devlist []int) {
+	comms, err := InitAll(2, devlist)
 	require.NoError(t, err)
 	var stop atomic.Bool
 	var wg sync.WaitGroup

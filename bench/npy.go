@@ -37,6 +37,9 @@ type NPYIndex struct {
 
 // Routing checks the array against experts and ranks and wraps it.
 func (n *NPYIndex) Routing(experts, ranks int) (*routing.Routing, error) {
+	if n == nil {
+		return nil, errors.New("npy: nil index")
+	}
 	return routing.NewRouting(n.Idx, routing.Shape{Tokens: n.Tokens, K: n.K, Experts: experts, Ranks: ranks})
 }
 

@@ -366,7 +366,7 @@ func (b *Buffer) Stream() device.Stream {
 // Memory reports what the Buffer holds now on this rank, its communicator
 // included (nothing once closed).
 func (b *Buffer) Memory() Memory {
-	if b == nil {
+	if b == nil || b.dev == nil {
 		return Memory{}
 	}
 	return b.dev.live()
@@ -644,7 +644,7 @@ func (b *Buffer) Fail(err error) error {
 // values and calls return ErrClosed. Closing twice, or a nil Buffer, is a
 // no-op.
 func (b *Buffer) Close(ctx context.Context) error {
-	if b == nil {
+	if b == nil || b.dev == nil { // nil, or not made by New: nothing to free
 		return nil
 	}
 	if ctx == nil {

@@ -170,15 +170,53 @@ func (b *LowLatency) exchangeAll(ctx context.Context, kind int, msg []byte) ([][
 	return exchangeAll(ctx, b.bs, b.rank, b.ranks, b.tag(kind), msg)
 }
 
-// Rank, Ranks, Mode, Device, Stream, Workspace describe the buffer.
-func (b *LowLatency) Rank() int             { return b.rank }
-func (b *LowLatency) Ranks() int            { return b.ranks }
-func (b *LowLatency) Mode() Mode            { return LowLatencyMode }
-func (b *LowLatency) Device() device.Device { return b.user }
-func (b *LowLatency) Stream() device.Stream { return b.stream }
+// Rank, Ranks, Mode, Device, Stream, Workspace describe the buffer (zero
+// values on a nil *LowLatency; Stream is nil once closed).
+func (b *LowLatency) Rank() int {
+	if b == nil {
+		return 0
+	}
+	return b.rank
+}
 
-// Memory is what the buffer holds now.
-func (b *LowLatency) Memory() Memory { return b.dev.live() }
+func (b *LowLatency) Ranks() int {
+	if b == nil {
+		return 0
+	}
+	return b.ranks
+}
+
+func (b *LowLatency) Mode() Mode { return LowLatencyMode }
+
+func (b *LowLatency) Device() device.Device {
+	if b == nil {
+		return nil
+	}
+	return b.user
+}
+
+// Stream reads under the lock: Close marks the buffer closed under it
+// before free drops the stream, so a concurrent reader never sees a
+// closed stream.
+func (b *LowLatency) Stream() device.Stream {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	return b.stream
+}
+
+// Memory is what the buffer holds now (zero on a nil *LowLatency).
+func (b *LowLatency) Memory() Memory {
+	if b == nil || b.dev == nil {
+		return Memory{}
+	}
+	return b.dev.live()
+}
 
 // LLDispatch is one dispatch step's arguments (validated by package ep;
 // formats and phases as in package lowlatency: Format 0 BF16, 1 FP8,
@@ -237,6 +275,9 @@ type LLViews struct {
 
 // Views returns set's outputs.
 func (b *LowLatency) Views(set int) LLViews {
+	if b == nil {
+		return LLViews{}
+	}
 	w := &b.work
 	r, m, c := w.Recv(set), w.RankMajor(set), w.CombineBuffer(set)
 	l := w.Layout
@@ -271,7 +312,12 @@ func (b *LowLatency) MaskNow() (uint32, error) {
 }
 
 // CopyOut is a synchronous device-to-host copy (counts on request).
-func (b *LowLatency) CopyOut(dst []byte, src uintptr) error { return b.dev.CopyOut(dst, src) }
+func (b *LowLatency) CopyOut(dst []byte, src uintptr) error {
+	if b == nil || b.dev == nil {
+		return errors.New("buffer: nil low-latency buffer")
+	}
+	return b.dev.CopyOut(dst, src)
+}
 
 // NewEvent creates an event closed with the buffer.
 func (b *LowLatency) NewEvent() (*Event, error) {
@@ -328,7 +374,7 @@ func (b *LowLatency) Fail(err error) error {
 // Close synchronises the buffer's stream, meets every rank and frees
 // everything. Collective; callers synchronise their own streams first.
 func (b *LowLatency) Close(ctx context.Context) error {
-	if b == nil {
+	if b == nil || b.dev == nil { // nil, or not made by NewLowLatency: nothing to free
 		return nil
 	}
 	if markClosed(&b.mu, &b.closed) {

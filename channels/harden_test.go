@@ -3,6 +3,8 @@ package channels_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -13,17 +15,21 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 )
 
+// apiTable is one value of every exported type of package channels with
+// exported methods (nil pointers for pointer methods, zero values for value
+// types); TestNilReceivers fails when a new one is not added here.
+var apiTable = []any{(*channels.Communicator)(nil), (*channels.Proxy)(nil), (*channels.PacketBuffer)(nil),
+	(*channels.DeviceArray)(nil), (*channels.MemoryChannel)(nil), (*channels.PortChannel)(nil),
+	(*channels.Mesh)(nil), (*channels.PortMesh)(nil), (*channels.MemorySemaphore)(nil), (*channels.HostSemaphore)(nil),
+	(*channels.TimeoutError)(nil), channels.RegisteredMemory{}, channels.Topology{}, channels.Transport(0),
+	channels.Transport(255), channels.TransportSet(0), channels.TransportSet(255)}
+
 // Class 1: every exported method of the channel layer's types answers on a
-// nil receiver with an error or a zero value.
+// nil receiver with an error or a zero value (MemoryChannel.Semaphore
+// included), and every type is in the table.
 func TestNilReceivers(t *testing.T) {
-	for _, v := range []any{(*channels.Communicator)(nil), (*channels.Proxy)(nil), (*channels.PacketBuffer)(nil),
-		(*channels.DeviceArray)(nil), (*channels.MemoryChannel)(nil), (*channels.PortChannel)(nil),
-		(*channels.Mesh)(nil), (*channels.PortMesh)(nil), (*channels.MemorySemaphore)(nil), (*channels.HostSemaphore)(nil),
-		(*channels.TimeoutError)(nil)} {
-		for _, f := range apicheck.Call(v, apicheck.Options{}) {
-			t.Error(f)
-		}
-	}
+	apicheck.Cover(t, ".", apiTable, apicheck.Options{})
+	require.Nil(t, (*channels.MemoryChannel)(nil).Semaphore())
 	_, err := channels.NewCommunicator(nil, nil, channels.Config{})
 	require.Error(t, err)
 }
@@ -56,13 +62,44 @@ func TestUseAfterClose(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		arr, err := c.UploadMemoryChannels(mesh.Channels)
+		if err != nil {
+			return err
+		}
 		if err := bs.Barrier(ctx); err != nil {
 			return err
 		}
+		// Accessors polled from another goroutine while Close runs (under
+		// -race: Close must not free or rewrite what they read unguarded).
+		var stop atomic.Bool
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				_ = c.Rank() + c.Size()
+				_ = c.Check()
+				_ = c.Device()
+				_ = c.Timeouts()
+				_ = c.Watchdog()
+				_ = arr.Ptr() + uintptr(arr.Len())
+				_ = pkts.Size()
+				_ = mesh.ByRank(c.Size())
+				_ = proxy.Err()
+			}
+		}()
 		if err := c.Close(); err != nil {
+			stop.Store(true)
+			wg.Wait()
 			return err
 		}
-		for _, v := range []any{c, pkts, mesh, proxy} {
+		stop.Store(true)
+		wg.Wait()
+		closed := []any{c, pkts, mesh, proxy, arr, mem}
+		for _, ch := range mesh.Channels {
+			closed = append(closed, ch, ch.Semaphore())
+		}
+		for _, v := range closed {
 			for _, f := range apicheck.Call(v, apicheck.Options{}) {
 				t.Error(f)
 			}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,12 +22,11 @@ import (
 // Class 1: every exported method answers on a nil receiver, with an error
 // or a zero value.
 func TestNilReceivers(t *testing.T) {
-	for _, v := range []any{(*collectives.Communicator)(nil), (*collectives.Work)(nil), (*collectives.Registration)(nil),
-		(*collectives.Tuning)(nil)} {
-		for _, f := range apicheck.Call(v, apicheck.Options{}) {
-			t.Error(f)
-		}
-	}
+	// The table of every exported type with methods (nil pointers, zero and
+	// out-of-range values); the guard fails when a new one is not added.
+	apicheck.Cover(t, ".", []any{(*collectives.Communicator)(nil), (*collectives.Work)(nil), (*collectives.Registration)(nil),
+		(*collectives.Tuning)(nil), &collectives.Tuning{}, collectives.Kind(0), collectives.Kind(-1), collectives.Kind(1 << 20)},
+		apicheck.Options{})
 	var c *collectives.Communicator
 	_, err := c.AllReduce(context.Background(), nil, 1, 1, 1, collectives.FP32, collectives.Sum)
 	require.ErrorIs(t, err, collectives.ErrNil)
@@ -53,7 +54,30 @@ func TestUseAfterClose(t *testing.T) {
 			if err := c.Barrier(ctx); err != nil {
 				return err
 			}
-			if err := c.Close(); err != nil {
+			// Accessors polled from another goroutine while Close runs
+			// (under -race: Close must not free or rewrite what they read
+			// unguarded).
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for !stop.Load() {
+					_ = c.Rank() + c.Size()
+					_ = c.Check()
+					_ = c.Device()
+					_ = c.Config()
+					_ = c.Tuning()
+					_ = c.Channels()
+					_ = work.Done()
+					_ = work.Err()
+					_ = reg.ID()
+				}
+			}()
+			err = c.Close()
+			stop.Store(true)
+			wg.Wait()
+			if err != nil {
 				return err
 			}
 			for _, v := range []any{c, work, reg} {

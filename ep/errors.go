@@ -54,6 +54,9 @@ type InvalidIDsError struct {
 }
 
 func (e *InvalidIDsError) Error() string {
+	if e == nil {
+		return "ep: nil *InvalidIDsError"
+	}
 	return fmt.Sprintf("ep: rank %d: %s: %d top-k ids outside [-1, %d) (treated as -1)", e.Rank, e.Op, e.Count, e.Experts)
 }
 

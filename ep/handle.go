@@ -80,7 +80,7 @@ func (h *Handle) Live() bool { return h != nil && h.state.Load() == handleLive }
 // slot (send positions, prefixes, counts and a copy of the routing,
 // SizeHint.HandleSlot), 0 once released.
 func (h *Handle) Bytes() int {
-	if !h.Live() {
+	if !h.Live() || h.buf == nil {
 		return 0
 	}
 	return h.buf.b.SizeHint().HandleSlot
@@ -91,7 +91,7 @@ func (h *Handle) Bytes() int {
 //
 // Deprecated: a handle lives until Release.
 func (h *Handle) Pin() error {
-	if h == nil {
+	if h == nil || h.buf == nil { // nil, or not made by a dispatch
 		return &argError{fmt.Errorf("ep: pin: no handle")}
 	}
 	h.buf.mu.Lock()
@@ -103,7 +103,7 @@ func (h *Handle) Pin() error {
 // refused with ErrExpiredHandle). Releasing twice, a nil handle, or one of
 // a closed Buffer does nothing.
 func (h *Handle) Release() {
-	if h == nil {
+	if h == nil || h.buf == nil {
 		return
 	}
 	h.buf.mu.Lock()

@@ -212,7 +212,7 @@ func (l *LowLatencyBuffer) Stream() Stream {
 }
 
 func (l *LowLatencyBuffer) LocalExperts() int {
-	if l == nil {
+	if l == nil || l.ranks == 0 {
 		return 0
 	}
 	return l.cfg.Experts / l.ranks

@@ -170,11 +170,16 @@ func (t Tensor) Rows() int {
 }
 
 // Slice returns rows [lo, hi) of t (same pointer arithmetic as t[lo:hi],
-// strides kept). It panics on rows out of range, like a Go slice
-// expression; it is never called by the package on caller input.
+// strides kept). Rows out of range give a tensor of -1 rows, which every
+// call refuses (no panic across the API; not the zero Tensor, which an
+// optional argument would take as absent).
 func (t Tensor) Slice(lo, hi int) Tensor {
 	if len(t.Shape) == 0 || lo < 0 || hi < lo || hi > t.Shape[0] {
-		panic(fmt.Sprintf("ep: rows [%d, %d) of a tensor of shape %v", lo, hi, t.Shape))
+		shape := []int{-1}
+		if len(t.Shape) > 1 {
+			shape = append(shape, t.Shape[1:]...)
+		}
+		return Tensor{Ptr: t.Ptr, Shape: shape, DType: t.DType, Strides: t.Strides}
 	}
 	row := 0
 	if len(t.Strides) == len(t.Shape) && t.Strides != nil {

@@ -37,6 +37,9 @@ type Workspace struct {
 // it, as they trust their arguments: package ep validates every input once,
 // before the Buffer calls here).
 func (w *Workspace) Validate() error {
+	if w == nil {
+		return errors.New("intranode: nil workspace")
+	}
 	l := w.Layout
 	switch {
 	case l.Size == 0:
@@ -67,6 +70,9 @@ type Handle struct {
 // DefaultHandle is a handle for tokens tokens in the workspace's own
 // handle region.
 func (w *Workspace) DefaultHandle(tokens int) Handle {
+	if w == nil {
+		return Handle{}
+	}
 	l := w.Layout
 	return Handle{
 		Tokens:     tokens,
@@ -92,6 +98,9 @@ type RecvViews struct {
 
 // Recv returns the receive-region views.
 func (w *Workspace) Recv() RecvViews {
+	if w == nil {
+		return RecvViews{}
+	}
 	l := w.Layout
 	v := RecvViews{
 		X:        w.Base + uintptr(l.RecvX.Offset),
@@ -115,6 +124,9 @@ type CombineInputViews struct {
 
 // CombineInput returns the combine input region.
 func (w *Workspace) CombineInput() CombineInputViews {
+	if w == nil {
+		return CombineInputViews{}
+	}
 	l := w.Layout
 	return CombineInputViews{X: w.Base + uintptr(l.CombineX.Offset), Weights: w.Base + uintptr(l.CombineWeights.Offset)}
 }
@@ -282,8 +294,8 @@ type NotifyArgs struct {
 // counts with every peer (a cross-rank barrier inside the kernel) and
 // writes the received count and per-expert counts.
 func (w *Workspace) Notify(dev device.Device, s device.Stream, a NotifyArgs, cfg LaunchConfig) error {
-	if dev == nil {
-		return errors.New("intranode: notify: nil device")
+	if dev == nil || w == nil {
+		return errors.New("intranode: notify: nil device or workspace")
 	}
 	l := w.Layout
 	threads := cfg.Threads
@@ -359,8 +371,8 @@ func (w *Workspace) NotifyDispatch(dev device.Device, s device.Stream, n NotifyA
 }
 
 func (w *Workspace) dispatch(dev device.Device, s device.Stream, a DispatchArgs, cfg LaunchConfig, afterNotify bool) error {
-	if dev == nil {
-		return errors.New("intranode: dispatch: nil device")
+	if dev == nil || w == nil {
+		return errors.New("intranode: dispatch: nil device or workspace")
 	}
 	l := w.Layout
 	if a.FP8 && !l.FP8 {
@@ -490,8 +502,8 @@ type CombineArgs struct {
 // rank's input, so the caller may overwrite Y (and Weights) as soon as its
 // stream passes the combine.
 func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, cfg LaunchConfig) error {
-	if dev == nil {
-		return errors.New("intranode: combine: nil device")
+	if dev == nil || w == nil {
+		return errors.New("intranode: combine: nil device or workspace")
 	}
 	l := w.Layout
 	t := a.Handle.Tokens

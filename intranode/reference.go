@@ -44,7 +44,12 @@ func (s Shape) Validate() error {
 }
 
 // LocalExperts is the number of experts on each rank.
-func (s Shape) LocalExperts() int { return s.Experts / s.Ranks }
+func (s Shape) LocalExperts() int {
+	if s.Ranks <= 0 {
+		return 0
+	}
+	return s.Experts / s.Ranks
+}
 
 // RankInput is one rank's dispatch input for T tokens. X holds BF16 bits
 // [T*Hidden]; for FP8 dispatch XFP8 [T*Hidden] and Scales [T*Hidden/128]
@@ -58,7 +63,12 @@ type RankInput struct {
 }
 
 // Tokens is the number of tokens of this input.
-func (in RankInput) Tokens(s Shape) int { return len(in.TopK) / s.TopK }
+func (in RankInput) Tokens(s Shape) int {
+	if s.TopK <= 0 {
+		return 0
+	}
+	return len(in.TopK) / s.TopK
+}
 
 // RankOutput is what one rank receives.
 type RankOutput struct {

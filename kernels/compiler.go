@@ -84,6 +84,9 @@ type CompileError struct {
 }
 
 func (e *CompileError) Error() string {
+	if e == nil {
+		return "kernels: nil *CompileError"
+	}
 	detail := strings.TrimSpace(e.Log)
 	if detail == "" && e.Err != nil {
 		detail = e.Err.Error()
@@ -92,7 +95,15 @@ func (e *CompileError) Error() string {
 		e.Module, e.File, e.Arch, e.NVRTCMajor, e.NVRTCMinor, detail)
 }
 
-func (e *CompileError) Unwrap() error { return e.Err }
+func (e *CompileError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
+
+// errNilCompiler is what the methods of a nil *Compiler return.
+var errNilCompiler = errors.New("kernels: nil Compiler (NewCompiler or Default makes one)")
 
 // Compiler compiles modules and caches the results. It is safe for
 // concurrent use; one process compiles a given module and target once.
@@ -163,6 +174,9 @@ func (c *Compiler) library() (*nvrtc.Library, error) {
 
 // NVRTCVersion loads NVRTC if needed and reports its version.
 func (c *Compiler) NVRTCVersion() (major, minor int, err error) {
+	if c == nil {
+		return 0, 0, errNilCompiler
+	}
 	lib, err := c.library()
 	if err != nil {
 		return 0, 0, err
@@ -175,6 +189,9 @@ func (c *Compiler) NVRTCVersion() (major, minor int, err error) {
 // could not be created). Results are also not written there when the
 // directory exists but is read-only.
 func (c *Compiler) CacheDir() string {
+	if c == nil {
+		return ""
+	}
 	c.resolveDir()
 	return c.dir
 }
@@ -291,6 +308,9 @@ func (c *Compiler) memPut(k [32]byte, b []byte) {
 // processes sharing a cache directory, one compiles and the others wait for
 // its file (bounded by Options.LockTimeout).
 func (c *Compiler) Compile(m Module, t Target) (*Compiled, error) {
+	if c == nil {
+		return nil, errNilCompiler
+	}
 	start := time.Now()
 	if m.Name == "" || m.File == "" || strings.ContainsAny(m.Name, `/\`) || strings.ContainsAny(m.File, `/\`) {
 		return nil, fmt.Errorf("kernels: module %q (%q) needs a Name and a File, without path separators", m.Name, m.File)
@@ -419,6 +439,9 @@ func (c *Compiler) compile(lib *nvrtc.Library, m Module, src string, opts []stri
 // returns the results in Modules order. Failures are joined into one error;
 // the successful results are still returned.
 func (c *Compiler) CompileAll(t Target) ([]*Compiled, error) {
+	if c == nil {
+		return nil, errNilCompiler
+	}
 	mods := Modules()
 	out := make([]*Compiled, len(mods))
 	errs := make([]error, len(mods))

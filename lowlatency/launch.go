@@ -309,12 +309,20 @@ func (w *Workspace) SetMask(dev device.Device, s device.Stream, op MaskOp, value
 // [-1, Experts) in the last completed dispatch on that set (ignored by the
 // kernels, as -1).
 func (w *Workspace) InvalidPtr(set int) uintptr {
+	if w == nil {
+		return 0
+	}
 	return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlInvalidOut+4*(set&1))
 }
 
 // MaskPtr is the device address of this rank's mask word (u32, bit r set =
 // rank r masked; kernels may add ranks that time out in elastic calls).
-func (w *Workspace) MaskPtr() uintptr { return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlMask) }
+func (w *Workspace) MaskPtr() uintptr {
+	if w == nil {
+		return 0
+	}
+	return w.Base + uintptr(w.Layout.Ctrl.Offset+CtrlMask)
+}
 
 // RecvViews are a set's expert-major dispatch outputs (valid until the
 // next dispatch receive on the same set).
@@ -328,6 +336,9 @@ type RecvViews struct {
 
 // Recv returns set's expert-major views.
 func (w *Workspace) Recv(set int) RecvViews {
+	if w == nil {
+		return RecvViews{}
+	}
 	sr := &w.Layout.Set[set&1]
 	at := func(r Region) uintptr { return w.Base + uintptr(r.Offset) }
 	v := RecvViews{X: at(sr.RecvX), SrcInfo: at(sr.RecvSrc), LayoutRange: at(sr.RecvRange), Count: at(sr.RecvCount)}
@@ -349,6 +360,9 @@ type RankMajorViews struct {
 
 // RankMajor returns set's rank-major views.
 func (w *Workspace) RankMajor(set int) RankMajorViews {
+	if w == nil {
+		return RankMajorViews{}
+	}
 	sr := &w.Layout.Set[set&1]
 	at := func(r Region) uintptr { return w.Base + uintptr(r.Offset) }
 	v := RankMajorViews{X: at(sr.StageX), IDs: at(sr.StageIDs), Weights: at(sr.StageW), Tokens: at(sr.TabT)}
@@ -364,6 +378,9 @@ type CombineBuffer struct{ X, S uintptr }
 
 // CombineBuffer returns set's combine input region.
 func (w *Workspace) CombineBuffer(set int) CombineBuffer {
+	if w == nil {
+		return CombineBuffer{}
+	}
 	sr := &w.Layout.Set[set&1]
 	v := CombineBuffer{X: w.Base + uintptr(sr.CombineX.Offset)}
 	if w.Layout.FP8 {

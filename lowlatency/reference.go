@@ -46,7 +46,12 @@ type RankInput struct {
 }
 
 // Tokens is T.
-func (in RankInput) Tokens(topk int) int { return len(in.TopK) / topk }
+func (in RankInput) Tokens(topk int) int {
+	if topk <= 0 {
+		return 0
+	}
+	return len(in.TopK) / topk
+}
 
 // RecvRow is one received row.
 type RecvRow struct {

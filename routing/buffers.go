@@ -8,6 +8,9 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 )
 
+// errNoLayout is what a nil or closed DeviceLayout answers.
+var errNoLayout = errors.New("layout: nil or closed DeviceLayout")
+
 // DeviceLayout owns a layout's output buffers, an invalid-entry counter and
 // a workspace on one device: what tests, benchmarks and tools need around
 // LaunchLayout.
@@ -60,6 +63,9 @@ func NewDeviceLayout(dev device.Device, s Shape) (_ *DeviceLayout, err error) {
 
 // Launch runs the layout kernel on in (whose shape must be d's) into d.
 func (d *DeviceLayout) Launch(s device.Stream, in LayoutInput, cfg LayoutConfig) error {
+	if d == nil || d.bufs == nil {
+		return errNoLayout
+	}
 	if in.Shape != d.Shape {
 		return fmt.Errorf("layout: input shape %v, buffers are for %v", in.Shape, d.Shape)
 	}
@@ -69,6 +75,9 @@ func (d *DeviceLayout) Launch(s device.Stream, in LayoutInput, cfg LayoutConfig)
 // Poison fills every output (not the workspace) with v, synchronously, so a
 // check can tell an element the kernel wrote from one it skipped.
 func (d *DeviceLayout) Poison(v byte) error {
+	if d == nil || d.bufs == nil {
+		return errNoLayout
+	}
 	for _, o := range []struct {
 		p uintptr
 		n int
@@ -90,6 +99,9 @@ func (d *DeviceLayout) Poison(v byte) error {
 // Read copies the outputs back: the layout and the invalid-entry count.
 // Synchronize the launch's stream first.
 func (d *DeviceLayout) Read() (*Layout, int, error) {
+	if d == nil || d.bufs == nil {
+		return nil, 0, errNoLayout
+	}
 	l := NewLayout(d.Shape)
 	pr, pe, inv := make([]byte, 4*d.Ranks), make([]byte, 4*d.Experts), make([]byte, 4)
 	err := errors.Join(
@@ -109,6 +121,9 @@ func (d *DeviceLayout) Read() (*Layout, int, error) {
 // WorkspaceClean reports whether the workspace is all zeros, as every
 // completed launch must leave it. Synchronize first.
 func (d *DeviceLayout) WorkspaceClean() (bool, error) {
+	if d == nil || d.bufs == nil {
+		return false, errNoLayout
+	}
 	b := make([]byte, LayoutWorkspaceBytes)
 	if err := d.dev.CopyOut(b, d.Out.Workspace); err != nil {
 		return false, fmt.Errorf("layout: read workspace: %w", err)
@@ -121,8 +136,12 @@ func (d *DeviceLayout) WorkspaceClean() (bool, error) {
 	return true, nil
 }
 
-// Close frees the buffers.
+// Close frees the buffers; later calls answer errNoLayout (closing twice
+// is a no-op).
 func (d *DeviceLayout) Close() error {
+	if d == nil {
+		return nil
+	}
 	var errs []error
 	for _, b := range d.bufs {
 		errs = append(errs, d.dev.Free(b))

@@ -27,8 +27,14 @@ func NewLayout(s Shape) *Layout {
 	}
 }
 
-// InRank reports whether token t goes to rank r.
-func (l *Layout) InRank(t, r int) bool { return l.IsTokenInRank[t*l.Ranks+r] != 0 }
+// InRank reports whether token t goes to rank r (false for a nil layout
+// or a token or rank outside it).
+func (l *Layout) InRank(t, r int) bool {
+	if l == nil || t < 0 || r < 0 || r >= l.Ranks || t*l.Ranks+r >= len(l.IsTokenInRank) {
+		return false
+	}
+	return l.IsTokenInRank[t*l.Ranks+r] != 0
+}
 
 // ReferenceLayout validates idx (shape and values) and computes its layout.
 func ReferenceLayout[I Index](idx []I, s Shape) (*Layout, error) {
@@ -41,7 +47,12 @@ func ReferenceLayout[I Index](idx []I, s Shape) (*Layout, error) {
 }
 
 // Layout computes the routing's reference layout.
-func (r *Routing) Layout() (*Layout, error) { return ReferenceLayout(r.Idx, r.Shape) }
+func (r *Routing) Layout() (*Layout, error) {
+	if r == nil {
+		return nil, errNilRouting
+	}
+	return ReferenceLayout(r.Idx, r.Shape)
+}
 
 // CountLayout is the reference computation, exactly what the layout kernel
 // does: it overwrites perRank[R], perExpert[E] and inRank[T*R], ignores
@@ -77,6 +88,9 @@ func CountLayout[I Index](idx []I, s Shape, perRank, perExpert []int32, inRank [
 // Diff returns nil when got equals l, else an error naming the first
 // difference (shape, a rank count, an expert count, then a token's row).
 func (l *Layout) Diff(got *Layout) error {
+	if l == nil || got == nil {
+		return fmt.Errorf("layout diff: nil layout (want %v, got %v)", l != nil, got != nil)
+	}
 	if got.Shape != l.Shape {
 		return fmt.Errorf("layout shape %v, want %v", got.Shape, l.Shape)
 	}

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
@@ -48,12 +49,23 @@ func ValidateIndices[I Index](idx []I, s Shape) error {
 }
 
 // Validate checks the routing's shape and values.
-func (r *Routing) Validate() error { return ValidateIndices(r.Idx, r.Shape) }
+func (r *Routing) Validate() error {
+	if r == nil {
+		return errNilRouting
+	}
+	return ValidateIndices(r.Idx, r.Shape)
+}
+
+// errNilRouting is what a nil *Routing answers.
+var errNilRouting = errors.New("routing: nil Routing")
 
 // CheckDistinct reports the first token that names one expert in two slots.
 // The layout counts such a token twice for that expert (once per entry), as
 // DeepEP does; dispatch paths that need distinct experts call this.
 func (r *Routing) CheckDistinct() error {
+	if r == nil {
+		return errNilRouting
+	}
 	seen := make([]int, r.Experts) // token+1 that last used each expert
 	for t := 0; t < r.Tokens; t++ {
 		for j, e := range r.Row(t) {
@@ -69,11 +81,20 @@ func (r *Routing) CheckDistinct() error {
 	return nil
 }
 
-// Row is token t's K expert ids.
-func (r *Routing) Row(t int) []int64 { return r.Idx[t*r.K : (t+1)*r.K] }
+// Row is token t's K expert ids (nil for a nil Routing or a token outside
+// it).
+func (r *Routing) Row(t int) []int64 {
+	if r == nil || r.K <= 0 || t < 0 || t >= len(r.Idx)/r.K {
+		return nil
+	}
+	return r.Idx[t*r.K : (t+1)*r.K]
+}
 
 // Int32 returns the ids as int32 (every valid id fits).
 func (r *Routing) Int32() []int32 {
+	if r == nil {
+		return nil
+	}
 	out := make([]int32, len(r.Idx))
 	for i, v := range r.Idx {
 		out[i] = int32(v)
@@ -84,6 +105,9 @@ func (r *Routing) Int32() []int32 {
 // Encode returns topk_idx as little-endian bytes, 4 per entry when asInt32 is
 // set, else 8: the content of a device buffer.
 func (r *Routing) Encode(asInt32 bool) []byte {
+	if r == nil {
+		return nil
+	}
 	if asInt32 {
 		b := make([]byte, 4*len(r.Idx))
 		for i, v := range r.Idx {

@@ -49,11 +49,23 @@ func (s Shape) Validate() error {
 	return nil
 }
 
-// ExpertsPerRank is E/R.
-func (s Shape) ExpertsPerRank() int { return s.Experts / s.Ranks }
+// ExpertsPerRank is E/R (0 for a shape without ranks).
+func (s Shape) ExpertsPerRank() int {
+	if s.Ranks <= 0 {
+		return 0
+	}
+	return s.Experts / s.Ranks
+}
 
-// RankOf is the rank that owns expert e (0 <= e < E).
-func (s Shape) RankOf(e int) int { return e / s.ExpertsPerRank() }
+// RankOf is the rank that owns expert e (0 <= e < E; -1 for a shape with
+// no experts per rank).
+func (s Shape) RankOf(e int) int {
+	per := s.ExpertsPerRank()
+	if per <= 0 {
+		return -1
+	}
+	return e / per
+}
 
 // Entries is T*K, the length of topk_idx.
 func (s Shape) Entries() int { return s.Tokens * s.K }

@@ -31,6 +31,9 @@ type TimeoutError struct {
 }
 
 func (e *TimeoutError) Error() string {
+	if e == nil {
+		return "bootstrap: nil *TimeoutError"
+	}
 	var b strings.Builder
 	b.WriteString(e.Op)
 	if e.Cause != nil {
@@ -54,7 +57,12 @@ func (e *TimeoutError) Is(target error) bool { return target == ErrTimeout }
 
 // Unwrap exposes the context error, if any, so errors.Is(err,
 // context.DeadlineExceeded) also works when the caller's deadline fired.
-func (e *TimeoutError) Unwrap() error { return e.Cause }
+func (e *TimeoutError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Cause
+}
 
 // PeerClosedError reports that a peer rank is gone.
 type PeerClosedError struct {
@@ -63,13 +71,21 @@ type PeerClosedError struct {
 }
 
 func (e *PeerClosedError) Error() string {
+	if e == nil {
+		return "bootstrap: nil *PeerClosedError"
+	}
 	return fmt.Sprintf("peer rank %d is gone: %v", e.Rank, e.Err)
 }
 
 // Is makes errors.Is(err, ErrPeerClosed) true.
 func (e *PeerClosedError) Is(target error) bool { return target == ErrPeerClosed }
 
-func (e *PeerClosedError) Unwrap() error { return e.Err }
+func (e *PeerClosedError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
 
 // waitError turns the outcome of an interrupted wait into the error the API
 // promises: a TimeoutError for our timeout or the context's deadline (naming

@@ -60,6 +60,9 @@ type fdPeerInfo struct {
 // MaxFDsPerMessage is the kernel's limit on descriptors in one SCM_RIGHTS message.
 const MaxFDsPerMessage = 253
 
+// errNilFDExchanger is what the calls of a nil *FDExchanger return.
+var errNilFDExchanger = errors.New("bootstrap: nil FDExchanger (NewFDExchanger makes one)")
+
 // NewFDExchanger sets up descriptor passing among the ranks of b that share a
 // host. It is collective: every rank of b must call it. timeout bounds every
 // wait (zero: the Bootstrap's own timeout, or the default).
@@ -144,6 +147,9 @@ func (x *FDExchanger) checkPeer(op string, peer, tag int) error {
 // SendFD passes fds to peer under tag. The peer receives duplicates; the
 // caller still owns (and may close) its own fds as soon as SendFD returns.
 func (x *FDExchanger) SendFD(ctx context.Context, peer, tag int, fds []int) error {
+	if x == nil {
+		return errNilFDExchanger
+	}
 	op := fmt.Sprintf("sendfd to rank %d tag %d", peer, tag)
 	if err := x.checkPeer(op, peer, tag); err != nil {
 		return err
@@ -196,6 +202,9 @@ func (x *FDExchanger) SendFD(ctx context.Context, peer, tag int, fds []int) erro
 // RecvFD returns the next fds peer sent under tag. The caller owns them
 // (they are close-on-exec). Messages with the same (peer, tag) arrive in order.
 func (x *FDExchanger) RecvFD(ctx context.Context, peer, tag int) ([]int, error) {
+	if x == nil {
+		return nil, errNilFDExchanger
+	}
 	op := fmt.Sprintf("recvfd from rank %d tag %d", peer, tag)
 	if err := x.checkPeer(op, peer, tag); err != nil {
 		return nil, err
@@ -217,6 +226,9 @@ func (x *FDExchanger) RecvFD(ctx context.Context, peer, tag int) ([]int, error) 
 // Close stops the reader goroutines, closes the sockets and closes any
 // received descriptors nobody took. Peers see ErrPeerClosed.
 func (x *FDExchanger) Close() error {
+	if x == nil {
+		return nil
+	}
 	x.closeOnce.Do(func() {
 		x.closing.Store(true)
 		if x.ln != nil {

@@ -54,6 +54,9 @@ func Expire(wd uintptr, op, id, peer, stage uint32, waited time.Duration, expect
 
 // OK is goep_spin_ok: true to keep spinning, false to give up.
 func (s *Spin) OK(wd uintptr, op, id, peer, stage uint32, expected, observed uint64) bool {
+	if s == nil {
+		return false // no spin state: stop waiting rather than panic in a twin
+	}
 	runtime.Gosched()
 	s.count++
 	if s.count&(SpinCheckEvery-1) != 0 {

@@ -68,6 +68,9 @@ func (l *Library) Sym(name string) (unsafe.Pointer, error) {
 
 // VersionString formats Version as major.minor.patch.
 func (l *Library) VersionString() string {
+	if l == nil {
+		return ""
+	}
 	v := l.Version
 	if v >= 10000 { // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z from 2.9 on
 		return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
@@ -250,6 +253,9 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
+	if e == nil {
+		return "nccl: nil *Error"
+	}
 	s := fmt.Sprintf("nccl: %s: %s (%d)", e.Op, e.Msg, e.Code)
 	if e.Last != "" {
 		s += ": " + e.Last
@@ -355,10 +361,20 @@ func (c *Comm) Handle() uintptr {
 }
 
 // Rank and Size are the communicator's.
-func (c *Comm) Rank() int { return c.rank }
+func (c *Comm) Rank() int {
+	if c == nil {
+		return 0
+	}
+	return c.rank
+}
 
 // Size is the number of ranks.
-func (c *Comm) Size() int { return c.size }
+func (c *Comm) Size() int {
+	if c == nil {
+		return 0
+	}
+	return c.size
+}
 
 // Destroy frees the communicator (ncclCommDestroy) after its work is done.
 func (c *Comm) Destroy() error {
@@ -398,42 +414,63 @@ func (c *Comm) AsyncError() error {
 
 // AllReduce enqueues ncclAllReduce of count elements on stream (a CUstream).
 func (c *Comm) AllReduce(send, recv uintptr, count int, dt DataType, op RedOp, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclAllReduce", C.gn_all_reduce(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
 		C.int(dt), C.int(op), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
 // AllGather enqueues ncclAllGather of count elements per rank.
 func (c *Comm) AllGather(send, recv uintptr, count int, dt DataType, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclAllGather", C.gn_all_gather(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
 		C.int(dt), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
 // ReduceScatter enqueues ncclReduceScatter of count elements per rank.
 func (c *Comm) ReduceScatter(send, recv uintptr, count int, dt DataType, op RedOp, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclReduceScatter", C.gn_reduce_scatter(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv),
 		C.size_t(count), C.int(dt), C.int(op), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
 // Broadcast enqueues ncclBroadcast of count elements from root.
 func (c *Comm) Broadcast(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclBroadcast", C.gn_broadcast(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
 		C.int(dt), C.int(root), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
 // Reduce enqueues ncclReduce of count elements into root's recv.
 func (c *Comm) Reduce(send, recv uintptr, count int, dt DataType, op RedOp, root int, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclReduce", C.gn_reduce(C.uintptr_t(c.ctx), C.uint64_t(send), C.uint64_t(recv), C.size_t(count),
 		C.int(dt), C.int(op), C.int(root), C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
 // Send enqueues ncclSend of count elements to peer.
 func (c *Comm) Send(send uintptr, count int, dt DataType, peer int, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclSend", C.gn_send(C.uintptr_t(c.ctx), C.uint64_t(send), C.size_t(count), C.int(dt), C.int(peer),
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
 
 // Recv enqueues ncclRecv of count elements from peer.
 func (c *Comm) Recv(recv uintptr, count int, dt DataType, peer int, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclRecv", C.gn_recv(C.uintptr_t(c.ctx), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(peer),
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
@@ -441,6 +478,9 @@ func (c *Comm) Recv(recv uintptr, count int, dt DataType, peer int, stream uintp
 // AllToAll enqueues ncclAlltoAll (NCCL 2.28 and later) of count elements
 // per peer.
 func (c *Comm) AllToAll(send, recv uintptr, count int, dt DataType, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclAlltoAll", C.gn_all_to_all(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt),
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
@@ -448,6 +488,9 @@ func (c *Comm) AllToAll(send, recv uintptr, count int, dt DataType, stream uintp
 // Gather enqueues ncclGather (NCCL 2.28 and later) of count elements per
 // rank into root's recv.
 func (c *Comm) Gather(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclGather", C.gn_gather(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root),
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }
@@ -455,6 +498,9 @@ func (c *Comm) Gather(send, recv uintptr, count int, dt DataType, root int, stre
 // Scatter enqueues ncclScatter (NCCL 2.28 and later) of count elements
 // per rank from root's send.
 func (c *Comm) Scatter(send, recv uintptr, count int, dt DataType, root int, stream uintptr) error {
+	if c == nil {
+		return errNil("Comm")
+	}
 	return check("ncclScatter", C.gn_scatter(C.uint64_t(send), C.uint64_t(recv), C.size_t(count), C.int(dt), C.int(root),
 		C.uintptr_t(c.h), C.uintptr_t(stream)), c.h)
 }

@@ -158,19 +158,37 @@ type Operand struct {
 }
 
 // SrcOps and DstOps are the used operands.
-func (in *Instr) SrcOps() []Operand { return in.Src[:in.NSrc] }
+func (in *Instr) SrcOps() []Operand {
+	if in == nil {
+		return nil
+	}
+	return in.Src[:min(int(in.NSrc), len(in.Src))]
+}
 
 // DstOps are the used destination operands.
-func (in *Instr) DstOps() []Operand { return in.Dst[:in.NDst] }
+func (in *Instr) DstOps() []Operand {
+	if in == nil {
+		return nil
+	}
+	return in.Dst[:min(int(in.NDst), len(in.Dst))]
+}
 
 // ChannelList is the used channel indices.
-func (in *Instr) ChannelList() []uint8 { return in.Channels[:in.NChannels] }
+func (in *Instr) ChannelList() []uint8 {
+	if in == nil {
+		return nil
+	}
+	return in.Channels[:min(int(in.NChannels), len(in.Channels))]
+}
 
 // Slice narrows every operand of a data instruction to [off, off+n) of its
 // range (a tbg part or a pipeline iteration); packet operands move by 2*off.
 // wrap, when nonzero, is Resolved.ScratchWrap: scratch offsets wrap modulo
 // it (the chunk's base is kept).
 func (in *Instr) Slice(off, n, wrap uint64) Instr {
+	if in == nil {
+		return Instr{}
+	}
 	out := *in
 	cut := func(o *Operand) {
 		if off >= o.Size {
@@ -204,6 +222,9 @@ func (in *Instr) Slice(off, n, wrap uint64) Instr {
 
 // Size is the bytes a data instruction moves (its first operand's size).
 func (in *Instr) Size() uint64 {
+	if in == nil {
+		return 0
+	}
 	if in.NSrc > 0 {
 		return in.Src[0].Size
 	}

@@ -107,6 +107,9 @@ type Error struct {
 
 // Error formats as "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory".
 func (e *Error) Error() string {
+	if e == nil {
+		return "cuda: nil *Error"
+	}
 	name := e.Name
 	if name == "" {
 		name = "CUDA_ERROR_" + strconv.Itoa(e.Code)
@@ -121,6 +124,9 @@ func (e *Error) Error() string {
 // Is reports whether target is the Code of e, so errors.Is(err, ErrNotReady)
 // works through any wrapping.
 func (e *Error) Is(target error) bool {
+	if e == nil {
+		return false
+	}
 	c, ok := target.(Code)
 	return ok && int(c) == e.Code
 }

@@ -38,12 +38,20 @@ func NewEvent(ctx *Context, flags EventFlags) (*Event, error) {
 }
 
 // Handle returns the CUevent.
-func (e *Event) Handle() uintptr { return uintptr(e.h) }
+func (e *Event) Handle() uintptr {
+	if e == nil {
+		return 0
+	}
+	return uintptr(e.h)
+}
 
 // Record captures the work queued on s so far; Query, Synchronize and
 // Stream.WaitEvent then refer to that point. A nil stream records on the
 // legacy NULL stream of the event's context.
 func (e *Event) Record(s *Stream) error {
+	if e == nil {
+		return errNil("Event")
+	}
 	var sh C.uintptr_t
 	if s != nil {
 		sh = s.h
@@ -53,12 +61,18 @@ func (e *Event) Record(s *Stream) error {
 
 // Synchronize blocks until the recorded work is done.
 func (e *Event) Synchronize() error {
+	if e == nil {
+		return errNil("Event")
+	}
 	return check("cuEventSynchronize", C.gc_event_synchronize(e.ch, e.h))
 }
 
 // Query reports whether the recorded work is done (true also for an event
 // never recorded). Not-ready is not an error.
 func (e *Event) Query() (bool, error) {
+	if e == nil {
+		return false, errNil("Event")
+	}
 	r := C.gc_event_query(e.ch, e.h)
 	switch r {
 	case 0:
@@ -82,6 +96,9 @@ func ElapsedTime(start, end *Event) (float32, error) {
 // Destroy destroys the event. Events opened from an IPC handle are destroyed
 // the same way (this process's reference only).
 func (e *Event) Destroy() error {
+	if e == nil {
+		return nil
+	}
 	if !e.owned || e.h == 0 {
 		return nil
 	}
@@ -95,6 +112,9 @@ func (e *Event) Destroy() error {
 // OpenIpcEventHandle. The event must have been created with
 // EventInterprocess|EventDisableTiming.
 func (e *Event) GetIpcHandle() ([IpcHandleSize]byte, error) {
+	if e == nil {
+		return [IpcHandleSize]byte{}, errNil("Event")
+	}
 	var h [IpcHandleSize]byte
 	err := check("cuIpcGetEventHandle",
 		C.gc_ipc_get_event_handle(e.ch, e.h, (*C.uchar)(unsafe.Pointer(&h[0]))))

@@ -12,10 +12,18 @@ type Graph struct {
 }
 
 // Handle returns the CUgraph.
-func (g *Graph) Handle() uintptr { return uintptr(g.h) }
+func (g *Graph) Handle() uintptr {
+	if g == nil {
+		return 0
+	}
+	return uintptr(g.h)
+}
 
 // NumNodes returns the number of nodes in the graph.
 func (g *Graph) NumNodes() (int, error) {
+	if g == nil {
+		return 0, errNil("Graph")
+	}
 	r := C.gc_graph_num_nodes(g.ctx.h, g.h)
 	if r.r != 0 {
 		return 0, newError("cuGraphGetNodes", r.r)
@@ -26,6 +34,9 @@ func (g *Graph) NumNodes() (int, error) {
 // Instantiate creates an executable graph (cuGraphInstantiateWithFlags,
 // flags 0). The Graph may be destroyed afterwards.
 func (g *Graph) Instantiate() (*GraphExec, error) {
+	if g == nil {
+		return nil, errNil("Graph")
+	}
 	r := C.gc_graph_instantiate(g.ctx.h, g.h)
 	if r.r != 0 {
 		return nil, newError("cuGraphInstantiateWithFlags", r.r)
@@ -35,6 +46,9 @@ func (g *Graph) Instantiate() (*GraphExec, error) {
 
 // Destroy destroys the graph.
 func (g *Graph) Destroy() error {
+	if g == nil {
+		return nil
+	}
 	if g.h == 0 {
 		return nil
 	}
@@ -51,10 +65,18 @@ type GraphExec struct {
 }
 
 // Handle returns the CUgraphExec.
-func (e *GraphExec) Handle() uintptr { return uintptr(e.h) }
+func (e *GraphExec) Handle() uintptr {
+	if e == nil {
+		return 0
+	}
+	return uintptr(e.h)
+}
 
 // Launch queues one replay of the graph on s (nil: the NULL stream).
 func (e *GraphExec) Launch(s *Stream) error {
+	if e == nil {
+		return errNil("GraphExec")
+	}
 	var sh C.uintptr_t
 	if s != nil {
 		sh = s.h
@@ -64,6 +86,9 @@ func (e *GraphExec) Launch(s *Stream) error {
 
 // Destroy destroys the executable graph.
 func (e *GraphExec) Destroy() error {
+	if e == nil {
+		return nil
+	}
 	if e.h == 0 {
 		return nil
 	}

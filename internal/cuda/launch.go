@@ -51,22 +51,46 @@ func NewKernelArgs() *KernelArgs {
 
 // Reset empties the builder, keeping its storage.
 func (a *KernelArgs) Reset() *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	a.buf = a.buf[:0]
 	a.offs = a.offs[:0]
 	return a
 }
 
 // Len returns the number of parameters packed so far.
-func (a *KernelArgs) Len() int { return len(a.offs) }
+func (a *KernelArgs) Len() int {
+	if a == nil {
+		return 0
+	}
+	return len(a.offs)
+}
 
 // Size returns the number of bytes packed so far, padding included.
-func (a *KernelArgs) Size() int { return len(a.buf) }
+func (a *KernelArgs) Size() int {
+	if a == nil {
+		return 0
+	}
+	return len(a.buf)
+}
 
-// Offset returns the byte offset of parameter i.
-func (a *KernelArgs) Offset(i int) int { return int(a.offs[i]) }
+// Offset returns the byte offset of parameter i (-1 for no such
+// parameter).
+func (a *KernelArgs) Offset(i int) int {
+	if a == nil || i < 0 || i >= len(a.offs) {
+		return -1
+	}
+	return int(a.offs[i])
+}
 
 // Bytes returns the packed buffer (a view, valid until the next change).
-func (a *KernelArgs) Bytes() []byte { return a.buf }
+func (a *KernelArgs) Bytes() []byte {
+	if a == nil {
+		return nil
+	}
+	return a.buf
+}
 
 // slot reserves size bytes at the next multiple of align (a power of two),
 // zeroes the padding, records the offset and returns the slot.
@@ -87,56 +111,97 @@ func (a *KernelArgs) slot(size, align int) []byte {
 
 // Ptr appends a device pointer (8 bytes).
 func (a *KernelArgs) Ptr(p DevicePtr) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	binary.NativeEndian.PutUint64(a.slot(8, 8), uint64(p))
 	return a
 }
 
 // Uintptr appends a raw 64-bit address.
 func (a *KernelArgs) Uintptr(p uintptr) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	binary.NativeEndian.PutUint64(a.slot(8, 8), uint64(p))
 	return a
 }
 
 // U8 appends an 8-bit unsigned integer.
 func (a *KernelArgs) U8(v uint8) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	a.slot(1, 1)[0] = v
 	return a
 }
 
 // U16 appends a 16-bit unsigned integer.
 func (a *KernelArgs) U16(v uint16) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	binary.NativeEndian.PutUint16(a.slot(2, 2), v)
 	return a
 }
 
 // U32 appends a 32-bit unsigned integer.
 func (a *KernelArgs) U32(v uint32) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	binary.NativeEndian.PutUint32(a.slot(4, 4), v)
 	return a
 }
 
 // I32 appends a 32-bit signed integer.
-func (a *KernelArgs) I32(v int32) *KernelArgs { return a.U32(uint32(v)) }
+func (a *KernelArgs) I32(v int32) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
+	return a.U32(uint32(v))
+}
 
 // U64 appends a 64-bit unsigned integer.
 func (a *KernelArgs) U64(v uint64) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	binary.NativeEndian.PutUint64(a.slot(8, 8), v)
 	return a
 }
 
 // I64 appends a 64-bit signed integer.
-func (a *KernelArgs) I64(v int64) *KernelArgs { return a.U64(uint64(v)) }
+func (a *KernelArgs) I64(v int64) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
+	return a.U64(uint64(v))
+}
 
 // F32 appends a float.
-func (a *KernelArgs) F32(v float32) *KernelArgs { return a.U32(math.Float32bits(v)) }
+func (a *KernelArgs) F32(v float32) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
+	return a.U32(math.Float32bits(v))
+}
 
 // F64 appends a double.
-func (a *KernelArgs) F64(v float64) *KernelArgs { return a.U64(math.Float64bits(v)) }
+func (a *KernelArgs) F64(v float64) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
+	return a.U64(math.Float64bits(v))
+}
 
 // Struct appends a by-value struct parameter: its bytes as the kernel lays
 // them out, placed at a multiple of align (the struct's alignment in the
 // kernel). It panics if align is not a positive power of two.
 func (a *KernelArgs) Struct(data []byte, align int) *KernelArgs {
+	if a == nil {
+		a = new(KernelArgs) // the zero value works: the chain keeps its values
+	}
 	if align <= 0 || align&(align-1) != 0 {
 		panic(fmt.Sprintf("cuda: KernelArgs.Struct: alignment %d is not a power of two", align))
 	}
@@ -168,7 +233,7 @@ func LaunchCooperative(fn *Function, grid, block Dim3, sharedMem int, s *Stream,
 const errTooManyParams = -1
 
 func launch(fn *Function, grid, block Dim3, sharedMem int, s *Stream, args *KernelArgs, coop C.int) C.int {
-	if sharedMem < 0 {
+	if sharedMem < 0 || fn == nil {
 		return C.GC_ERROR_INVALID_VALUE
 	}
 	var sh C.uintptr_t

@@ -39,6 +39,9 @@ type DriverError struct {
 }
 
 func (e *DriverError) Error() string {
+	if e == nil {
+		return "cuda: nil *DriverError"
+	}
 	if !e.Override && isOpenFailure(e.Reason) {
 		return DefaultLibrary + " not found: no NVIDIA driver on this machine (set " + LibraryEnv +
 			" to override): " + e.Reason
@@ -51,7 +54,12 @@ func (e *DriverError) Error() string {
 }
 
 // Unwrap lets errors.Is(err, ErrNoDriver) match.
-func (e *DriverError) Unwrap() error { return ErrNoDriver }
+func (e *DriverError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return ErrNoDriver
+}
 
 const dlopenPrefix = "dlopen: "
 

@@ -234,6 +234,9 @@ func HostAlloc(ctx *Context, size int, flags HostAllocFlags) (*HostBuffer, error
 
 // Bytes returns the buffer as a byte slice (valid until Free).
 func (b *HostBuffer) Bytes() []byte {
+	if b == nil {
+		return nil
+	}
 	if b.p == nil {
 		return nil
 	}
@@ -241,14 +244,27 @@ func (b *HostBuffer) Bytes() []byte {
 }
 
 // Pointer returns the host address of the buffer.
-func (b *HostBuffer) Pointer() unsafe.Pointer { return b.p }
+func (b *HostBuffer) Pointer() unsafe.Pointer {
+	if b == nil {
+		return nil
+	}
+	return b.p
+}
 
 // Size returns the size in bytes.
-func (b *HostBuffer) Size() int { return b.size }
+func (b *HostBuffer) Size() int {
+	if b == nil {
+		return 0
+	}
+	return b.size
+}
 
 // DevicePointer returns the address at which kernels reach the buffer; it
 // needs HostAllocDeviceMap (cuMemHostGetDevicePointer).
 func (b *HostBuffer) DevicePointer() (DevicePtr, error) {
+	if b == nil {
+		return 0, errNil("HostBuffer")
+	}
 	r := C.gc_mem_host_get_device_pointer(b.ctx.h, b.p)
 	if r.r != 0 {
 		return 0, newError("cuMemHostGetDevicePointer", r.r)
@@ -258,6 +274,9 @@ func (b *HostBuffer) DevicePointer() (DevicePtr, error) {
 
 // Free releases the buffer. Slices returned by Bytes must not be used after.
 func (b *HostBuffer) Free() error {
+	if b == nil {
+		return nil
+	}
 	if b.p == nil {
 		return nil
 	}

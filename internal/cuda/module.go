@@ -26,13 +26,21 @@ type ModuleLoadError struct {
 }
 
 func (e *ModuleLoadError) Error() string {
+	if e == nil {
+		return "cuda: nil *ModuleLoadError"
+	}
 	if e.Log == "" {
 		return e.Err.Error()
 	}
 	return e.Err.Error() + "\nJIT log:\n" + e.Log
 }
 
-func (e *ModuleLoadError) Unwrap() error { return e.Err }
+func (e *ModuleLoadError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
 
 const jitLogSize = 16 << 10
 
@@ -70,10 +78,18 @@ func ModuleLoadData(ctx *Context, image []byte) (*Module, error) {
 }
 
 // Handle returns the CUmodule.
-func (m *Module) Handle() uintptr { return uintptr(m.h) }
+func (m *Module) Handle() uintptr {
+	if m == nil {
+		return 0
+	}
+	return uintptr(m.h)
+}
 
 // Function looks up a kernel by its (mangled, for C++) name.
 func (m *Module) Function(name string) (*Function, error) {
+	if m == nil {
+		return nil, errNil("Module")
+	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	r := C.gc_module_get_function(m.ctx.h, m.h, cname)
@@ -85,6 +101,9 @@ func (m *Module) Function(name string) (*Function, error) {
 
 // Unload unloads the module; its Functions become invalid.
 func (m *Module) Unload() error {
+	if m == nil {
+		return nil
+	}
 	if m.h == 0 {
 		return nil
 	}
@@ -118,16 +137,34 @@ type Function struct {
 }
 
 // Handle returns the CUfunction.
-func (f *Function) Handle() uintptr { return uintptr(f.h) }
+func (f *Function) Handle() uintptr {
+	if f == nil {
+		return 0
+	}
+	return uintptr(f.h)
+}
 
 // Name returns the name the function was looked up by.
-func (f *Function) Name() string { return f.name }
+func (f *Function) Name() string {
+	if f == nil {
+		return ""
+	}
+	return f.name
+}
 
 // Context returns the context of the function's module.
-func (f *Function) Context() *Context { return f.ctx }
+func (f *Function) Context() *Context {
+	if f == nil {
+		return nil
+	}
+	return f.ctx
+}
 
 // Attribute reads a function attribute.
 func (f *Function) Attribute(attr FuncAttribute) (int, error) {
+	if f == nil {
+		return 0, errNil("Function")
+	}
 	r := C.gc_func_get_attribute(f.ch, f.h, C.int(attr))
 	if r.r != 0 {
 		return 0, newError("cuFuncGetAttribute", r.r)
@@ -139,6 +176,9 @@ func (f *Function) Attribute(attr FuncAttribute) (int, error) {
 // SetAttribute(FuncAttrMaxDynamicSharedSizeBytes, 200<<10) before launching
 // with more than 48 KiB of dynamic shared memory.
 func (f *Function) SetAttribute(attr FuncAttribute, v int) error {
+	if f == nil {
+		return errNil("Function")
+	}
 	return check("cuFuncSetAttribute", C.gc_func_set_attribute(f.ch, f.h, C.int(attr), C.int(v)))
 }
 
@@ -146,6 +186,9 @@ func (f *Function) SetAttribute(attr FuncAttribute, v int) error {
 // threads using dynSmem bytes of dynamic shared memory fit on one SM: a
 // cooperative launch may use at most that times the SM count.
 func (f *Function) MaxActiveBlocksPerMultiprocessor(blockSize, dynSmem int) (int, error) {
+	if f == nil {
+		return 0, errNil("Function")
+	}
 	r := C.gc_occupancy_max_active_blocks(f.ch, f.h, C.int(blockSize), C.size_t(dynSmem))
 	if r.r != 0 {
 		return 0, newError("cuOccupancyMaxActiveBlocksPerMultiprocessor", r.r)

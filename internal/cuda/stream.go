@@ -81,19 +81,35 @@ func WrapStream(ctx *Context, handle uintptr) *Stream {
 }
 
 // Handle returns the CUstream.
-func (s *Stream) Handle() uintptr { return uintptr(s.h) }
+func (s *Stream) Handle() uintptr {
+	if s == nil {
+		return 0
+	}
+	return uintptr(s.h)
+}
 
 // Context returns the stream's context.
-func (s *Stream) Context() *Context { return s.ctx }
+func (s *Stream) Context() *Context {
+	if s == nil {
+		return nil
+	}
+	return s.ctx
+}
 
 // Synchronize blocks until all work queued on the stream is done.
 func (s *Stream) Synchronize() error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamSynchronize", C.gc_stream_synchronize(s.ch, s.h))
 }
 
 // Query reports whether all work queued on the stream is done. Not-ready is
 // not an error.
 func (s *Stream) Query() (bool, error) {
+	if s == nil {
+		return false, errNilStream
+	}
 	r := C.gc_stream_query(s.ch, s.h)
 	switch r {
 	case 0:
@@ -107,12 +123,18 @@ func (s *Stream) Query() (bool, error) {
 // WaitEvent makes future work on s wait for the last Record of e. The event
 // may belong to another context or device.
 func (s *Stream) WaitEvent(e *Event) error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamWaitEvent", C.gc_stream_wait_event(s.ch, s.h, e.h, 0))
 }
 
 // Destroy destroys an owned stream (work already queued still completes).
 // On a wrapped stream it does nothing.
 func (s *Stream) Destroy() error {
+	if s == nil {
+		return nil
+	}
 	if !s.owned || s.h == 0 {
 		return nil
 	}
@@ -125,6 +147,9 @@ func (s *Stream) Destroy() error {
 // WriteValue32 queues a 32-bit write of v to addr (device memory, or mapped
 // host memory via its device pointer).
 func (s *Stream) WriteValue32(addr DevicePtr, v uint32, flags WriteValueFlags) error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamWriteValue32",
 		C.gc_stream_write_value32(s.ch, s.h, C.uint64_t(addr), C.uint32_t(v), C.uint(flags)))
 }
@@ -132,6 +157,9 @@ func (s *Stream) WriteValue32(addr DevicePtr, v uint32, flags WriteValueFlags) e
 // WriteValue64 queues a 64-bit write of v to addr (8-byte aligned); see
 // WaitValue64 for when it is supported.
 func (s *Stream) WriteValue64(addr DevicePtr, v uint64, flags WriteValueFlags) error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamWriteValue64",
 		C.gc_stream_write_value64(s.ch, s.h, C.uint64_t(addr), C.uint64_t(v), C.uint(flags)))
 }
@@ -139,6 +167,9 @@ func (s *Stream) WriteValue64(addr DevicePtr, v uint64, flags WriteValueFlags) e
 // WaitValue32 makes the stream wait until the 32-bit word at addr satisfies
 // the comparison in flags against v.
 func (s *Stream) WaitValue32(addr DevicePtr, v uint32, flags WaitValueFlags) error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamWaitValue32",
 		C.gc_stream_wait_value32(s.ch, s.h, C.uint64_t(addr), C.uint32_t(v), C.uint(flags)))
 }
@@ -147,17 +178,26 @@ func (s *Stream) WaitValue32(addr DevicePtr, v uint32, flags WaitValueFlags) err
 // stream memory operations need AttrCanUse64BitStreamMemOps; without it the
 // driver returns ErrNotSupported.
 func (s *Stream) WaitValue64(addr DevicePtr, v uint64, flags WaitValueFlags) error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamWaitValue64",
 		C.gc_stream_wait_value64(s.ch, s.h, C.uint64_t(addr), C.uint64_t(v), C.uint(flags)))
 }
 
 // BeginCapture starts capturing the work queued on s into a graph.
 func (s *Stream) BeginCapture(mode CaptureMode) error {
+	if s == nil {
+		return errNilStream
+	}
 	return check("cuStreamBeginCapture", C.gc_stream_begin_capture(s.ch, s.h, C.int(mode)))
 }
 
 // EndCapture ends the capture started by BeginCapture and returns the graph.
 func (s *Stream) EndCapture() (*Graph, error) {
+	if s == nil {
+		return nil, errNilStream
+	}
 	r := C.gc_stream_end_capture(s.ch, s.h)
 	if r.r != 0 {
 		return nil, newError("cuStreamEndCapture", r.r)
@@ -167,6 +207,9 @@ func (s *Stream) EndCapture() (*Graph, error) {
 
 // CaptureStatus reports whether s is being captured.
 func (s *Stream) CaptureStatus() (CaptureStatus, error) {
+	if s == nil {
+		return 0, errNilStream
+	}
 	r := C.gc_stream_is_capturing(s.ch, s.h)
 	if r.r != 0 {
 		return CaptureStatusNone, newError("cuStreamIsCapturing", r.r)

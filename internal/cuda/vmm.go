@@ -134,11 +134,19 @@ func (b *VMMBuffer) mapAndGrant(gran int, accessDevices []Device) error {
 }
 
 // Imported reports whether the buffer came from ImportVMM.
-func (b *VMMBuffer) Imported() bool { return b.imported }
+func (b *VMMBuffer) Imported() bool {
+	if b == nil {
+		return false
+	}
+	return b.imported
+}
 
 // ExportFD returns a new file descriptor for the allocation
 // (cuMemExportToShareableHandle). The caller owns it and must close it.
 func (b *VMMBuffer) ExportFD() (int, error) {
+	if b == nil {
+		return 0, errNil("VMMBuffer")
+	}
 	if !b.hasHandle {
 		return -1, errors.New("cuda: VMMBuffer is closed")
 	}
@@ -153,6 +161,9 @@ func (b *VMMBuffer) ExportFD() (int, error) {
 // allocation handle, in that order. The memory itself is freed once every
 // process that mapped it has done the same. Close is idempotent.
 func (b *VMMBuffer) Close() error {
+	if b == nil {
+		return nil
+	}
 	var errs []error
 	if b.mapped {
 		errs = append(errs, check("cuMemUnmap", C.gc_vmm_unmap(b.ctx.h, C.uint64_t(b.Ptr), C.size_t(b.Size))))

@@ -2,6 +2,7 @@ package device
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 )
@@ -47,13 +48,31 @@ func NewArgs(n int) *Args {
 	return &Args{buf: make([]byte, 0, 8*n), offsets: make([]uint32, 0, n), kinds: make([]argKind, 0, n)}
 }
 
+// errNilArgs marks a list built from a nil *Args: the appenders then
+// record their values in a new list that carries this error (Err), so a
+// launch with it is refused rather than a kernel run with arguments
+// missing.
+var errNilArgs = errors.New("kernel arguments appended to a nil *Args (NewArgs makes one)")
+
+// orNew is a, or for a nil a a new list that carries errNilArgs.
+func (a *Args) orNew() *Args {
+	if a == nil {
+		return &Args{err: errNilArgs}
+	}
+	return a
+}
+
 // Reset empties the list, keeping its storage.
 func (a *Args) Reset() *Args {
+	if a == nil {
+		return a.orNew()
+	}
 	a.buf, a.offsets, a.kinds, a.err = a.buf[:0], a.offsets[:0], a.kinds[:0], nil
 	return a
 }
 
 func (a *Args) put(kind argKind, size int, v uint64) *Args {
+	a = a.orNew()
 	off := (len(a.buf) + size - 1) &^ (size - 1)
 	for len(a.buf) < off+size {
 		a.buf = append(a.buf, 0)
@@ -81,6 +100,7 @@ func (a *Args) I32(v int32) *Args { return a.put(kindU32, 4, uint64(uint32(v))) 
 // [0, 2^32) is recorded (Err) and both backends refuse to launch with
 // these arguments, instead of a kernel seeing the value wrapped.
 func (a *Args) U32Int(v int) *Args {
+	a = a.orNew()
 	if (v < 0 || uint64(v) > math.MaxUint32) && a.err == nil {
 		a.err = fmt.Errorf("kernel argument %d: %d does not fit an unsigned 32-bit parameter", len(a.offsets), v)
 	}
@@ -89,6 +109,7 @@ func (a *Args) U32Int(v int) *Args {
 
 // I32Int appends v as a signed 32-bit integer, checked like U32Int.
 func (a *Args) I32Int(v int) *Args {
+	a = a.orNew()
 	if (v < math.MinInt32 || v > math.MaxInt32) && a.err == nil {
 		a.err = fmt.Errorf("kernel argument %d: %d does not fit a signed 32-bit parameter", len(a.offsets), v)
 	}
@@ -98,6 +119,7 @@ func (a *Args) I32Int(v int) *Args {
 // U64Int appends v as an unsigned 64-bit integer, checked: a negative v is
 // recorded (Err).
 func (a *Args) U64Int(v int) *Args {
+	a = a.orNew()
 	if v < 0 && a.err == nil {
 		a.err = fmt.Errorf("kernel argument %d: %d does not fit an unsigned 64-bit parameter", len(a.offsets), v)
 	}
@@ -122,16 +144,34 @@ func (a *Args) I64(v int64) *Args { return a.put(kindU64, 8, uint64(v)) }
 // F32 appends a float32.
 func (a *Args) F32(v float32) *Args { return a.put(kindF32, 4, uint64(math.Float32bits(v))) }
 
-// Len is the number of parameters.
-func (a *Args) Len() int { return len(a.offsets) }
+// Len is the number of parameters (0 for a nil Args).
+func (a *Args) Len() int {
+	if a == nil {
+		return 0
+	}
+	return len(a.offsets)
+}
 
 // Bytes is the packed parameter buffer; Offsets gives each parameter's offset.
-func (a *Args) Bytes() []byte { return a.buf }
+func (a *Args) Bytes() []byte {
+	if a == nil {
+		return nil
+	}
+	return a.buf
+}
 
 // Offsets gives the byte offset of each parameter in Bytes.
-func (a *Args) Offsets() []uint32 { return a.offsets }
+func (a *Args) Offsets() []uint32 {
+	if a == nil {
+		return nil
+	}
+	return a.offsets
+}
 
 func (a *Args) at(i int, want argKind) (int, error) {
+	if a == nil {
+		return 0, errNilArgs
+	}
 	if i < 0 || i >= len(a.offsets) {
 		return 0, fmt.Errorf("kernel argument %d out of range (have %d)", i, len(a.offsets))
 	}

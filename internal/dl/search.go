@@ -39,6 +39,22 @@ type Env struct {
 // OSEnv reads the real environment and file system.
 func OSEnv() Env { return Env{Getenv: os.Getenv, Glob: filepath.Glob, Home: os.UserHomeDir} }
 
+// filled is e with the functions it leaves nil taken from OSEnv, so a zero
+// Env reads the real system instead of calling a nil function.
+func (e Env) filled() Env {
+	os := OSEnv()
+	if e.Getenv == nil {
+		e.Getenv = os.Getenv
+	}
+	if e.Glob == nil {
+		e.Glob = os.Glob
+	}
+	if e.Home == nil {
+		e.Home = os.Home
+	}
+	return e
+}
+
 // PythonBases are globbed for python3.X directories that may hold pip
 // wheels. A leading "~" is the home directory and "$VIRTUAL_ENV" the active
 // virtual environment.
@@ -62,6 +78,7 @@ type Place struct {
 
 // Places lists, in order, where Search looks when the override is unset.
 func (s Spec) Places(env Env) []Place {
+	env = env.filled()
 	var places []place
 	seen := map[string]bool{}
 	addGlob := func(where string, patterns ...string) {
@@ -152,10 +169,18 @@ type OverrideError struct {
 }
 
 func (e *OverrideError) Error() string {
+	if e == nil {
+		return "dl: nil *OverrideError"
+	}
 	return fmt.Sprintf("%s=%s cannot be used: %v", e.Var, e.Path, e.Err)
 }
 
-func (e *OverrideError) Unwrap() error { return e.Err }
+func (e *OverrideError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
 
 // NotFoundError is a search that found no usable library.
 type NotFoundError struct {
@@ -169,6 +194,9 @@ type NotFoundError struct {
 }
 
 func (e *NotFoundError) Error() string {
+	if e == nil {
+		return "dl: nil *NotFoundError"
+	}
 	var b strings.Builder
 	b.WriteString(e.What)
 	b.WriteString("; looked at:\n")
@@ -189,6 +217,7 @@ func (e *NotFoundError) Error() string {
 // caller fills it in) whose Tried names every path and why it failed.
 func Search[T any](s Spec, env Env, open func(path string) (T, error)) (T, error) {
 	var zero T
+	env = env.filled()
 	if s.EnvVar != "" {
 		if p := strings.TrimSpace(env.Getenv(s.EnvVar)); p != "" {
 			v, err := open(p)

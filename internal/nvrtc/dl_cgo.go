@@ -166,6 +166,9 @@ func (l *Library) fetch(prog C.goep_nvrtc_prog, sizeSym, copySym int, trimNUL bo
 // rejected program gives a *CompileError whose Log has the diagnostics; the
 // returned Output carries the same Log.
 func (l *Library) Compile(p Program) (Output, error) {
+	if l == nil {
+		return Output{}, errNil("Library")
+	}
 	name := p.Name
 	if name == "" {
 		name = "program.cu"

@@ -59,21 +59,39 @@ var symbolNames = [numSymbols]string{
 func symbolRequired(i int) bool { return i < symGetNumSupportedArchs }
 
 // Version reports NVRTC's version, e.g. (12, 4).
-func (l *Library) Version() (major, minor int) { return l.major, l.minor }
+func (l *Library) Version() (major, minor int) {
+	if l == nil {
+		return 0, 0
+	}
+	return l.major, l.minor
+}
 
 // Path is the file of the loaded library as the dynamic loader mapped it
 // (an absolute path, also when it was found by soname).
-func (l *Library) Path() string { return l.path }
+func (l *Library) Path() string {
+	if l == nil {
+		return ""
+	}
+	return l.path
+}
 
 // SupportedArchs lists the SM versions this NVRTC can generate code for
 // (e.g. 52, 60, ..., 90), ascending. It is nil when the library does not
 // export nvrtcGetSupportedArchs.
-func (l *Library) SupportedArchs() []int { return append([]int(nil), l.archs...) }
+func (l *Library) SupportedArchs() []int {
+	if l == nil {
+		return nil
+	}
+	return append([]int(nil), l.archs...)
+}
 
 // SupportsArch reports whether NVRTC lists sm (e.g. 90) as a supported
 // architecture. Without the list it answers true and leaves the verdict to
 // the compiler.
 func (l *Library) SupportsArch(sm int) bool {
+	if l == nil {
+		return false
+	}
 	if l.archs == nil {
 		return true
 	}
@@ -86,6 +104,9 @@ func (l *Library) SupportsArch(sm int) bool {
 }
 
 func (l *Library) String() string {
+	if l == nil {
+		return ""
+	}
 	return fmt.Sprintf("NVRTC %d.%d (%s)", l.major, l.minor, l.path)
 }
 
@@ -120,7 +141,12 @@ type Error struct {
 	Msg  string // nvrtcGetErrorString
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("nvrtc: %s: %s (%d)", e.Op, e.Msg, e.Code) }
+func (e *Error) Error() string {
+	if e == nil {
+		return "nvrtc: nil *Error"
+	}
+	return fmt.Sprintf("nvrtc: %s: %s (%d)", e.Op, e.Msg, e.Code)
+}
 
 // CompileError is a compilation that NVRTC rejected; Log names the failing
 // file(line) and the diagnostic.
@@ -132,6 +158,9 @@ type CompileError struct {
 }
 
 func (e *CompileError) Error() string {
+	if e == nil {
+		return "nvrtc: nil *CompileError"
+	}
 	log := strings.TrimSpace(e.Log)
 	if log == "" {
 		log = "(empty log)"

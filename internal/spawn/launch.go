@@ -62,6 +62,9 @@ type RankError struct {
 }
 
 func (e *RankError) Error() string {
+	if e == nil {
+		return "spawn: nil *RankError"
+	}
 	var msg string
 	if e.Signal != 0 {
 		msg = fmt.Sprintf("launch: rank %d was killed by signal %d (%v)", e.Rank, int(e.Signal), e.Signal)

@@ -31,6 +31,9 @@ const (
 )
 
 func (p Path) String() string {
+	if p < 0 || p >= numPaths {
+		return fmt.Sprintf("path(%d)", int(p))
+	}
 	return [...]string{"plan", "native", "nccl", "staged"}[p]
 }
 
@@ -52,6 +55,9 @@ const (
 )
 
 func (k Kind) String() string {
+	if k < 0 || k >= numKinds {
+		return fmt.Sprintf("kind(%d)", int(k))
+	}
 	return [...]string{"allreduce", "allgather", "reducescatter", "broadcast", "reduce", "send", "recv",
 		"alltoall", "gather", "scatter"}[k]
 }
@@ -133,6 +139,9 @@ const NoColor = -1
 // ranks): the ranks of one color form one, ordered by key, then by their
 // rank in c, on the same GPUs. A rank with NoColor gets nil.
 func (c *Comm) Split(color, key int) (*Comm, error) {
+	if c == nil {
+		return nil, errNilComm("ncclCommSplit")
+	}
 	if color < NoColor {
 		return nil, errorf(InvalidArgument, "ncclCommSplit: color %d", color)
 	}
@@ -323,14 +332,38 @@ func loadPlans() (*plan.Registry, error) {
 }
 
 // Rank, Size and Device answer ncclCommUserRank, ncclCommCount and
-// ncclCommCuDevice.
-func (c *Comm) Rank() int   { return c.rank }
-func (c *Comm) Size() int   { return c.size }
-func (c *Comm) Device() int { return c.ordinal }
+// ncclCommCuDevice (0 on a nil Comm; unchanged after Destroy).
+func (c *Comm) Rank() int {
+	if c == nil {
+		return 0
+	}
+	return c.rank
+}
+
+func (c *Comm) Size() int {
+	if c == nil {
+		return 0
+	}
+	return c.size
+}
+
+func (c *Comm) Device() int {
+	if c == nil {
+		return 0
+	}
+	return c.ordinal
+}
+
+// errNilComm is what a method of a nil *Comm returns (the C entry points
+// check for NULL first; this keeps Go callers from a panic too).
+func errNilComm(op string) *Error { return errorf(InvalidArgument, "%s: comm is NULL", op) }
 
 // Counts is how many calls of each kind took each path.
 func (c *Comm) Counts() [numKinds][numPaths]int64 {
 	var out [numKinds][numPaths]int64
+	if c == nil {
+		return out
+	}
 	for k := range out {
 		for p := range out[k] {
 			out[k][p] = c.counts[k][p].Load()
@@ -341,6 +374,9 @@ func (c *Comm) Counts() [numKinds][numPaths]int64 {
 
 // CountsString is the per-path summary printed with GOEP_NCCL_DEBUG=1.
 func (c *Comm) CountsString() string {
+	if c == nil {
+		return "nil communicator"
+	}
 	counts := c.Counts()
 	var parts []string
 	for k := Kind(0); k < numKinds; k++ {
@@ -390,6 +426,9 @@ func (c *Comm) ensureNCCL(ctx context.Context) error {
 // AsyncError reports a failure of work already issued (a device-side
 // timeout naming the peer, or NCCL's asynchronous error).
 func (c *Comm) AsyncError() error {
+	if c == nil {
+		return errNilComm("ncclCommGetAsyncError")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -419,6 +458,9 @@ func (c *Comm) AsyncError() error {
 // rank's goroutine may still be in a call's Go twin, it waits for every
 // rank (bounded).
 func (c *Comm) Finalize() error {
+	if c == nil {
+		return errNilComm("ncclCommFinalize")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.finalizeLocked()
@@ -454,6 +496,9 @@ func (c *Comm) finalizeLocked() error {
 // may destroy the communicators of several ranks in turn); see Finalize
 // for why that is safe on GPUs.
 func (c *Comm) Destroy() error {
+	if c == nil {
+		return nil // as NCCL's: destroying NULL is a no-op
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -474,6 +519,9 @@ func (c *Comm) Destroy() error {
 // Abort frees the communicator without waiting for peers
 // (ncclCommAbort): device waits end at once.
 func (c *Comm) Abort() error {
+	if c == nil {
+		return nil // as NCCL's: destroying NULL is a no-op
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

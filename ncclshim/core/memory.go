@@ -93,6 +93,9 @@ type registration struct {
 // every rank registers such a buffer at the same point (as PyTorch's
 // memory pool registration does). Anything else is recorded only.
 func (c *Comm) Register(p uintptr, size uint64) (uint64, error) {
+	if c == nil {
+		return 0, errNilComm("ncclCommRegister")
+	}
 	if p == 0 || size == 0 {
 		return 0, errorf(InvalidArgument, "ncclCommRegister: buffer %#x, size %d", p, size)
 	}
@@ -121,6 +124,9 @@ func (c *Comm) Register(p uintptr, size uint64) (uint64, error) {
 
 // Deregister undoes Register (ncclCommDeregister).
 func (c *Comm) Deregister(h uint64) error {
+	if c == nil {
+		return errNilComm("ncclCommDeregister")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r, ok := c.regs[h]

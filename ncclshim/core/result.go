@@ -31,7 +31,12 @@ type Error struct {
 	Msg  string
 }
 
-func (e *Error) Error() string { return e.Msg }
+func (e *Error) Error() string {
+	if e == nil {
+		return "ncclshim: nil *Error"
+	}
+	return e.Msg
+}
 
 func errorf(code Result, format string, a ...any) *Error {
 	return &Error{Code: code, Msg: fmt.Sprintf(format, a...)}

@@ -98,7 +98,12 @@ const (
 	Port                   // copy engines through the CPU proxy
 )
 
-func (t ChanType) String() string { return [...]string{"memory", "port"}[t] }
+func (t ChanType) String() string {
+	if int(t) >= 2 {
+		return fmt.Sprintf("chantype(%d)", int(t))
+	}
+	return [...]string{"memory", "port"}[t]
+}
 
 // Channel is one end of a channel: From's access to To. Its partner is the
 // channel of the same type from To to From with the same Tag (the Tag-th

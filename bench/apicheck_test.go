@@ -1,0 +1,17 @@
+package bench
+
+import (
+	"testing"
+
+	"github.com/goep-dev/goep/internal/apicheck"
+)
+
+// apiTable is one value of every exported type of package bench with
+// exported methods; TestAPITable fails when a new one is not added here.
+var apiTable = []any{(*NPYIndex)(nil), &NPYIndex{}, Placement{}}
+
+// 1 (issue 18). Every exported method answers on a nil receiver and on a
+// zero value without a panic.
+func TestAPITable(t *testing.T) {
+	apicheck.Cover(t, ".", apiTable, apicheck.Options{})
+}

@@ -29,7 +29,18 @@ const (
 	CtxScratch     = 128 // char*[MaxRanks]: every rank's scratch data area
 	CtxMailbox     = 192 // char*[MaxRanks]: every rank's mailbox
 	CtxLLID        = 256 // u32[MaxRanks]: wait id of LL packet reads from each rank
-	CtxSize        = 288
+	CtxCtrl        = 288 // char*[MaxRanks]: every rank's control block (call fingerprints)
+	CtxSize        = 352
+)
+
+// Control block (CtrlBytes per rank, in its scratch buffer after the
+// mailboxes, zeroed at setup): see kernels/coll_common.cuh.
+const (
+	CtrlSeq     = 0   // u64, this rank only: launches completed (the kernels advance it)
+	CtrlArrived = 8   // u32, this rank only: blocks of the running launch that finished
+	CtrlFailed  = 16  // u64, this rank only: nonzero once a wait gave up
+	CtrlFP      = 128 // u64[MaxRanks]: fp[src], the fingerprint of src's latest launch
+	CtrlBytes   = 256
 )
 
 // Mailbox: DescSize-byte descriptors at [block][source rank] in each rank's
@@ -53,6 +64,10 @@ const (
 	StageExit   = 4 // exit barrier of a zero-copy kernel
 	StageLL1    = 5 // LL packets of the first (or only) round
 	StageLL2    = 6 // LL packets of the second round
+	// StageMismatch is not a timeout: a peer's call fingerprint differed
+	// (Expected: this rank's fingerprint, Observed: the peer's).
+	StageMismatch = 7
+	StageFP       = 8 // waiting for a peer's fingerprint of this launch (it has not made the call)
 )
 
 // Kernel names.
@@ -67,6 +82,7 @@ const (
 	KernelARZC       = "goep_coll_ar_zc"
 	KernelAGZC       = "goep_coll_ag_zc"
 	KernelRSZC       = "goep_coll_rs_zc"
+	KernelFPSync     = "goep_coll_fp_sync"
 	KernelFill       = "goep_coll_fill"
 	KernelCheck      = "goep_coll_check"
 	KernelMaxThreads = 512 // __launch_bounds__ of every collective kernel (GOEP_COLL_MAX_THREADS)
@@ -86,6 +102,7 @@ type Ctx struct {
 	PacketHalf, ScratchSize         uint64
 	Packets, Scratch, Mailbox       [MaxRanks]uintptr
 	LLID                            [MaxRanks]uint32
+	Ctrl                            [MaxRanks]uintptr
 }
 
 var le = binary.LittleEndian
@@ -108,6 +125,7 @@ func (c Ctx) Encode(b []byte) {
 		le.PutUint64(b[CtxScratch+8*i:], uint64(c.Scratch[i]))
 		le.PutUint64(b[CtxMailbox+8*i:], uint64(c.Mailbox[i]))
 		le.PutUint32(b[CtxLLID+4*i:], c.LLID[i])
+		le.PutUint64(b[CtxCtrl+8*i:], uint64(c.Ctrl[i]))
 	}
 }
 
@@ -126,6 +144,7 @@ func DecodeCtx(b []byte) Ctx {
 		c.Scratch[i] = uintptr(le.Uint64(b[CtxScratch+8*i:]))
 		c.Mailbox[i] = uintptr(le.Uint64(b[CtxMailbox+8*i:]))
 		c.LLID[i] = le.Uint32(b[CtxLLID+4*i:])
+		c.Ctrl[i] = uintptr(le.Uint64(b[CtxCtrl+8*i:]))
 	}
 	return c
 }

@@ -47,10 +47,10 @@ type Communicator struct {
 	regsBuf  device.Buffer
 	ctxBuf   device.Buffer
 	peerScr  [abi.MaxRanks]uintptr
-	ctrlOff  int // offset of the control block in the scratch (after the mailbox)
-	dataOff  int // offset of the scratch data area (after the control block)
+	ctrlOff  int                  // offset of the control block in the scratch (after the mailbox)
+	dataOff  int                  // offset of the scratch data area (after the control block)
 	llIDs    [abi.MaxRanks]uint32 // wait ids of the peers' LL packets (also name mismatch records)
-	scrBytes int // bytes of the scratch data area
+	scrBytes int                  // bytes of the scratch data area
 
 	mu      sync.Mutex
 	args    *device.Args

@@ -99,7 +99,7 @@ func diffFingerprints(o, t abi.Fingerprint) []string {
 		add("algorithm", fpAlgoName(o.Algo), fpAlgoName(t.Algo))
 	}
 	if o.Grid != t.Grid {
-		add("grid (blocks mod 1024)", o.Grid, t.Grid)
+		add("grid", o.Grid, t.Grid) // blocks of a bulk kernel, mod 1024
 	}
 	return d
 }

@@ -283,9 +283,16 @@ func (c *Communicator) setupNative(ctx context.Context) (err error) {
 	}
 	c.llIDs = x.LLID
 	c.peerScr = x.Scratch
+	// The context holds its own address: the kernels advance the launch
+	// counter and raise the failed flag in it (Seq, Failed and Arrived start
+	// at zero).
+	if c.ctxBuf, err = dev.Alloc(abi.CtxSize); err != nil {
+		return c.errorf("context: %w", err)
+	}
+	x.Self = c.ctxBuf.Ptr
 	b := make([]byte, abi.CtxSize)
 	x.Encode(b)
-	if c.ctxBuf, err = c.upload(b); err != nil {
+	if err = dev.CopyIn(c.ctxBuf.Ptr, b); err != nil {
 		return c.errorf("context: %w", err)
 	}
 	return nil

@@ -215,11 +215,10 @@ func (c twinCtx) fpSlot(p, src uint32) uintptr { return c.Ctrl[p] + abi.CtrlFP +
 // the launch counter; false when an earlier launch of this rank failed (the
 // twin then returns at once, like the kernel).
 func (c *twinCtx) begin(shape uint64) bool {
-	own := c.Ctrl[c.Rank]
-	if devapi.U64(own+abi.CtrlFailed).Load() != 0 {
+	if devapi.U64(c.Self+abi.CtxFailed).Load() != 0 {
 		return false
 	}
-	seq := devapi.U64(own+abi.CtrlSeq).Load() + 1
+	seq := devapi.U64(c.Self+abi.CtxSeq).Load() + 1
 	c.fp = shape&^abi.FPSeqMask | seq&abi.FPSeqMask
 	return true
 }
@@ -236,9 +235,9 @@ func (c twinCtx) publish() {
 
 // end advances the launch counter (goep_coll_end; the twin ran the whole
 // grid).
-func (c twinCtx) end() { devapi.U64(c.Ctrl[c.Rank] + abi.CtrlSeq).Add(1) }
+func (c twinCtx) end() { devapi.U64(c.Self + abi.CtxSeq).Add(1) }
 
-func (c twinCtx) setFailed() { devapi.U64(c.Ctrl[c.Rank] + abi.CtrlFailed).Store(1) }
+func (c twinCtx) setFailed() { devapi.U64(c.Self + abi.CtxFailed).Store(1) }
 
 // mismatch is goep_coll_mismatch.
 func (c twinCtx) mismatch(peer uint32, theirs uint64) {

@@ -157,11 +157,10 @@ __device__ __forceinline__ bool goep_coll_ar_rsag_run(const goep_coll_ctx& c, co
 extern "C" __global__ void goep_coll_ar_rsag(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
                                              u32 op, u64 cell, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_rsag_run, c, (const char*)in, (char*)out, count, cell, op, fp);
   if (ok) {
@@ -212,11 +211,11 @@ __device__ __forceinline__ bool goep_coll_ag_scratch_run(const goep_coll_ctx& c,
 extern "C" __global__ void goep_coll_ag_scratch(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes,
                                                 u64 cell, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  if (goep_coll_ag_scratch_run(c, (const char*)in, (char*)out, bytes, cell, s_fp)) {
+  if (goep_coll_ag_scratch_run(c, (const char*)in, (char*)out, bytes, cell, fp)) {
     goep_coll_end(c);
   }
 }
@@ -268,11 +267,10 @@ __device__ __forceinline__ bool goep_coll_rs_scratch_run(const goep_coll_ctx& c,
 extern "C" __global__ void goep_coll_rs_scratch(const goep_coll_ctx* ctx, const void* in, void* out, u64 count,
                                                 u32 dtype, u32 op, u64 cell, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_rs_scratch_run, c, (const char*)in, (char*)out, count, cell, op, fp);
   if (ok) {
@@ -320,13 +318,12 @@ __device__ __forceinline__ void goep_coll_ar_zc_run(const goep_coll_ctx& c, cons
 extern "C" __global__ void goep_coll_ar_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
                                            u32 op, u32 in_reg, u64 in_off, u32 out_reg, u64 out_off, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
   __shared__ const char* s_in[GOEP_COLL_MAX_RANKS];
   __shared__ char* s_out[GOEP_COLL_MAX_RANKS];
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   if (!goep_coll_exchange(c, fp, in_reg, in_off, out_reg, out_off, (const char*)in, (char*)out, s_in, s_out)) {
     return;
   }
@@ -341,13 +338,12 @@ extern "C" __global__ void goep_coll_ar_zc(const goep_coll_ctx* ctx, const void*
 extern "C" __global__ void goep_coll_ag_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u32 out_reg,
                                            u64 out_off, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
   __shared__ const char* s_in[GOEP_COLL_MAX_RANKS];
   __shared__ char* s_out[GOEP_COLL_MAX_RANKS];
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   if (!goep_coll_exchange(c, fp, GOEP_COLL_NO_REG, 0, out_reg, out_off, (const char*)in, (char*)out, s_in, s_out)) {
     return;
   }
@@ -386,13 +382,12 @@ __device__ __forceinline__ void goep_coll_rs_zc_run(const goep_coll_ctx& c, cons
 extern "C" __global__ void goep_coll_rs_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
                                            u32 op, u32 in_reg, u64 in_off, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
   __shared__ const char* s_in[GOEP_COLL_MAX_RANKS];
   __shared__ char* s_out[GOEP_COLL_MAX_RANKS];
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   if (!goep_coll_exchange(c, fp, in_reg, in_off, GOEP_COLL_NO_REG, 0, (const char*)in, (char*)out, s_in, s_out)) {
     return;
   }

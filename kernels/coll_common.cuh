@@ -17,13 +17,15 @@
 //   - mailboxes, where zero-copy kernels publish which registered buffer and
 //     offset they use (the peer reads its own mapping in the regs table);
 //   - the control block of every rank (GOEP_COLL_CTRL_*, in its scratch
-//     buffer after the mailboxes, zeroed once at setup): this rank's launch
-//     counter and failed flag, and fp[src], the call fingerprint of src's
-//     latest launch, written by src.
+//     buffer after the mailboxes, zeroed once at setup): fp[src], the call
+//     fingerprint of src's latest launch, written by src. This rank's
+//     launch counter and failed flag live in its own goep_coll_ctx (seq,
+//     failed), which every launch copies anyway: reading them costs no
+//     extra load at the start of a kernel.
 //
 // Call fingerprint (always on; collectives/fingerprint.go packs and decodes
-// it): bits 0..11 the launch's sequence number, ctrl.seq + 1 at its start
-// (the kernels advance ctrl.seq themselves, so CUDA-graph replays and
+// it): bits 0..11 the launch's sequence number, ctx.seq + 1 at its start
+// (the kernels advance ctx.seq themselves, so CUDA-graph replays and
 // direct calls stay in step), bits 12..63 the call's shape as the launcher
 // packed it (kind, dtype, op, algorithm, bulk grid, count), passed as the
 // kernel's last argument. Every launch writes it into every peer's fp[rank]
@@ -42,7 +44,7 @@
 // mismatch fails every rank: whatever two ranks differ in, every rank
 // differs from one of them.
 //
-// ctrl.failed: once any wait of a launch gave up (mismatch or timeout),
+// ctx.failed: once any wait of a launch gave up (mismatch or timeout),
 // every later launch of this rank leaves at once without writing to a peer,
 // so peers never pair a stale sequence number of a broken rank with calls.
 //
@@ -83,13 +85,10 @@
 #define GOEP_COLL_STAGE_MISMATCH 7  // a peer's call fingerprint differs (not a timeout)
 #define GOEP_COLL_STAGE_FP 8        // waiting for a peer's fingerprint of this launch (it has not started it)
 
-// Control block byte offsets (GOEP_COLL_CTRL_BYTES per rank). Peers write
-// only fp[], on a 128-byte line of its own.
-#define GOEP_COLL_CTRL_SEQ 0       // u64, this rank only: launches completed
-#define GOEP_COLL_CTRL_ARRIVED 8   // u32, this rank only: blocks of the running launch that finished
-#define GOEP_COLL_CTRL_FAILED 16   // u64, this rank only: nonzero once a wait gave up
-#define GOEP_COLL_CTRL_FP 128      // u64[GOEP_COLL_MAX_RANKS]: fp[src], written by src
-#define GOEP_COLL_CTRL_BYTES 256
+// Control block byte offsets (GOEP_COLL_CTRL_BYTES per rank), written by
+// peers only.
+#define GOEP_COLL_CTRL_FP 0  // u64[GOEP_COLL_MAX_RANKS]: fp[src], written by src
+#define GOEP_COLL_CTRL_BYTES 128
 #define GOEP_COLL_FP_SEQ_MASK 0xfffull
 static_assert(GOEP_COLL_CTRL_FP + GOEP_COLL_MAX_RANKS * 8 <= GOEP_COLL_CTRL_BYTES, "goep: coll ctrl");
 
@@ -121,8 +120,14 @@ struct goep_coll_ctx {
   char* mailbox[GOEP_COLL_MAX_RANKS];
   u32 ll_id[GOEP_COLL_MAX_RANKS];
   char* ctrl[GOEP_COLL_MAX_RANKS];  // every rank's control block
+  // Written by this rank's kernels (through self), zero at setup:
+  u64 seq;                     // launches completed
+  u64 failed;                  // nonzero once a wait gave up
+  u32 arrived;                 // blocks of the running bulk launch that finished
+  u32 pad;
+  struct goep_coll_ctx* self;  // this struct's own device address
 };
-static_assert(sizeof(goep_coll_ctx) == 352, "goep: goep_coll_ctx layout");
+static_assert(sizeof(goep_coll_ctx) == 384, "goep: goep_coll_ctx layout");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, world) == 4, "goep: goep_coll_ctx.world");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, sem_blocks) == 8, "goep: goep_coll_ctx.sem_blocks");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, max_regs) == 12, "goep: goep_coll_ctx.max_regs");
@@ -137,6 +142,10 @@ static_assert(GOEP_OFFSETOF(goep_coll_ctx, scratch) == 128, "goep: goep_coll_ctx
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, mailbox) == 192, "goep: goep_coll_ctx.mailbox");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, ll_id) == 256, "goep: goep_coll_ctx.ll_id");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, ctrl) == 288, "goep: goep_coll_ctx.ctrl");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, seq) == 352, "goep: goep_coll_ctx.seq");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, failed) == 360, "goep: goep_coll_ctx.failed");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, arrived) == 368, "goep: goep_coll_ctx.arrived");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, self) == 376, "goep: goep_coll_ctx.self");
 
 // ---------------------------------------------------------------------------
 // IEEE binary16, in software so that it matches collectives/ref bit for bit
@@ -485,26 +494,22 @@ __device__ __forceinline__ u64* goep_coll_fp_slot(const goep_coll_ctx& c, u32 p,
 }
 
 // Kernel prologue: copies the context into shared memory (one pass of
-// 4-byte words) and, in thread 0, computes this launch's fingerprint from
-// the launcher's shape and the launch counter (before any block of the
-// launch can advance it: see goep_coll_end). Returns false in every thread
-// when an earlier launch of this rank failed: the kernel must leave at once.
-__device__ __forceinline__ bool goep_coll_begin(goep_coll_ctx& dst, const goep_coll_ctx* src, u64 shape, u64* s_fp) {
+// 4-byte words, seq and failed with it: the launch counter cannot move
+// before every block of the launch has copied it, see goep_coll_end) and
+// returns this launch's fingerprint, the launcher's shape with the sequence
+// number, read from the shared copy so that every thread of a block agrees.
+// Returns 0 (never a fingerprint: the kind bits are nonzero) in every
+// thread when a launch of this rank failed: the kernel must leave at once.
+__device__ __forceinline__ u64 goep_coll_begin(goep_coll_ctx& dst, const goep_coll_ctx* src, u64 shape) {
   const u32 words = sizeof(goep_coll_ctx) / 4;
   for (u32 i = threadIdx.x; i < words; i += blockDim.x) {
     ((u32*)&dst)[i] = ((const u32*)src)[i];
   }
-  if (threadIdx.x == 0) {
-    char* ctrl = src->ctrl[src->rank];
-    u64 fp = 0;  // never a fingerprint: the kind bits are nonzero
-    if (*(const volatile u64*)goep_coll_ctrl_u64(ctrl, GOEP_COLL_CTRL_FAILED) == 0) {
-      const u64 seq = *(const volatile u64*)goep_coll_ctrl_u64(ctrl, GOEP_COLL_CTRL_SEQ) + 1ull;
-      fp = (shape & ~GOEP_COLL_FP_SEQ_MASK) | (seq & GOEP_COLL_FP_SEQ_MASK);
-    }
-    *(volatile u64*)s_fp = fp;
-  }
   __syncthreads();
-  return *(volatile u64*)s_fp != 0;
+  if (dst.failed != 0) {
+    return 0;
+  }
+  return (shape & ~GOEP_COLL_FP_SEQ_MASK) | ((dst.seq + 1ull) & GOEP_COLL_FP_SEQ_MASK);
 }
 
 // Block 0, lane p: this launch's fingerprint into peer p's fp[rank]
@@ -536,7 +541,13 @@ __device__ __forceinline__ int goep_coll_fp_cmp(u64 mine, u64 theirs) {
 
 // A wait of this launch gave up: later launches of this rank leave at once.
 __device__ __forceinline__ void goep_coll_set_failed(const goep_coll_ctx& c) {
-  *(volatile u64*)goep_coll_ctrl_u64(c.ctrl[c.rank], GOEP_COLL_CTRL_FAILED) = 1;
+  *(volatile u64*)&c.self->failed = 1;
+}
+
+// The launch counter's last step (one thread of the launch).
+__device__ __forceinline__ void goep_coll_advance(const goep_coll_ctx& c) {
+  volatile u64* seq = (volatile u64*)&c.self->seq;
+  *seq = *seq + 1ull;
 }
 
 // Records a mismatch with peer (the first thread of the watchdog wins; the
@@ -639,20 +650,15 @@ __device__ __forceinline__ void goep_coll_end(const goep_coll_ctx& c) {
   if (threadIdx.x != 0) {
     return;
   }
-  char* ctrl = c.ctrl[c.rank];
-  volatile u64* seq = (volatile u64*)goep_coll_ctrl_u64(ctrl, GOEP_COLL_CTRL_SEQ);
   if (gridDim.x == 1) {
-    *seq = *seq + 1ull;
+    goep_coll_advance(c);
     return;
   }
   u32 prev;
-  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-               : "=r"(prev)
-               : "l"(ctrl + GOEP_COLL_CTRL_ARRIVED)
-               : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&c.self->arrived) : "memory");
   if (prev == gridDim.x - 1) {
-    *(volatile u32*)(ctrl + GOEP_COLL_CTRL_ARRIVED) = 0;
-    *seq = *seq + 1ull;
+    *(volatile u32*)&c.self->arrived = 0;
+    goep_coll_advance(c);
   }
 }
 

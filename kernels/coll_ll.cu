@@ -99,10 +99,9 @@ __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 
     return;
   }
   goep_ll_flag* f = c.flag;
-  volatile u64* seq = (volatile u64*)goep_coll_ctrl_u64(c.ctrl[c.rank], GOEP_COLL_CTRL_SEQ);
   if (gridDim.x == 1) {
     f->value = flag;
-    *seq = *seq + 1ull;
+    goep_coll_advance(c);
     return;
   }
   u32 prev;
@@ -110,7 +109,7 @@ __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 
   if (prev == gridDim.x - 1) {
     f->arrived = 0;
     f->value = flag;
-    *seq = *seq + 1ull;
+    goep_coll_advance(c);
   }
 }
 
@@ -152,11 +151,10 @@ __device__ __forceinline__ bool goep_coll_ar_ll1_run(const goep_coll_ctx& c, con
 extern "C" __global__ void goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
                                             u32 op, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
   const u64 bytes = count * goep_coll_dt_size(dtype);
@@ -232,11 +230,10 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
 extern "C" __global__ void goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
                                             u32 op, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   goep_coll_publish_fp(c, fp);
   const u32 f1 = goep_ll_flag_begin(c.flag);
   const u32 f2 = goep_ll_flag_next(f1);
@@ -284,11 +281,10 @@ __device__ __forceinline__ bool goep_coll_ag_ll_run(const goep_coll_ctx& c, cons
 
 extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
   const bool ok = goep_coll_ag_ll_run(c, (const char*)in, (char*)out, bytes, flag, fp);
@@ -340,11 +336,10 @@ __device__ __forceinline__ bool goep_coll_rs_ll_run(const goep_coll_ctx& c, cons
 extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
                                            u32 op, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
   const u64 part = count * goep_coll_dt_size(dtype);
@@ -360,11 +355,10 @@ extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void*
 // another" is a mismatch on both instead of pairing the next calls wrongly.
 extern "C" __global__ void goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape) {
   __shared__ goep_coll_ctx c;
-  __shared__ u64 s_fp;
-  if (!goep_coll_begin(c, ctx, shape, &s_fp)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
     return;
   }
-  const u64 fp = s_fp;
   goep_coll_publish_fp(c, fp);
   bool ok = true;
   const u32 t = threadIdx.x;

@@ -30,17 +30,20 @@ const (
 	CtxMailbox     = 192 // char*[MaxRanks]: every rank's mailbox
 	CtxLLID        = 256 // u32[MaxRanks]: wait id of LL packet reads from each rank
 	CtxCtrl        = 288 // char*[MaxRanks]: every rank's control block (call fingerprints)
-	CtxSize        = 352
+	// Written by this rank's kernels through Self (zero at setup).
+	CtxSeq     = 352 // u64: launches completed (the kernels advance it)
+	CtxFailed  = 360 // u64: nonzero once a wait of a launch gave up
+	CtxArrived = 368 // u32: blocks of the running bulk launch that finished
+	CtxSelf    = 376 // goep_coll_ctx*: the struct's own device address
+	CtxSize    = 384
 )
 
 // Control block (CtrlBytes per rank, in its scratch buffer after the
-// mailboxes, zeroed at setup): see kernels/coll_common.cuh.
+// mailboxes, zeroed at setup, written by peers): see
+// kernels/coll_common.cuh.
 const (
-	CtrlSeq     = 0   // u64, this rank only: launches completed (the kernels advance it)
-	CtrlArrived = 8   // u32, this rank only: blocks of the running launch that finished
-	CtrlFailed  = 16  // u64, this rank only: nonzero once a wait gave up
-	CtrlFP      = 128 // u64[MaxRanks]: fp[src], the fingerprint of src's latest launch
-	CtrlBytes   = 256
+	CtrlFP    = 0 // u64[MaxRanks]: fp[src], the fingerprint of src's latest launch
+	CtrlBytes = 128
 )
 
 // Mailbox: DescSize-byte descriptors at [block][source rank] in each rank's
@@ -103,6 +106,9 @@ type Ctx struct {
 	Packets, Scratch, Mailbox       [MaxRanks]uintptr
 	LLID                            [MaxRanks]uint32
 	Ctrl                            [MaxRanks]uintptr
+	Seq, Failed                     uint64
+	Arrived                         uint32
+	Self                            uintptr
 }
 
 var le = binary.LittleEndian
@@ -120,6 +126,11 @@ func (c Ctx) Encode(b []byte) {
 	le.PutUint64(b[CtxRegs:], uint64(c.Regs))
 	le.PutUint64(b[CtxPacketHalf:], c.PacketHalf)
 	le.PutUint64(b[CtxScratchSize:], c.ScratchSize)
+	le.PutUint64(b[CtxSeq:], c.Seq)
+	le.PutUint64(b[CtxFailed:], c.Failed)
+	le.PutUint32(b[CtxArrived:], c.Arrived)
+	le.PutUint32(b[CtxArrived+4:], 0)
+	le.PutUint64(b[CtxSelf:], uint64(c.Self))
 	for i := 0; i < MaxRanks; i++ {
 		le.PutUint64(b[CtxPackets+8*i:], uint64(c.Packets[i]))
 		le.PutUint64(b[CtxScratch+8*i:], uint64(c.Scratch[i]))
@@ -138,6 +149,8 @@ func DecodeCtx(b []byte) Ctx {
 		Flag: uintptr(le.Uint64(b[CtxFlag:])), Watchdog: uintptr(le.Uint64(b[CtxWatchdog:])),
 		Sems: uintptr(le.Uint64(b[CtxSems:])), Regs: uintptr(le.Uint64(b[CtxRegs:])),
 		PacketHalf: le.Uint64(b[CtxPacketHalf:]), ScratchSize: le.Uint64(b[CtxScratchSize:]),
+		Seq: le.Uint64(b[CtxSeq:]), Failed: le.Uint64(b[CtxFailed:]), Arrived: le.Uint32(b[CtxArrived:]),
+		Self: uintptr(le.Uint64(b[CtxSelf:])),
 	}
 	for i := 0; i < MaxRanks; i++ {
 		c.Packets[i] = uintptr(le.Uint64(b[CtxPackets+8*i:]))

@@ -32,8 +32,7 @@ func TestABIMatchesHeader(t *testing.T) {
 		"GOEP_COLL_STAGE_AG_DATA": abi.StageAGData, "GOEP_COLL_STAGE_EXIT": abi.StageExit,
 		"GOEP_COLL_STAGE_LL1": abi.StageLL1, "GOEP_COLL_STAGE_LL2": abi.StageLL2,
 		"GOEP_COLL_STAGE_MISMATCH": abi.StageMismatch, "GOEP_COLL_STAGE_FP": abi.StageFP,
-		"GOEP_COLL_CTRL_SEQ": abi.CtrlSeq, "GOEP_COLL_CTRL_ARRIVED": abi.CtrlArrived,
-		"GOEP_COLL_CTRL_FAILED": abi.CtrlFailed, "GOEP_COLL_CTRL_FP": abi.CtrlFP,
+		"GOEP_COLL_CTRL_FP":    abi.CtrlFP,
 		"GOEP_COLL_CTRL_BYTES": abi.CtrlBytes, "GOEP_COLL_FP_SEQ_MASK": abi.FPSeqMask,
 		"GOEP_COLL_KIND_ALLREDUCE": abi.KindAllReduce, "GOEP_COLL_KIND_ALLGATHER": abi.KindAllGather,
 		"GOEP_COLL_KIND_REDUCESCATTER": abi.KindReduceScatter,
@@ -47,6 +46,7 @@ func TestABIMatchesHeader(t *testing.T) {
 		"flag": abi.CtxFlag, "wd": abi.CtxWatchdog, "sems": abi.CtxSems, "regs": abi.CtxRegs,
 		"packet_half": abi.CtxPacketHalf, "scratch_size": abi.CtxScratchSize, "packets": abi.CtxPackets,
 		"scratch": abi.CtxScratch, "mailbox": abi.CtxMailbox, "ll_id": abi.CtxLLID, "ctrl": abi.CtxCtrl,
+		"seq": abi.CtxSeq, "failed": abi.CtxFailed, "arrived": abi.CtxArrived, "self": abi.CtxSelf,
 	}
 	var b strings.Builder
 	b.WriteString("#include \"coll_common.cuh\"\n")
@@ -64,7 +64,7 @@ func TestABIMatchesHeader(t *testing.T) {
 
 func TestCtxRoundTrip(t *testing.T) {
 	x := abi.Ctx{Rank: 3, World: 8, SemBlocks: 64, MaxRegs: 256, Flag: 0x1000, Watchdog: 0x2000, Sems: 0x3000,
-		Regs: 0x4000, PacketHalf: 16 << 20, ScratchSize: 64 << 20}
+		Regs: 0x4000, PacketHalf: 16 << 20, ScratchSize: 64 << 20, Seq: 1<<40 + 5, Failed: 1, Arrived: 9, Self: 0x5000}
 	for i := range x.Packets {
 		x.Packets[i], x.Scratch[i], x.Mailbox[i], x.LLID[i] = uintptr(0x10000*i+1), uintptr(0x20000*i+2), uintptr(0x30000*i+3), uint32(i+7)
 		x.Ctrl[i] = uintptr(0x40000*i + 4)

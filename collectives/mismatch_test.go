@@ -6,7 +6,8 @@ package collectives_test
 // instead of wrong data reported as success or a hang; the communicator
 // then refuses calls. Runs on the host backend's twins
 // (TestMismatchedCalls/host-3), the real kernels in the CPU emulation
-// (TestEmulatedMismatchedCalls) and, with GPUs, on CUDA
+// (TestEmulatedMismatchedCalls, in emu_test.go before the coverage check)
+// and, with GPUs, on CUDA
 // (TestMismatchedCalls/cuda-N: 2, 4 and 8 ranks on the GPUs present,
 // several to a GPU when there are fewer).
 
@@ -228,29 +229,5 @@ func TestMismatchedCalls(t *testing.T) {
 				}, cs, base)
 			})
 		}
-	}
-}
-
-// The real kernels in the CPU emulation: every case against every kernel
-// family, as on the host.
-func TestEmulatedMismatchedCalls(t *testing.T) {
-	for _, algo := range []string{collectives.AlgoLL, collectives.AlgoLL2, collectives.AlgoScratch, collectives.AlgoZC} {
-		base := mmCall{kind: collectives.AllReduce, count: 700, dt: ref.BF16, op: ref.Sum, algo: algo}
-		for _, cs := range mmCases(algo) {
-			t.Run(algo+"/"+cs.name, func(t *testing.T) {
-				runMismatch(t, 3, func(fn func(ctx context.Context, c *collectives.Communicator) error) {
-					runEmu(t, 3, emuConfig(), fn)
-				}, cs, base)
-			})
-		}
-	}
-	for _, algo := range []string{collectives.AlgoLL, collectives.AlgoScratch, collectives.AlgoZC} {
-		base := mmCall{kind: collectives.ReduceScatter, count: 300, dt: ref.FP16, op: ref.Min, algo: algo}
-		cs := mmCases(algo)[1] // count
-		t.Run("reducescatter-"+algo+"/"+cs.name, func(t *testing.T) {
-			runMismatch(t, 3, func(fn func(ctx context.Context, c *collectives.Communicator) error) {
-				runEmu(t, 3, emuConfig(), fn)
-			}, cs, base)
-		})
 	}
 }

@@ -544,10 +544,10 @@ __device__ __forceinline__ void goep_coll_set_failed(const goep_coll_ctx& c) {
   *(volatile u64*)&c.self->failed = 1;
 }
 
-// The launch counter's last step (one thread of the launch).
+// The launch counter's last step (one thread of the launch): the value
+// every block copied at its start, plus one (a store, no load).
 __device__ __forceinline__ void goep_coll_advance(const goep_coll_ctx& c) {
-  volatile u64* seq = (volatile u64*)&c.self->seq;
-  *seq = *seq + 1ull;
+  *(volatile u64*)&c.self->seq = c.seq + 1ull;
 }
 
 // Records a mismatch with peer (the first thread of the watchdog wins; the

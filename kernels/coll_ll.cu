@@ -82,17 +82,17 @@ __device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const
   return true;
 }
 
-// The end of an LL launch: block 0 checks that every peer's fingerprint is
-// this launch's (goep_coll_fp_settle) unless a wait of the block already
-// gave up, then every block arrives once for both the packet flag and the
-// launch counter: the last one publishes flag and advances the counter
-// (goep_ll_flag_end's protocol).
+// The end of an LL launch: lane p of block 0 checks that peer p's
+// fingerprint is this launch's (goep_coll_fp_settle; a lane whose own wait
+// gave up skips it, and a lane that waits while another thread failed sees
+// the abort flag), then every block arrives once for both the packet flag
+// and the launch counter: the last one publishes flag and advances the
+// counter (goep_ll_flag_end's protocol). The check adds one load per peer
+// and no block barrier to the launch.
 __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, u32 flag) {
-  if (blockIdx.x == 0 && !goep_block_any_failed(!ok)) {
-    const u32 t = threadIdx.x;
-    if (t < c.world && t != c.rank) {
-      (void)goep_coll_fp_settle(c, t, fp);
-    }
+  const u32 t = threadIdx.x;
+  if (blockIdx.x == 0 && ok && t < c.world && t != c.rank) {
+    (void)goep_coll_fp_settle(c, t, fp);
   }
   __syncthreads();
   if (threadIdx.x != 0) {

@@ -25,8 +25,11 @@ import (
 // bootstrap.
 //
 // Collective calls must be made by every rank in the same order with
-// matching arguments (Config.Debug checks that), from one goroutine at a
-// time per communicator. Worlds of more than abi.MaxRanks ranks run every
+// matching arguments, from one goroutine at a time per communicator. The
+// native kernels check every call on the device (call fingerprints, see
+// fingerprint.go): ranks whose calls differ get ErrMismatch, naming the
+// peer and the field, on every rank; Config.Debug also compares the calls
+// over the bootstrap before launching. Worlds of more than abi.MaxRanks ranks run every
 // collective through NCCL.
 type Communicator struct {
 	bs    bootstrap.Bootstrap

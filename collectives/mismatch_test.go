@@ -202,6 +202,14 @@ func runMismatch(t *testing.T, ranks int, runAll func(fn func(ctx context.Contex
 	}
 }
 
+// mmConfig is w's configuration without NCCL (every case forces a native
+// algorithm; an NCCL communicator per case would only cost setup time).
+func mmConfig(w world) collectives.Config {
+	cfg := configFor(w)
+	cfg.NCCL = collectives.NCCLOff
+	return cfg
+}
+
 func TestMismatchedCalls(t *testing.T) {
 	worlds := []world{{device.Host, 3}}
 	worlds = append(worlds, gpuWorlds(t)...)
@@ -210,9 +218,8 @@ func TestMismatchedCalls(t *testing.T) {
 			base := mmCall{kind: collectives.AllReduce, count: 1000, dt: ref.BF16, op: ref.Sum, algo: algo}
 			for _, cs := range mmCases(algo) {
 				t.Run(fmt.Sprintf("%s/%s/%s", w, algo, cs.name), func(t *testing.T) {
-					cfg := configFor(w)
 					runMismatch(t, w.ranks, func(fn func(ctx context.Context, c *collectives.Communicator) error) {
-						run(t, w, cfg, fn)
+						run(t, w, mmConfig(w), fn)
 					}, cs, base)
 				})
 			}
@@ -225,7 +232,7 @@ func TestMismatchedCalls(t *testing.T) {
 			cs := mmCases(algo)[1] // count
 			t.Run(fmt.Sprintf("%s/reducescatter-%s/%s", w, algo, cs.name), func(t *testing.T) {
 				runMismatch(t, w.ranks, func(fn func(ctx context.Context, c *collectives.Communicator) error) {
-					run(t, w, configFor(w), fn)
+					run(t, w, mmConfig(w), fn)
 				}, cs, base)
 			})
 		}

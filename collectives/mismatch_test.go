@@ -20,6 +20,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/collectives"
 	"github.com/goep-dev/goep/collectives/colltest"
 	"github.com/goep-dev/goep/collectives/ref"
@@ -188,6 +189,7 @@ func runMismatch(t *testing.T, ranks int, runAll func(fn func(ctx context.Contex
 		require.Error(t, err, "rank %d: the mismatched calls succeeded", r)
 		require.Equal(t, cs.bad, at[r], "rank %d: the error came at another call: %v", r, err)
 		require.ErrorIs(t, err, collectives.ErrMismatch, "rank %d", r)
+		require.NotErrorIs(t, err, channels.ErrTimeout, "rank %d: a mismatch is not a timeout", r)
 		var me *collectives.MismatchError
 		require.ErrorAs(t, err, &me, "rank %d", r)
 		require.Equal(t, r, me.Rank)

@@ -184,6 +184,28 @@ func (c *Communicator) llGrid(items uint64) int {
 	return int(max(1, min(uint64(c.cfg.LLMaxBlocks), (items+t-1)/t)))
 }
 
+// shape is x's call-fingerprint shape (abi.Shape) for an algorithm code and
+// a bulk grid. Allgather has no reduction: its op bits stay 0.
+func (x *call) shape(algo uint32, grid int) uint64 {
+	op := uint32(x.op)
+	if x.kind == AllGather {
+		op = 0
+	}
+	return abi.Shape(x.kind.ABICode(), uint32(x.dt), op, algo, grid, uint64(x.count))
+}
+
+// launchSync runs goep_coll_fp_sync for a call of count 0: it moves nothing
+// but takes the call's place in the fingerprint sequence, so that count 0
+// on one rank against data on another is a mismatch on both.
+func (c *Communicator) launchSync(x *call) error {
+	a := c.args.Reset()
+	a.Ptr(c.ctxBuf.Ptr).U64(x.shape(abi.FPAlgoNone, 0))
+	if err := c.dev.Launch(abi.KernelFPSync, device.D1(1), device.D1(c.cfg.Threads), 0, x.stream, a); err != nil {
+		return c.errorf("%s: %w", x, err)
+	}
+	return nil
+}
+
 // launch runs native algorithm name for x.
 func (c *Communicator) launch(name string, x *call) error {
 	a := c.args.Reset()
@@ -242,6 +264,18 @@ func (c *Communicator) launch(name string, x *call) error {
 	if kernel == "" {
 		return c.errorf("%s: no native algorithm %q", x.kind, name)
 	}
+	// The call fingerprint's shape, the kernels' last argument. LL kernels
+	// leave the grid out: each rank sizes its own and they need not agree.
+	code, fpGrid := uint32(abi.FPAlgoLL), 0
+	switch name {
+	case AlgoLL2:
+		code = abi.FPAlgoLL2
+	case AlgoScratch:
+		code, fpGrid = abi.FPAlgoScratch, grid
+	case AlgoZC:
+		code, fpGrid = abi.FPAlgoZC, grid
+	}
+	a.U64(x.shape(code, fpGrid))
 	if err := c.dev.Launch(kernel, device.D1(grid), device.D1(c.cfg.Threads), 0, x.stream, a); err != nil {
 		return c.errorf("%s (%s): %w", x, name, err)
 	}

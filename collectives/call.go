@@ -84,8 +84,19 @@ func (c *Communicator) run(ctx context.Context, x *call, opts []CallOption) (*Wo
 	}
 	w := &Work{c: c, kind: x.kind, stream: x.stream}
 	if x.count == 0 {
-		w.done, w.algo = true, "none"
-		return w, nil
+		w.algo = "none"
+		if !c.native {
+			w.done = true
+			return w, nil
+		}
+		var err error
+		if x.captured, err = c.gpu.capturing(x.stream); err != nil {
+			return nil, c.errorf("%s: %w", x, err)
+		}
+		if err := c.launchSync(x); err != nil {
+			return nil, err
+		}
+		return c.finish(w, x)
 	}
 	if c.size == 1 {
 		w.algo = "copy"

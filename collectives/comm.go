@@ -25,8 +25,11 @@ import (
 // bootstrap.
 //
 // Collective calls must be made by every rank in the same order with
-// matching arguments (Config.Debug checks that), from one goroutine at a
-// time per communicator. Worlds of more than abi.MaxRanks ranks run every
+// matching arguments, from one goroutine at a time per communicator. The
+// native kernels check every call on the device (call fingerprints, see
+// fingerprint.go): ranks whose calls differ get ErrMismatch, naming the
+// peer and the field, on every rank; Config.Debug also compares the calls
+// over the bootstrap before launching. Worlds of more than abi.MaxRanks ranks run every
 // collective through NCCL.
 type Communicator struct {
 	bs    bootstrap.Bootstrap
@@ -47,8 +50,10 @@ type Communicator struct {
 	regsBuf  device.Buffer
 	ctxBuf   device.Buffer
 	peerScr  [abi.MaxRanks]uintptr
-	dataOff  int // offset of the scratch data area (after the mailbox)
-	scrBytes int // bytes of the scratch data area
+	ctrlOff  int                  // offset of the control block in the scratch (after the mailbox)
+	dataOff  int                  // offset of the scratch data area (after the control block)
+	llIDs    [abi.MaxRanks]uint32 // wait ids of the peers' LL packets (also name mismatch records)
+	scrBytes int                  // bytes of the scratch data area
 
 	mu      sync.Mutex
 	args    *device.Args
@@ -208,11 +213,19 @@ func (c *Communicator) setupNative(ctx context.Context) (err error) {
 			peers = append(peers, r)
 		}
 	}
-	// Scratch: mailboxes, then the data area.
-	c.dataOff = (abi.MailboxSize(cfg.MaxBlocks) + 4095) &^ 4095
+	// Scratch: mailboxes, the control block (call fingerprints), then the
+	// data area.
+	c.ctrlOff = (abi.MailboxSize(cfg.MaxBlocks) + 255) &^ 255
+	c.dataOff = (c.ctrlOff + abi.CtrlBytes + 4095) &^ 4095
 	c.scrBytes = cfg.ScratchBytes
 	if c.scratch, err = dev.Alloc(c.dataOff + c.scrBytes); err != nil {
 		return c.errorf("scratch (%d bytes): %w", c.dataOff+c.scrBytes, err)
+	}
+	// The control block starts at zero (no launch, not failed, no
+	// fingerprint); peers write into it only during calls, after New's
+	// closing barrier.
+	if err = dev.CopyIn(c.scratch.Ptr+uintptr(c.ctrlOff), make([]byte, abi.CtrlBytes)); err != nil {
+		return c.errorf("control block: %w", err)
 	}
 	scrMem, err := c.chans.RegisterMemory(c.scratch)
 	if err != nil {
@@ -263,16 +276,26 @@ func (c *Communicator) setupNative(ctx context.Context) (err error) {
 	x.Packets[c.rank] = c.packets.Memory().Ptr()
 	x.Scratch[c.rank] = c.scratch.Ptr + uintptr(c.dataOff)
 	x.Mailbox[c.rank] = c.scratch.Ptr
+	x.Ctrl[c.rank] = c.scratch.Ptr + uintptr(c.ctrlOff)
 	for i, p := range peers {
 		x.Packets[p] = theirPkt[i].Ptr()
 		x.Scratch[p] = theirScr[i].Ptr() + uintptr(c.dataOff)
 		x.Mailbox[p] = theirScr[i].Ptr()
+		x.Ctrl[p] = theirScr[i].Ptr() + uintptr(c.ctrlOff)
 		x.LLID[p] = c.chans.NewWaitID(fmt.Sprintf("collectives: LL packets from rank %d", p))
 	}
+	c.llIDs = x.LLID
 	c.peerScr = x.Scratch
+	// The context holds its own address: the kernels advance the launch
+	// counter and raise the failed flag in it (Seq, Failed and Arrived start
+	// at zero).
+	if c.ctxBuf, err = dev.Alloc(abi.CtxSize); err != nil {
+		return c.errorf("context: %w", err)
+	}
+	x.Self = c.ctxBuf.Ptr
 	b := make([]byte, abi.CtxSize)
 	x.Encode(b)
-	if c.ctxBuf, err = c.upload(b); err != nil {
+	if err = dev.CopyIn(c.ctxBuf.Ptr, b); err != nil {
 		return c.errorf("context: %w", err)
 	}
 	return nil
@@ -429,7 +452,13 @@ func (c *Communicator) checkLocked() error {
 	}
 	if err := c.chans.Check(); err != nil {
 		var te *channels.TimeoutError
-		if errors.As(err, &te) {
+		if errors.As(err, &te) && c.isMismatch(te) {
+			// Not a timeout: a peer's call fingerprint differed. Every rank of
+			// the call sees one (see fingerprint.go); the protocol state is
+			// unknown, so the communicator refuses calls until Close.
+			c.lastErr = c.errorf("the ranks' calls do not match; the communicator is unusable until Close: %w",
+				newMismatchError(c.rank, te.Peer, te.Expected, te.Observed))
+		} else if errors.As(err, &te) {
 			c.lastErr = c.errorf("a collective waited %s for rank %d (%s), which did not arrive: %w",
 				te.Waited.Round(time.Millisecond), te.Peer, stageName(te.Stage), err)
 		} else {
@@ -442,6 +471,16 @@ func (c *Communicator) checkLocked() error {
 		return c.lastErr
 	}
 	return nil
+}
+
+// isMismatch reports whether a watchdog record is a call-fingerprint
+// mismatch of this communicator's kernels (the plan executor shares the
+// watchdog with its own stage numbers and wait ids).
+func (c *Communicator) isMismatch(te *channels.TimeoutError) bool {
+	if te.Stage != abi.StageMismatch || te.Peer < 0 || te.Peer >= abi.MaxRanks || te.Peer == c.rank {
+		return false
+	}
+	return c.native && te.ID == c.llIDs[te.Peer]
 }
 
 // stageName says what a timed-out wait of a collective kernel was for.
@@ -459,6 +498,8 @@ func stageName(stage uint32) string {
 		return "its LL packets"
 	case abi.StageLL2:
 		return "its second-round LL packets"
+	case abi.StageFP:
+		return "its call fingerprint (it has not made this call)"
 	}
 	return fmt.Sprintf("stage %d", stage)
 }

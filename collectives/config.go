@@ -147,8 +147,11 @@ type Config struct {
 	ForeignHostMemory bool
 	// Debug makes every call compare its collective, sizes, type, reduction
 	// and algorithm across ranks over the bootstrap first (one round trip
-	// per call) and fail, naming the ranks, on a mismatch. Off by default:
-	// as in NCCL, matching calls are the caller's contract.
+	// per call) and fail, naming the ranks, on a mismatch, before anything
+	// is launched. Off by default: the native kernels' call fingerprints
+	// (always on, fingerprint.go) already turn a mismatch into ErrMismatch
+	// on every rank; Debug also covers the NCCL fallback and plans and
+	// fails before any rank launches.
 	Debug bool
 	// SkipPointerChecks skips the host-side check that send and recv lie
 	// in device memory of this GPU (two driver queries per new allocation).

@@ -163,6 +163,31 @@ func TestEmulatedOddGeometry(t *testing.T) {
 	})
 }
 
+// The real kernels in the CPU emulation: every case against every kernel
+// family, as on the host.
+func TestEmulatedMismatchedCalls(t *testing.T) {
+	for _, algo := range []string{collectives.AlgoLL, collectives.AlgoLL2, collectives.AlgoScratch, collectives.AlgoZC} {
+		base := mmCall{kind: collectives.AllReduce, count: 700, dt: ref.BF16, op: ref.Sum, algo: algo}
+		for _, cs := range mmCases(algo) {
+			t.Run(algo+"/"+cs.name, func(t *testing.T) {
+				runMismatch(t, 3, func(fn func(ctx context.Context, c *collectives.Communicator) error) {
+					runEmu(t, 3, emuConfig(), fn)
+				}, cs, base)
+			})
+		}
+	}
+	for _, algo := range []string{collectives.AlgoLL, collectives.AlgoScratch, collectives.AlgoZC} {
+		base := mmCall{kind: collectives.ReduceScatter, count: 300, dt: ref.FP16, op: ref.Min, algo: algo}
+		cs := mmCases(algo)[1] // count
+		t.Run("reducescatter-"+algo+"/"+cs.name, func(t *testing.T) {
+			runMismatch(t, 3, func(fn func(ctx context.Context, c *collectives.Communicator) error) {
+				runEmu(t, 3, emuConfig(), fn)
+			}, cs, base)
+		})
+	}
+}
+
+// Last: every kernel above ran (the mismatch cases run goep_coll_fp_sync).
 func TestEmulatedKernelCoverage(t *testing.T) {
 	cpuemu.CheckCoverage(t, []string{"coll_ll.cu", "coll_bulk.cu", "coll_util.cu"}, nil)
 }

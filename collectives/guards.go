@@ -73,4 +73,3 @@ func (c Config) fields(tuningID string) []string {
 		"Tuning=" + tuningID,
 	}
 }
-

@@ -9,7 +9,6 @@ import (
 	"time"
 	"unsafe"
 
-
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives"

@@ -30,7 +30,7 @@ import (
 
 func init() {
 	kernels.Register(kernels.Module{Name: "coll_ll", File: "coll_ll.cu",
-		Kernels: []string{abi.KernelARLL1, abi.KernelARLL2, abi.KernelAGLL, abi.KernelRSLL}})
+		Kernels: []string{abi.KernelARLL1, abi.KernelARLL2, abi.KernelAGLL, abi.KernelRSLL, abi.KernelFPSync}})
 	kernels.Register(kernels.Module{Name: "coll_bulk", File: "coll_bulk.cu",
 		Kernels: []string{abi.KernelARRSAG, abi.KernelAGScratch, abi.KernelRSScratch, abi.KernelARZC, abi.KernelAGZC, abi.KernelRSZC}})
 	kernels.Register(kernels.Module{Name: "coll_util", File: "coll_util.cu", Kernels: []string{abi.KernelFill, abi.KernelCheck}})
@@ -39,6 +39,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelARLL1, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(6)) {
+			return nil
+		}
 		dt, op := DataType(a.GetU32(4)), Op(a.GetU32(5))
 		return c.arLL1(a.GetPtr(1), a.GetPtr(2), a.GetU64(3)*uint64(dt.Size()), dt, op)
 	})
@@ -46,18 +49,28 @@ func init() {
 	device.RegisterHostKernel(abi.KernelARLL2, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(6)) {
+			return nil
+		}
 		dt, op := DataType(a.GetU32(4)), Op(a.GetU32(5))
 		return c.arLL2(a.GetPtr(1), a.GetPtr(2), a.GetU64(3)*uint64(dt.Size()), dt, op)
 	})
 	// goep_coll_ag_ll(ctx, in, out, u64 bytes)
 	device.RegisterHostKernel(abi.KernelAGLL, func(l *device.HostLaunch) error {
 		a := l.Args
-		return twinCtxAt(a.GetPtr(0)).agLL(a.GetPtr(1), a.GetPtr(2), a.GetU64(3))
+		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(4)) {
+			return nil
+		}
+		return c.agLL(a.GetPtr(1), a.GetPtr(2), a.GetU64(3))
 	})
 	// goep_coll_rs_ll(ctx, in, out, u64 count, u32 dtype, u32 op)
 	device.RegisterHostKernel(abi.KernelRSLL, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(6)) {
+			return nil
+		}
 		dt, op := DataType(a.GetU32(4)), Op(a.GetU32(5))
 		return c.rsLL(a.GetPtr(1), a.GetPtr(2), a.GetU64(3)*uint64(dt.Size()), dt, op)
 	})
@@ -65,6 +78,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelARRSAG, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(7)) {
+			return nil
+		}
 		return c.blocks(l, func(b, nb uint32) bool {
 			return c.arRSAG(b, nb, a.GetPtr(1), a.GetPtr(2), a.GetU64(3), DataType(a.GetU32(4)), Op(a.GetU32(5)), a.GetU64(6))
 		})
@@ -73,6 +89,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelAGScratch, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(5)) {
+			return nil
+		}
 		return c.blocks(l, func(b, nb uint32) bool {
 			return c.agScratch(b, nb, a.GetPtr(1), a.GetPtr(2), a.GetU64(3), a.GetU64(4))
 		})
@@ -81,6 +100,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelRSScratch, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(7)) {
+			return nil
+		}
 		return c.blocks(l, func(b, nb uint32) bool {
 			return c.rsScratch(b, nb, a.GetPtr(1), a.GetPtr(2), a.GetU64(3), DataType(a.GetU32(4)), Op(a.GetU32(5)), a.GetU64(6))
 		})
@@ -89,6 +111,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelARZC, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(10)) {
+			return nil
+		}
 		in, out, count := a.GetPtr(1), a.GetPtr(2), a.GetU64(3)
 		dt, op := DataType(a.GetU32(4)), Op(a.GetU32(5))
 		return c.zeroCopy(l, twinDesc{a.GetU32(6), a.GetU32(8), a.GetU64(7), a.GetU64(9)}, in, out, func(b, nb uint32, ins, outs []uintptr) {
@@ -99,6 +124,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelAGZC, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(6)) {
+			return nil
+		}
 		in, out, n := a.GetPtr(1), a.GetPtr(2), a.GetU64(3)
 		return c.zeroCopy(l, twinDesc{twinNoReg, a.GetU32(4), 0, a.GetU64(5)}, in, out, func(b, nb uint32, ins, outs []uintptr) {
 			lo, hi := twinBlockShare(n, b, nb, 16)
@@ -114,6 +142,9 @@ func init() {
 	device.RegisterHostKernel(abi.KernelRSZC, func(l *device.HostLaunch) error {
 		a := l.Args
 		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(8)) {
+			return nil
+		}
 		in, out, count := a.GetPtr(1), a.GetPtr(2), a.GetU64(3)
 		dt, op := DataType(a.GetU32(4)), Op(a.GetU32(5))
 		return c.zeroCopy(l, twinDesc{a.GetU32(6), twinNoReg, a.GetU64(7), 0}, in, out, func(b, nb uint32, ins, outs []uintptr) {
@@ -125,6 +156,22 @@ func init() {
 			}
 			twinReduceRange(dt, op, srcs, []uintptr{out + uintptr(lo*e)}, hi-lo)
 		})
+	})
+	// goep_coll_fp_sync(ctx, u64 shape)
+	device.RegisterHostKernel(abi.KernelFPSync, func(l *device.HostLaunch) error {
+		a := l.Args
+		c := twinCtxAt(a.GetPtr(0))
+		if !c.begin(a.GetU64(1)) {
+			return nil
+		}
+		c.publish()
+		for p := range c.World {
+			if p != c.Rank && !c.settle(p) {
+				return nil
+			}
+		}
+		c.end()
+		return nil
 	})
 	// goep_coll_fill(buf, u64 count, u32 dtype, u32 fill, u32 seed, u32 rank, u64 first)
 	device.RegisterHostKernel(abi.KernelFill, func(l *device.HostLaunch) error {
@@ -147,11 +194,159 @@ const twinNoReg = math.MaxUint32
 // twinBlocks is the number of blocks of a grid.
 func twinBlocks(g device.Dim3) int { return max(g.X, 1) * max(g.Y, 1) * max(g.Z, 1) }
 
-// twinCtx is a decoded goep_coll_ctx with the twins' helpers.
-type twinCtx struct{ abi.Ctx }
+// twinCtx is a decoded goep_coll_ctx with the twins' helpers, and the
+// launch's call fingerprint (begin).
+type twinCtx struct {
+	abi.Ctx
+	fp uint64
+}
 
 func twinCtxAt(p uintptr) twinCtx {
-	return twinCtx{abi.DecodeCtx(device.HostSlice[byte](p, abi.CtxSize))}
+	return twinCtx{Ctx: abi.DecodeCtx(device.HostSlice[byte](p, abi.CtxSize))}
+}
+
+// ---------------------------------------------------------------------------
+// Call fingerprints (coll_common.cuh, fingerprint.go).
+
+// fpSlot is fp[src] in rank p's control block.
+func (c twinCtx) fpSlot(p, src uint32) uintptr { return c.Ctrl[p] + abi.CtrlFP + uintptr(8*src) }
+
+// begin is goep_coll_begin: this launch's fingerprint from the shape and
+// the launch counter; false when an earlier launch of this rank failed (the
+// twin then returns at once, like the kernel).
+func (c *twinCtx) begin(shape uint64) bool {
+	if devapi.U64(c.Self+abi.CtxFailed).Load() != 0 {
+		return false
+	}
+	seq := devapi.U64(c.Self+abi.CtxSeq).Load() + 1
+	c.fp = shape&^abi.FPSeqMask | seq&abi.FPSeqMask
+	return true
+}
+
+// publish is goep_coll_publish_fp: the fingerprint into every peer's
+// fp[rank].
+func (c twinCtx) publish() {
+	for p := range c.World {
+		if p != c.Rank {
+			devapi.U64(c.fpSlot(p, c.Rank)).Store(c.fp)
+		}
+	}
+}
+
+// end advances the launch counter (goep_coll_end; the twin ran the whole
+// grid).
+func (c twinCtx) end() { devapi.U64(c.Self + abi.CtxSeq).Add(1) }
+
+func (c twinCtx) setFailed() { devapi.U64(c.Self + abi.CtxFailed).Store(1) }
+
+// mismatch is goep_coll_mismatch.
+func (c twinCtx) mismatch(peer uint32, theirs uint64) {
+	devapi.Expire(c.Watchdog, devapi.OpValue, c.LLID[peer], peer, abi.StageMismatch, 0, c.fp, theirs)
+	c.setFailed()
+}
+
+// Results of twinFPCompare (goep_coll_fp_cmp).
+const (
+	twinFPBehind = iota
+	twinFPSame
+	twinFPAhead
+	twinFPMismatch
+)
+
+func twinFPCompare(mine, theirs uint64) int {
+	if d := (theirs - mine) & abi.FPSeqMask; d != 0 {
+		if d < (abi.FPSeqMask+1)/2 {
+			return twinFPAhead
+		}
+		return twinFPBehind
+	}
+	if theirs == mine {
+		return twinFPSame
+	}
+	return twinFPMismatch
+}
+
+// fpWatch is goep_coll_fp_watch: one look at every peer's word.
+func (c twinCtx) fpWatch() bool {
+	for q := range c.World {
+		if q == c.Rank {
+			continue
+		}
+		if f := devapi.U64(c.fpSlot(c.Rank, q)).Load(); twinFPCompare(c.fp, f) == twinFPMismatch {
+			c.mismatch(q, f)
+			return false
+		}
+	}
+	return true
+}
+
+// settle is goep_coll_fp_settle: waits until peer's word is this launch's
+// (or ahead).
+func (c twinCtx) settle(peer uint32) bool {
+	slot := c.fpSlot(c.Rank, peer)
+	var s devapi.Spin
+	for {
+		f := devapi.U64(slot).Load()
+		switch twinFPCompare(c.fp, f) {
+		case twinFPSame, twinFPAhead:
+			return true
+		case twinFPMismatch:
+			c.mismatch(peer, f)
+			return false
+		}
+		if !s.OK(c.Watchdog, devapi.OpValue, c.LLID[peer], peer, abi.StageFP, c.fp, f) {
+			c.setFailed()
+			return false
+		}
+	}
+}
+
+// semWaitFP is goep_coll_sem_wait_fp: a semaphore wait that watches the
+// peer's word, and fails on a signal whose sender's word is behind.
+func (c twinCtx) semWaitFP(s devapi.Semaphore, peer, stage uint32) bool {
+	slot := c.fpSlot(c.Rank, peer)
+	want := devapi.U64(s.Expected).Load() + 1
+	var sp devapi.Spin
+	var f uint64
+	for {
+		got := devapi.U64(s.Inbound).Load()
+		f = devapi.U64(slot).Load()
+		if got >= want {
+			break
+		}
+		if twinFPCompare(c.fp, f) == twinFPMismatch {
+			c.mismatch(peer, f)
+			return false
+		}
+		if !sp.OK(s.Watchdog, devapi.OpSemWait, s.ID, s.Peer, stage, want, got) {
+			c.setFailed()
+			return false
+		}
+	}
+	devapi.U64(s.Expected).Store(want)
+	r := twinFPCompare(c.fp, f)
+	if r == twinFPBehind {
+		f = devapi.U64(slot).Load()
+		r = twinFPCompare(c.fp, f)
+	}
+	if r == twinFPBehind || r == twinFPMismatch {
+		c.mismatch(peer, f)
+		return false
+	}
+	return true
+}
+
+// llFinish is goep_coll_ll_finish: unless a wait gave up, every peer's
+// word must be this launch's; then the packet flag and the launch counter
+// advance.
+func (c twinCtx) llFinish(ok bool, flag uint32) {
+	for p := uint32(0); ok && p < c.World; p++ {
+		if p != c.Rank {
+			ok = c.settle(p)
+		}
+	}
+	devapi.FlagEnd(c.Flag, flag)
+	c.end()
 }
 
 // peer is goep_coll_peer: (rank + j) mod world.
@@ -166,16 +361,20 @@ func (c twinCtx) sem(b, p uint32) devapi.Semaphore {
 	return devapi.DecodeSemaphore(device.HostSlice[byte](at, devapi.SemaphoreSize))
 }
 
-// barrier is goep_coll_barrier for block b: signal every peer, then wait
-// for every peer.
-func (c twinCtx) barrier(b, stage uint32) bool {
+// barrier is goep_coll_barrier for block b: signal every peer (the entry
+// barrier writes the fingerprint into the peer's fp[rank] first), then wait
+// for every peer, watching its fingerprint.
+func (c twinCtx) barrier(b, stage uint32, entry bool) bool {
 	for p := range c.World {
 		if p != c.Rank {
+			if entry {
+				devapi.U64(c.fpSlot(p, c.Rank)).Store(c.fp)
+			}
 			devapi.SemSignal(c.sem(b, p))
 		}
 	}
 	for p := range c.World {
-		if p != c.Rank && !devapi.SemWait(c.sem(b, p), devapi.OpSemWait, stage) {
+		if p != c.Rank && !c.semWaitFP(c.sem(b, p), p, stage) {
 			return false
 		}
 	}
@@ -183,7 +382,8 @@ func (c twinCtx) barrier(b, stage uint32) bool {
 }
 
 // blocks runs fn for every block of the grid in order, stopping at the first
-// block whose waits gave up (the kernel's blocks all leave then too).
+// block whose waits gave up (the kernel's blocks all leave then too); when
+// all succeed the launch counter advances.
 func (c twinCtx) blocks(l *device.HostLaunch, fn func(b, nb uint32) bool) error {
 	nb := uint32(twinBlocks(l.Grid))
 	if nb > c.SemBlocks {
@@ -194,6 +394,7 @@ func (c twinCtx) blocks(l *device.HostLaunch, fn func(b, nb uint32) bool) error 
 			return nil
 		}
 	}
+	c.end()
 	return nil
 }
 
@@ -247,8 +448,24 @@ func twinReduceWords(dt DataType, op Op, words []uint64) uint64 {
 	return r
 }
 
+// getWord is goep_coll_get_word: a packet read whose slow path watches
+// every peer's fingerprint each time it looks at the timer.
 func (c twinCtx) getWord(p uintptr, flag, from, stage uint32) (uint64, bool) {
-	return devapi.LL16Read(p, flag, c.waiter(from, stage))
+	w := c.waiter(from, stage)
+	var s devapi.Spin
+	for polls := uint32(1); ; polls++ {
+		d1, d2, seen, ok := devapi.LL16Try(p, flag)
+		if ok {
+			return uint64(d1) | uint64(d2)<<32, true
+		}
+		if !s.OK(w.Watchdog, devapi.OpPacket, w.ID, w.Peer, w.Stage, uint64(flag), uint64(seen)) {
+			c.setFailed()
+			return 0, false
+		}
+		if polls%devapi.SpinCheckEvery == 0 && !c.fpWatch() {
+			return 0, false
+		}
+	}
 }
 
 func (c twinCtx) putWord(p uintptr, v uint64, flag uint32) {
@@ -256,8 +473,10 @@ func (c twinCtx) putWord(p uintptr, v uint64, flag uint32) {
 }
 
 func (c twinCtx) arLL1(in, out uintptr, bytes uint64, dt DataType, op Op) error {
+	c.publish()
 	flag := devapi.FlagBegin(c.Flag)
-	defer devapi.FlagEnd(c.Flag, flag)
+	done := false
+	defer func() { c.llFinish(done, flag) }()
 	me, words, base := c.Rank, (bytes+7)/8, twinHalf(flag, c.PacketHalf)
 	src, dst := devapi.Bytes(in, bytes), devapi.Bytes(out, bytes)
 	own := make([]uint64, words)
@@ -282,13 +501,16 @@ func (c twinCtx) arLL1(in, out uintptr, bytes uint64, dt DataType, op Op) error 
 		}
 		twinPutWord8(dst, k, twinReduceWords(dt, op, xs))
 	}
+	done = true
 	return nil
 }
 
 func (c twinCtx) arLL2(in, out uintptr, bytes uint64, dt DataType, op Op) error {
+	c.publish()
 	f1 := devapi.FlagBegin(c.Flag)
 	f2 := devapi.FlagNext(f1)
-	defer devapi.FlagEnd(c.Flag, f2)
+	done := false
+	defer func() { c.llFinish(done, f2) }()
 	me, W := c.Rank, c.World
 	words := (bytes + 7) / 8
 	P := (words + uint64(W) - 1) / uint64(W)
@@ -339,12 +561,15 @@ func (c twinCtx) arLL2(in, out uintptr, bytes uint64, dt DataType, op Op) error 
 			twinPutWord8(dst, lo+kk, v)
 		}
 	}
+	done = true
 	return nil
 }
 
 func (c twinCtx) agLL(in, out uintptr, bytes uint64) error {
+	c.publish()
 	flag := devapi.FlagBegin(c.Flag)
-	defer devapi.FlagEnd(c.Flag, flag)
+	done := false
+	defer func() { c.llFinish(done, flag) }()
 	me, words, base := c.Rank, (bytes+7)/8, twinHalf(flag, c.PacketHalf)
 	src := devapi.Bytes(in, bytes)
 	for k := range words {
@@ -367,12 +592,15 @@ func (c twinCtx) agLL(in, out uintptr, bytes uint64) error {
 			twinPutWord8(dst, k, v)
 		}
 	}
+	done = true
 	return nil
 }
 
 func (c twinCtx) rsLL(in, out uintptr, part uint64, dt DataType, op Op) error {
+	c.publish()
 	flag := devapi.FlagBegin(c.Flag)
-	defer devapi.FlagEnd(c.Flag, flag)
+	done := false
+	defer func() { c.llFinish(done, flag) }()
 	me, words, base := c.Rank, (part+7)/8, twinHalf(flag, c.PacketHalf)
 	for j := uint32(1); j < c.World; j++ {
 		p := c.peer(j)
@@ -397,6 +625,7 @@ func (c twinCtx) rsLL(in, out uintptr, part uint64, dt DataType, op Op) error {
 		}
 		twinPutWord8(dst, k, twinReduceWords(dt, op, xs))
 	}
+	done = true
 	return nil
 }
 
@@ -428,7 +657,7 @@ func (c twinCtx) arRSAG(b, nblocks uint32, in, out uintptr, count uint64, dt Dat
 	r := twinPlan(count, parts, cell, 16/e)
 	slot := cell * e
 	mine := c.Scratch[me]
-	if !c.barrier(b, abi.StageEntry) {
+	if !c.barrier(b, abi.StageEntry, true) {
 		return false
 	}
 	cellAt := func(rb, cs uint64, p uint32) (uint64, uint64) {
@@ -442,7 +671,7 @@ func (c twinCtx) arRSAG(b, nblocks uint32, in, out uintptr, count uint64, dt Dat
 			st, n := cellAt(rb, cs, p)
 			devapi.Copy(c.Scratch[p]+uintptr((uint64(me)*nb+uint64(b))*slot), in+uintptr(st*e), n*e)
 		}
-		if !c.barrier(b, abi.StageRSData) {
+		if !c.barrier(b, abi.StageRSData, false) {
 			return false
 		}
 		st, n := cellAt(rb, cs, me)
@@ -456,7 +685,7 @@ func (c twinCtx) arRSAG(b, nblocks uint32, in, out uintptr, count uint64, dt Dat
 			dsts = append(dsts, c.Scratch[c.peer(j)]+uintptr((uint64(W+me)*nb+uint64(b))*slot))
 		}
 		twinReduceRange(dt, op, srcs, dsts, n)
-		if !c.barrier(b, abi.StageAGData) {
+		if !c.barrier(b, abi.StageAGData, false) {
 			return false
 		}
 		for j := uint32(1); j < W; j++ {
@@ -472,7 +701,7 @@ func (c twinCtx) agScratch(b, nblocks uint32, in, out uintptr, bytes, cell uint6
 	me, W, nb := c.Rank, c.World, uint64(nblocks)
 	r := twinPlan(bytes, nb, cell, 16)
 	mine, own := c.Scratch[me], out+uintptr(uint64(me)*bytes)
-	if !c.barrier(b, abi.StageEntry) {
+	if !c.barrier(b, abi.StageEntry, true) {
 		return false
 	}
 	slotAt := func(h uint64, q uint32) uintptr {
@@ -490,7 +719,7 @@ func (c twinCtx) agScratch(b, nblocks uint32, in, out uintptr, bytes, cell uint6
 		if own != in {
 			devapi.Copy(own+uintptr(st), in+uintptr(st), n)
 		}
-		if !c.barrier(b, abi.StageAGData) {
+		if !c.barrier(b, abi.StageAGData, false) {
 			return false
 		}
 		for j := uint32(1); j < W; j++ {
@@ -507,7 +736,7 @@ func (c twinCtx) rsScratch(b, nblocks uint32, in, out uintptr, count uint64, dt 
 	r := twinPlan(count, nb, cell, 16/e)
 	slot := cell * e
 	mine, own := c.Scratch[me], in+uintptr(uint64(me)*count*e)
-	if !c.barrier(b, abi.StageEntry) {
+	if !c.barrier(b, abi.StageEntry, true) {
 		return false
 	}
 	slotAt := func(h uint64, q uint32) uintptr {
@@ -522,7 +751,7 @@ func (c twinCtx) rsScratch(b, nblocks uint32, in, out uintptr, count uint64, dt 
 			p := c.peer(j)
 			devapi.Copy(c.Scratch[p]+slotAt(h, me), in+uintptr((uint64(p)*count+st)*e), n*e)
 		}
-		if !c.barrier(b, abi.StageRSData) {
+		if !c.barrier(b, abi.StageRSData, false) {
 			return false
 		}
 		srcs := make([]uintptr, W)
@@ -541,9 +770,9 @@ type twinDesc struct {
 	inOff, outOffst uint64
 }
 
-// zeroCopy runs a zero-copy kernel: per block, the descriptor exchange,
-// then body with every rank's send and recv pointers, then the exit
-// barrier.
+// zeroCopy runs a zero-copy kernel: per block, the descriptor exchange
+// (with the fingerprint, checked before the descriptor is read), then body
+// with every rank's send and recv pointers, then the exit barrier.
 func (c twinCtx) zeroCopy(l *device.HostLaunch, d twinDesc, in, out uintptr, body func(b, nb uint32, ins, outs []uintptr)) error {
 	nb := uint32(twinBlocks(l.Grid))
 	if nb > c.SemBlocks {
@@ -560,6 +789,7 @@ func (c twinCtx) zeroCopy(l *device.HostLaunch, d twinDesc, in, out uintptr, bod
 			binary.LittleEndian.PutUint32(box[abi.DescOutReg:], d.outReg)
 			binary.LittleEndian.PutUint64(box[abi.DescInOff:], d.inOff)
 			binary.LittleEndian.PutUint64(box[abi.DescOutOff:], d.outOffst)
+			devapi.U64(c.fpSlot(p, me)).Store(c.fp)
 			devapi.SemSignal(c.sem(b, p))
 		}
 		ins, outs := make([]uintptr, W), make([]uintptr, W)
@@ -568,7 +798,7 @@ func (c twinCtx) zeroCopy(l *device.HostLaunch, d twinDesc, in, out uintptr, bod
 			if p == me {
 				continue
 			}
-			if !devapi.SemWait(c.sem(b, p), devapi.OpSemWait, abi.StageEntry) {
+			if !c.semWaitFP(c.sem(b, p), p, abi.StageEntry) {
 				return nil
 			}
 			box := devapi.Bytes(c.Mailbox[me]+uintptr((b*abi.MaxRanks+p)*abi.DescSize), abi.DescSize)
@@ -576,10 +806,11 @@ func (c twinCtx) zeroCopy(l *device.HostLaunch, d twinDesc, in, out uintptr, bod
 			outs[p] = c.resolve(binary.LittleEndian.Uint32(box[abi.DescOutReg:]), p, binary.LittleEndian.Uint64(box[abi.DescOutOff:]))
 		}
 		body(b, nb, ins, outs)
-		if !c.barrier(b, abi.StageExit) {
+		if !c.barrier(b, abi.StageExit, false) {
 			return nil
 		}
 	}
+	c.end()
 	return nil
 }
 

@@ -9,6 +9,14 @@
 // launch, so its scratch (which the previous collective may still have been
 // reading) and its user buffers are free to write.
 //
+// Call fingerprints (coll_common.cuh): each block's entry barrier (or
+// descriptor exchange) writes this launch's word into every peer's
+// fp[rank] right before its entry signal and checks each peer's word as its
+// signal arrives, so no block moves data, reads a peer's descriptor or
+// writes a peer's buffer before it knows every peer makes the same call
+// (kind, dtype, op, count, algorithm and grid: what the rounds, the slots
+// and the semaphore counts depend on). Later barriers watch the words too.
+//
 // Scratch kernels walk their data in rounds of parts * cell elements
 // (collectives/abi.PlanRounds): block b owns cell b of every part in every
 // round. Zero-copy kernels deal 16-byte vectors over the whole grid.
@@ -17,20 +25,20 @@
 extern "C" {
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1) goep_coll_ar_rsag(const goep_coll_ctx* ctx, const void* in,
                                                                             void* out, u64 count, u32 dtype, u32 op,
-                                                                            u64 cell);
+                                                                            u64 cell, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
-    goep_coll_ag_scratch(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u64 cell);
+    goep_coll_ag_scratch(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u64 cell, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1) goep_coll_rs_scratch(const goep_coll_ctx* ctx,
                                                                                const void* in, void* out, u64 count,
-                                                                               u32 dtype, u32 op, u64 cell);
+                                                                               u32 dtype, u32 op, u64 cell, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
     goep_coll_ar_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op, u32 in_reg,
-                    u64 in_off, u32 out_reg, u64 out_off);
+                    u64 in_off, u32 out_reg, u64 out_off, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
-    goep_coll_ag_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u32 out_reg, u64 out_off);
+    goep_coll_ag_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u32 out_reg, u64 out_off, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
     goep_coll_rs_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op, u32 in_reg,
-                    u64 in_off);
+                    u64 in_off, u64 shape);
 }
 
 // The data movers of the scratch kernels, kept out of line so that each
@@ -98,8 +106,8 @@ __device__ __forceinline__ u64 goep_coll_len(u64 start, u64 cs, u64 total) {
 // after this rank's step-1 barrier of round k+1, which follows this rank's
 // step 3 of round k. Scratch: 2 * W * blocks * cell elements.
 template <int DT>
-__device__ __forceinline__ void goep_coll_ar_rsag_run(const goep_coll_ctx& c, const char* in, char* out, u64 count,
-                                                      u64 cell, u32 op) {
+__device__ __forceinline__ bool goep_coll_ar_rsag_run(const goep_coll_ctx& c, const char* in, char* out, u64 count,
+                                                      u64 cell, u32 op, u64 fp) {
   typedef goep_coll_type<DT> T;
   const u64 E = T::size, V = 16 / E;
   const u32 me = c.rank, W = c.world, nb = gridDim.x, b = blockIdx.x;
@@ -109,8 +117,8 @@ __device__ __forceinline__ void goep_coll_ar_rsag_run(const goep_coll_ctx& c, co
   const u32 tid = threadIdx.x, nt = blockDim.x;
   const u64 slot = cell * E;
   char* const mine = c.scratch[me];
-  if (!goep_coll_barrier(c, GOEP_COLL_STAGE_ENTRY)) {
-    return;
+  if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_ENTRY, true)) {
+    return false;
   }
   for (u64 k = 0; k < r.total; ++k) {
     u64 rb, cs;
@@ -120,8 +128,8 @@ __device__ __forceinline__ void goep_coll_ar_rsag_run(const goep_coll_ctx& c, co
       const u64 st = rb + ((u64)p * nb + b) * cs;
       goep_coll_push(c.scratch[p] + ((u64)me * nb + b) * slot, in + st * E, goep_coll_len(st, cs, count) * E, tid, nt);
     }
-    if (!goep_coll_barrier(c, GOEP_COLL_STAGE_RS_DATA)) {
-      return;
+    if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_RS_DATA)) {
+      return false;
     }
     {
       const u64 st = rb + ((u64)me * nb + b) * cs;
@@ -134,8 +142,8 @@ __device__ __forceinline__ void goep_coll_ar_rsag_run(const goep_coll_ctx& c, co
       }
       goep_coll_reduce_range<DT>(srcs, W, dsts, W, goep_coll_len(st, cs, count), vec, tid, nt, op);
     }
-    if (!goep_coll_barrier(c, GOEP_COLL_STAGE_AG_DATA)) {
-      return;
+    if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_AG_DATA)) {
+      return false;
     }
     for (u32 j = 1; j < W; ++j) {
       const u32 p = goep_coll_peer(c, W - j);
@@ -143,13 +151,21 @@ __device__ __forceinline__ void goep_coll_ar_rsag_run(const goep_coll_ctx& c, co
       goep_coll_pull(out + st * E, mine + ((u64)(W + p) * nb + b) * slot, goep_coll_len(st, cs, count) * E, tid, nt);
     }
   }
+  return true;
 }
 
 extern "C" __global__ void goep_coll_ar_rsag(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
-                                             u32 op, u64 cell) {
+                                             u32 op, u64 cell, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
-  GOEP_COLL_DISPATCH(dtype, goep_coll_ar_rsag_run, c, (const char*)in, (char*)out, count, cell, op);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  bool ok;
+  GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_rsag_run, c, (const char*)in, (char*)out, count, cell, op, fp);
+  if (ok) {
+    goep_coll_end(c);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -159,15 +175,15 @@ extern "C" __global__ void goep_coll_ar_rsag(const goep_coll_ctx* ctx, const voi
 // round: a rank writes a half again two rounds later, after the peer's
 // barrier of the round in between, which follows the peer's copy-out of the
 // first. Scratch: 2 halves * W * blocks * cell bytes.
-__device__ __forceinline__ void goep_coll_ag_scratch_run(const goep_coll_ctx& c, const char* in, char* out, u64 bytes,
-                                                         u64 cell) {
+__device__ __forceinline__ bool goep_coll_ag_scratch_run(const goep_coll_ctx& c, const char* in, char* out, u64 bytes,
+                                                         u64 cell, u64 fp) {
   const u32 me = c.rank, W = c.world, nb = gridDim.x, b = blockIdx.x;
   const goep_coll_rounds r = goep_coll_plan(bytes, nb, cell, 16);
   const u32 tid = threadIdx.x, nt = blockDim.x;
   char* const mine = c.scratch[me];
   char* const own = out + (u64)me * bytes;
-  if (!goep_coll_barrier(c, GOEP_COLL_STAGE_ENTRY)) {
-    return;
+  if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_ENTRY, true)) {
+    return false;
   }
   for (u64 k = 0; k < r.total; ++k) {
     const u64 h = k & 1;
@@ -181,21 +197,27 @@ __device__ __forceinline__ void goep_coll_ag_scratch_run(const goep_coll_ctx& c,
     if (own != in) {
       goep_coll_push(own + st, in + st, len, tid, nt);
     }
-    if (!goep_coll_barrier(c, GOEP_COLL_STAGE_AG_DATA)) {
-      return;
+    if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_AG_DATA)) {
+      return false;
     }
     for (u32 j = 1; j < W; ++j) {
       const u32 p = goep_coll_peer(c, W - j);
       goep_coll_pull(out + (u64)p * bytes + st, mine + ((h * W + p) * nb + b) * cell, len, tid, nt);
     }
   }
+  return true;
 }
 
 extern "C" __global__ void goep_coll_ag_scratch(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes,
-                                                u64 cell) {
+                                                u64 cell, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
-  goep_coll_ag_scratch_run(c, (const char*)in, (char*)out, bytes, cell);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  if (goep_coll_ag_scratch_run(c, (const char*)in, (char*)out, bytes, cell, fp)) {
+    goep_coll_end(c);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -204,8 +226,8 @@ extern "C" __global__ void goep_coll_ag_scratch(const goep_coll_ctx* ctx, const 
 // reduces its own part's cell (own input and the W-1 slots, rank order)
 // into the output. Halves alternate by round as in the allgather.
 template <int DT>
-__device__ __forceinline__ void goep_coll_rs_scratch_run(const goep_coll_ctx& c, const char* in, char* out, u64 count,
-                                                         u64 cell, u32 op) {
+__device__ __forceinline__ bool goep_coll_rs_scratch_run(const goep_coll_ctx& c, const char* in, char* out, u64 count,
+                                                         u64 cell, u32 op, u64 fp) {
   typedef goep_coll_type<DT> T;
   const u64 E = T::size, V = 16 / E;
   const u32 me = c.rank, W = c.world, nb = gridDim.x, b = blockIdx.x;
@@ -215,8 +237,8 @@ __device__ __forceinline__ void goep_coll_rs_scratch_run(const goep_coll_ctx& c,
   char* const mine = c.scratch[me];
   const char* const own = in + (u64)me * count * E;
   const bool vec = (((u64)own | (u64)out) & 15) == 0;
-  if (!goep_coll_barrier(c, GOEP_COLL_STAGE_ENTRY)) {
-    return;
+  if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_ENTRY, true)) {
+    return false;
   }
   for (u64 k = 0; k < r.total; ++k) {
     const u64 h = k & 1;
@@ -227,8 +249,8 @@ __device__ __forceinline__ void goep_coll_rs_scratch_run(const goep_coll_ctx& c,
       const u32 p = goep_coll_peer(c, j);
       goep_coll_push(c.scratch[p] + ((h * W + me) * nb + b) * slot, in + ((u64)p * count + st) * E, len * E, tid, nt);
     }
-    if (!goep_coll_barrier(c, GOEP_COLL_STAGE_RS_DATA)) {
-      return;
+    if (!goep_coll_barrier(c, fp, GOEP_COLL_STAGE_RS_DATA)) {
+      return false;
     }
     const char* srcs[GOEP_COLL_MAX_RANKS];
     char* dsts[GOEP_COLL_MAX_RANKS];
@@ -239,13 +261,21 @@ __device__ __forceinline__ void goep_coll_rs_scratch_run(const goep_coll_ctx& c,
     }
     goep_coll_reduce_range<DT>(srcs, W, dsts, 1, len, vec, tid, nt, op);
   }
+  return true;
 }
 
 extern "C" __global__ void goep_coll_rs_scratch(const goep_coll_ctx* ctx, const void* in, void* out, u64 count,
-                                                u32 dtype, u32 op, u64 cell) {
+                                                u32 dtype, u32 op, u64 cell, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
-  GOEP_COLL_DISPATCH(dtype, goep_coll_rs_scratch_run, c, (const char*)in, (char*)out, count, cell, op);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  bool ok;
+  GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_rs_scratch_run, c, (const char*)in, (char*)out, count, cell, op, fp);
+  if (ok) {
+    goep_coll_end(c);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -286,27 +316,35 @@ __device__ __forceinline__ void goep_coll_ar_zc_run(const goep_coll_ctx& c, cons
 }
 
 extern "C" __global__ void goep_coll_ar_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
-                                           u32 op, u32 in_reg, u64 in_off, u32 out_reg, u64 out_off) {
+                                           u32 op, u32 in_reg, u64 in_off, u32 out_reg, u64 out_off, u64 shape) {
   __shared__ goep_coll_ctx c;
   __shared__ const char* s_in[GOEP_COLL_MAX_RANKS];
   __shared__ char* s_out[GOEP_COLL_MAX_RANKS];
-  goep_coll_load_ctx(c, ctx);
-  if (!goep_coll_exchange(c, in_reg, in_off, out_reg, out_off, (const char*)in, (char*)out, s_in, s_out)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  if (!goep_coll_exchange(c, fp, in_reg, in_off, out_reg, out_off, (const char*)in, (char*)out, s_in, s_out)) {
     return;
   }
   GOEP_COLL_DISPATCH(dtype, goep_coll_ar_zc_run, c, s_in, s_out, count, op);
-  goep_coll_barrier(c, GOEP_COLL_STAGE_EXIT);
+  if (goep_coll_barrier(c, fp, GOEP_COLL_STAGE_EXIT)) {
+    goep_coll_end(c);
+  }
 }
 
 // Allgather: every rank writes its input into every rank's output at its
 // own position.
 extern "C" __global__ void goep_coll_ag_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u32 out_reg,
-                                           u64 out_off) {
+                                           u64 out_off, u64 shape) {
   __shared__ goep_coll_ctx c;
   __shared__ const char* s_in[GOEP_COLL_MAX_RANKS];
   __shared__ char* s_out[GOEP_COLL_MAX_RANKS];
-  goep_coll_load_ctx(c, ctx);
-  if (!goep_coll_exchange(c, GOEP_COLL_NO_REG, 0, out_reg, out_off, (const char*)in, (char*)out, s_in, s_out)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  if (!goep_coll_exchange(c, fp, GOEP_COLL_NO_REG, 0, out_reg, out_off, (const char*)in, (char*)out, s_in, s_out)) {
     return;
   }
   const u32 tid = (u32)goep_coll_gtid(), n = (u32)goep_coll_gthreads();
@@ -317,7 +355,9 @@ extern "C" __global__ void goep_coll_ag_zc(const goep_coll_ctx* ctx, const void*
   if ((const void*)((char*)out + at) != in) {
     goep_copy((char*)out + at, in, bytes, tid, n);
   }
-  goep_coll_barrier(c, GOEP_COLL_STAGE_EXIT);
+  if (goep_coll_barrier(c, fp, GOEP_COLL_STAGE_EXIT)) {
+    goep_coll_end(c);
+  }
 }
 
 // Reduce-scatter: rank i reduces part i reading every rank's input
@@ -340,14 +380,19 @@ __device__ __forceinline__ void goep_coll_rs_zc_run(const goep_coll_ctx& c, cons
 }
 
 extern "C" __global__ void goep_coll_rs_zc(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
-                                           u32 op, u32 in_reg, u64 in_off) {
+                                           u32 op, u32 in_reg, u64 in_off, u64 shape) {
   __shared__ goep_coll_ctx c;
   __shared__ const char* s_in[GOEP_COLL_MAX_RANKS];
   __shared__ char* s_out[GOEP_COLL_MAX_RANKS];
-  goep_coll_load_ctx(c, ctx);
-  if (!goep_coll_exchange(c, in_reg, in_off, GOEP_COLL_NO_REG, 0, (const char*)in, (char*)out, s_in, s_out)) {
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  if (!goep_coll_exchange(c, fp, in_reg, in_off, GOEP_COLL_NO_REG, 0, (const char*)in, (char*)out, s_in, s_out)) {
     return;
   }
   GOEP_COLL_DISPATCH(dtype, goep_coll_rs_zc_run, c, s_in, (char*)out, count, op);
-  goep_coll_barrier(c, GOEP_COLL_STAGE_EXIT);
+  if (goep_coll_barrier(c, fp, GOEP_COLL_STAGE_EXIT)) {
+    goep_coll_end(c);
+  }
 }

@@ -15,7 +15,38 @@
 //     every other rank, so blocks synchronise independently and any grid of
 //     at most sem_blocks blocks works whether or not all of it is resident;
 //   - mailboxes, where zero-copy kernels publish which registered buffer and
-//     offset they use (the peer reads its own mapping in the regs table).
+//     offset they use (the peer reads its own mapping in the regs table);
+//   - the control block of every rank (GOEP_COLL_CTRL_*, in its scratch
+//     buffer after the mailboxes, zeroed once at setup): fp[src], the call
+//     fingerprint of src's latest launch, written by src. This rank's
+//     launch counter and failed flag live in its own goep_coll_ctx (seq,
+//     failed), which every launch copies anyway: reading them costs no
+//     extra load at the start of a kernel.
+//
+// Call fingerprint (always on; collectives/fingerprint.go packs and decodes
+// it): bits 0..11 the launch's sequence number, ctx.seq + 1 at its start
+// (the kernels advance ctx.seq themselves, so CUDA-graph replays and
+// direct calls stay in step), bits 12..63 the call's shape as the launcher
+// packed it (kind, dtype, op, algorithm, bulk grid, count), passed as the
+// kernel's last argument. Every launch writes it into every peer's fp[rank]
+// before its first signal to that peer (LL: block 0 at the start; bulk:
+// each block's lane p right before its entry signal to p, whose release
+// covers it). Every wait on a peer also watches the peers' words: a peer at
+// the same sequence number with another shape is a mismatched call, and so
+// is a semaphore signal whose sender's word is still behind after the
+// acquire (a signal of another launch). The first thread to see one fills
+// the watchdog record with stage GOEP_COLL_STAGE_MISMATCH, peer = that rank,
+// expected = own word, observed = the peer's, raises the abort flag and the
+// kernel leaves. No rank finishes a launch before it saw every peer's word
+// of that launch equal to its own (bulk: at every block's entry barrier,
+// before any data moves; LL: a last check of block 0, normally one load per
+// peer since the peers' words were written before their packets), so a
+// mismatch fails every rank: whatever two ranks differ in, every rank
+// differs from one of them.
+//
+// ctx.failed: once any wait of a launch gave up (mismatch or timeout),
+// every later launch of this rank leaves at once without writing to a peer,
+// so peers never pair a stale sequence number of a broken rank with calls.
 //
 // Reduction semantics (bit-exact with collectives/ref): inputs widened to
 // float and combined in rank order 0..W-1; sum rounds once at the end; min
@@ -51,6 +82,15 @@
 #define GOEP_COLL_STAGE_EXIT 4
 #define GOEP_COLL_STAGE_LL1 5
 #define GOEP_COLL_STAGE_LL2 6
+#define GOEP_COLL_STAGE_MISMATCH 7  // a peer's call fingerprint differs (not a timeout)
+#define GOEP_COLL_STAGE_FP 8        // waiting for a peer's fingerprint of this launch (it has not started it)
+
+// Control block byte offsets (GOEP_COLL_CTRL_BYTES per rank), written by
+// peers only.
+#define GOEP_COLL_CTRL_FP 0  // u64[GOEP_COLL_MAX_RANKS]: fp[src], written by src
+#define GOEP_COLL_CTRL_BYTES 128
+#define GOEP_COLL_FP_SEQ_MASK 0xfffull
+static_assert(GOEP_COLL_CTRL_FP + GOEP_COLL_MAX_RANKS * 8 <= GOEP_COLL_CTRL_BYTES, "goep: coll ctrl");
 
 // Collective kinds (goep_coll_check).
 #define GOEP_COLL_KIND_ALLREDUCE 0
@@ -79,8 +119,15 @@ struct goep_coll_ctx {
   char* scratch[GOEP_COLL_MAX_RANKS];
   char* mailbox[GOEP_COLL_MAX_RANKS];
   u32 ll_id[GOEP_COLL_MAX_RANKS];
+  char* ctrl[GOEP_COLL_MAX_RANKS];  // every rank's control block
+  // Written by this rank's kernels (through self), zero at setup:
+  u64 seq;                     // launches completed
+  u64 failed;                  // nonzero once a wait gave up
+  u32 arrived;                 // blocks of the running bulk launch that finished
+  u32 pad;
+  struct goep_coll_ctx* self;  // this struct's own device address
 };
-static_assert(sizeof(goep_coll_ctx) == 288, "goep: goep_coll_ctx layout");
+static_assert(sizeof(goep_coll_ctx) == 384, "goep: goep_coll_ctx layout");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, world) == 4, "goep: goep_coll_ctx.world");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, sem_blocks) == 8, "goep: goep_coll_ctx.sem_blocks");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, max_regs) == 12, "goep: goep_coll_ctx.max_regs");
@@ -94,6 +141,11 @@ static_assert(GOEP_OFFSETOF(goep_coll_ctx, packets) == 64, "goep: goep_coll_ctx.
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, scratch) == 128, "goep: goep_coll_ctx.scratch");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, mailbox) == 192, "goep: goep_coll_ctx.mailbox");
 static_assert(GOEP_OFFSETOF(goep_coll_ctx, ll_id) == 256, "goep: goep_coll_ctx.ll_id");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, ctrl) == 288, "goep: goep_coll_ctx.ctrl");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, seq) == 352, "goep: goep_coll_ctx.seq");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, failed) == 360, "goep: goep_coll_ctx.failed");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, arrived) == 368, "goep: goep_coll_ctx.arrived");
+static_assert(GOEP_OFFSETOF(goep_coll_ctx, self) == 376, "goep: goep_coll_ctx.self");
 
 // ---------------------------------------------------------------------------
 // IEEE binary16, in software so that it matches collectives/ref bit for bit
@@ -414,19 +466,200 @@ __device__ __forceinline__ void goep_coll_copy_fresh(char* dst, const char* src,
     }                                           \
   } while (0)
 
+// The same, assigning FN's result to RES.
+#define GOEP_COLL_DISPATCH_R(RES, DTYPE, FN, ...) \
+  do {                                          \
+    if ((DTYPE) == GOEP_COLL_FP16) {            \
+      RES = FN<GOEP_COLL_FP16>(__VA_ARGS__);    \
+    } else if ((DTYPE) == GOEP_COLL_FP32) {     \
+      RES = FN<GOEP_COLL_FP32>(__VA_ARGS__);    \
+    } else {                                    \
+      RES = FN<GOEP_COLL_BF16>(__VA_ARGS__);    \
+    }                                           \
+  } while (0)
+
 // ---------------------------------------------------------------------------
 // Kernel prologue and block-level synchronisation.
 
 __device__ __forceinline__ u64 goep_coll_gtid() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 goep_coll_gthreads() { return (u64)gridDim.x * blockDim.x; }
 
-// Copies the context into shared memory (one pass of 4-byte words).
-__device__ __forceinline__ void goep_coll_load_ctx(goep_coll_ctx& dst, const goep_coll_ctx* src) {
+// ---------------------------------------------------------------------------
+// Call fingerprints (see the top of this file).
+
+__device__ __forceinline__ u64* goep_coll_ctrl_u64(char* ctrl, u32 off) { return (u64*)(ctrl + off); }
+// fp[src] in rank p's control block.
+__device__ __forceinline__ u64* goep_coll_fp_slot(const goep_coll_ctx& c, u32 p, u32 src) {
+  return goep_coll_ctrl_u64(c.ctrl[p], GOEP_COLL_CTRL_FP) + src;
+}
+
+// Kernel prologue: copies the context into shared memory (one pass of
+// 4-byte words, seq and failed with it: the launch counter cannot move
+// before every block of the launch has copied it, see goep_coll_end) and
+// returns this launch's fingerprint, the launcher's shape with the sequence
+// number, read from the shared copy so that every thread of a block agrees.
+// Returns 0 (never a fingerprint: the kind bits are nonzero) in every
+// thread when a launch of this rank failed: the kernel must leave at once.
+__device__ __forceinline__ u64 goep_coll_begin(goep_coll_ctx& dst, const goep_coll_ctx* src, u64 shape) {
   const u32 words = sizeof(goep_coll_ctx) / 4;
   for (u32 i = threadIdx.x; i < words; i += blockDim.x) {
     ((u32*)&dst)[i] = ((const u32*)src)[i];
   }
   __syncthreads();
+  if (dst.failed != 0) {
+    return 0;
+  }
+  return (shape & ~GOEP_COLL_FP_SEQ_MASK) | ((dst.seq + 1ull) & GOEP_COLL_FP_SEQ_MASK);
+}
+
+// Block 0, lane p: this launch's fingerprint into peer p's fp[rank]
+// (relaxed; LL kernels send no signal that could release it, see
+// goep_coll_ll_finish).
+__device__ __forceinline__ void goep_coll_publish_fp(const goep_coll_ctx& c, u64 fp) {
+  const u32 t = threadIdx.x;
+  if (blockIdx.x == 0 && t < c.world && t != c.rank) {
+    *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
+  }
+}
+
+// How a peer's fingerprint compares with this launch's: the peer is behind
+// (an older launch: keep waiting), ahead (it already passed this launch,
+// having checked it), the same call, or a mismatch. Sequence numbers
+// compare as 12-bit signed distances (ranks are never 2^11 launches apart:
+// every launch waits on every rank).
+#define GOEP_COLL_FP_BEHIND 0
+#define GOEP_COLL_FP_SAME 1
+#define GOEP_COLL_FP_AHEAD 2
+#define GOEP_COLL_FP_MISMATCH 3
+__device__ __forceinline__ int goep_coll_fp_cmp(u64 mine, u64 theirs) {
+  const u64 d = (theirs - mine) & GOEP_COLL_FP_SEQ_MASK;
+  if (d != 0) {
+    return d < (GOEP_COLL_FP_SEQ_MASK + 1) / 2 ? GOEP_COLL_FP_AHEAD : GOEP_COLL_FP_BEHIND;
+  }
+  return theirs == mine ? GOEP_COLL_FP_SAME : GOEP_COLL_FP_MISMATCH;
+}
+
+// A wait of this launch gave up: later launches of this rank leave at once.
+__device__ __forceinline__ void goep_coll_set_failed(const goep_coll_ctx& c) {
+  *(volatile u64*)&c.self->failed = 1;
+}
+
+// The launch counter's last step (one thread of the launch): the value
+// every block copied at its start, plus one (a store, no load).
+__device__ __forceinline__ void goep_coll_advance(const goep_coll_ctx& c) {
+  *(volatile u64*)&c.self->seq = c.seq + 1ull;
+}
+
+// Records a mismatch with peer (the first thread of the watchdog wins; the
+// record's id is the LL wait id of that peer, which tells the host the
+// record is this communicator's), aborts the launch's other waits and marks
+// the rank failed.
+__device__ __noinline__ void goep_coll_mismatch(const goep_coll_ctx& c, u32 peer, u64 mine, u64 theirs) {
+  goep_watchdog_expire(c.wd, GOEP_OP_VALUE, c.ll_id[peer], peer, GOEP_COLL_STAGE_MISMATCH, 0, mine, theirs);
+  goep_coll_set_failed(c);
+}
+
+// One look at every peer's fingerprint (the slow path of a wait): false,
+// with the mismatch recorded, when a peer is at this launch's sequence
+// number with another shape.
+__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) {
+  for (u32 q = 0; q < c.world; ++q) {
+    if (q == c.rank) {
+      continue;
+    }
+    const u64 f = goep_chan_ld_relaxed_sys_u64(goep_coll_fp_slot(c, c.rank, q));
+    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH) {
+      goep_coll_mismatch(c, q, fp, f);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Waits until peer's fingerprint is this launch's (or ahead: the peer
+// passed this launch having checked it). False on a mismatch or a timeout
+// (the peer never started this call: stage GOEP_COLL_STAGE_FP).
+__device__ __noinline__ bool goep_coll_fp_settle(const goep_coll_ctx& c, u32 peer, u64 fp) {
+  const u64* slot = goep_coll_fp_slot(c, c.rank, peer);
+  goep_spin s = goep_spin_start();
+  for (;;) {
+    const u64 f = goep_chan_ld_relaxed_sys_u64(slot);
+    const int r = goep_coll_fp_cmp(fp, f);
+    if (r == GOEP_COLL_FP_SAME || r == GOEP_COLL_FP_AHEAD) {
+      return true;
+    }
+    if (r == GOEP_COLL_FP_MISMATCH) {
+      goep_coll_mismatch(c, peer, fp, f);
+      return false;
+    }
+    if (!goep_spin_ok(s, c.wd, GOEP_OP_VALUE, c.ll_id[peer], peer, GOEP_COLL_STAGE_FP, fp, f)) {
+      goep_coll_set_failed(c);
+      return false;
+    }
+  }
+}
+
+// goep_sem_wait on peer's semaphore that also watches the peer's
+// fingerprint: each poll loads both (independent loads, so the fast path
+// costs no extra round trip). Fails on a timeout, or on a mismatch: the
+// peer at this sequence number with another shape (seen while waiting or
+// once the signal came), or a signal that came from a launch of another
+// sequence number (the sender's fingerprint, written before the signal, is
+// still behind after the acquire).
+__device__ __noinline__ bool goep_coll_sem_wait_fp(const goep_coll_ctx& c, const goep_semaphore& s, u32 peer, u64 fp,
+                                                   u32 stage) {
+  const u64* slot = goep_coll_fp_slot(c, c.rank, peer);
+  const u64 want = goep_sem_expected(s) + 1;
+  goep_spin sp = goep_spin_start();
+  u64 got, f;
+  for (;;) {
+    got = goep_chan_ld_relaxed_sys_u64(s.inbound);
+    f = goep_chan_ld_relaxed_sys_u64(slot);
+    if (got >= want) {
+      break;
+    }
+    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH) {
+      goep_coll_mismatch(c, peer, fp, f);
+      return false;
+    }
+    if (!goep_spin_ok(sp, s.wd, GOEP_OP_SEM_WAIT, s.id, s.peer, stage, want, got)) {
+      goep_coll_set_failed(c);
+      return false;
+    }
+  }
+  (void)goep_ld_acquire_sys_u64(s.inbound);
+  goep_sem_consumed(s, want);
+  int r = goep_coll_fp_cmp(fp, f);
+  if (r == GOEP_COLL_FP_BEHIND) {  // the relaxed load ran ahead of the signal's: look again
+    f = goep_chan_ld_relaxed_sys_u64(slot);
+    r = goep_coll_fp_cmp(fp, f);
+  }
+  if (r == GOEP_COLL_FP_BEHIND || r == GOEP_COLL_FP_MISMATCH) {
+    goep_coll_mismatch(c, peer, fp, f);
+    return false;
+  }
+  return true;
+}
+
+// Advances this rank's launch counter once every block of the launch has
+// arrived here (every block read it in goep_coll_begin before arriving).
+// Call from every thread of every block, as the kernel's last step. LL
+// kernels use goep_coll_ll_end instead (one arrival for flag and counter).
+__device__ __forceinline__ void goep_coll_end(const goep_coll_ctx& c) {
+  __syncthreads();
+  if (threadIdx.x != 0) {
+    return;
+  }
+  if (gridDim.x == 1) {
+    goep_coll_advance(c);
+    return;
+  }
+  u32 prev;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&c.self->arrived) : "memory");
+  if (prev == gridDim.x - 1) {
+    *(volatile u32*)&c.self->arrived = 0;
+    goep_coll_advance(c);
+  }
 }
 
 // The next peer in this rank's rotation: (rank + j) mod world, so that at
@@ -444,29 +677,36 @@ __device__ __forceinline__ const goep_semaphore& goep_coll_sem(const goep_coll_c
 // Block barrier with every peer: every thread's earlier writes (to peers'
 // memory too) are visible to the peers' blocks of the same index once they
 // pass theirs, and theirs to this block. Lane p of warp 0 signals peer p
-// (release) and waits for peer p (acquire). Returns false, in every thread,
-// when a wait gave up; the kernel must then leave.
-__device__ __forceinline__ bool goep_coll_barrier(const goep_coll_ctx& c, u32 stage) {
+// (release) and waits for peer p (acquire), watching its fingerprint. The
+// entry barrier (entry = true) also writes this launch's fingerprint into
+// peer p's fp[rank] just before the signal, whose release covers it: every
+// block checks every peer's call before it moves data. Returns false, in
+// every thread, when a wait gave up; the kernel must then leave.
+__device__ __forceinline__ bool goep_coll_barrier(const goep_coll_ctx& c, u64 fp, u32 stage, bool entry = false) {
   __syncthreads();
   const u32 t = threadIdx.x;
   bool ok = true;
   if (t < c.world && t != c.rank) {
     const goep_semaphore& s = goep_coll_sem(c, t);
+    if (entry) {
+      *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
+    }
     goep_sem_signal(s);
-    ok = goep_sem_wait(s, stage);
+    ok = goep_coll_sem_wait_fp(c, s, t, fp, stage);
   }
   return !goep_block_any_failed(!ok);
 }
 
 // Entry barrier of the zero-copy kernels, which also tells each peer which
-// buffers this rank uses: lane p writes this rank's descriptor into peer p's
-// mailbox slot [block][rank], signals and waits for peer p, then reads peer
+// buffers this rank uses: lane p writes this rank's descriptor and
+// fingerprint into peer p's mailbox slot [block][rank] and fp[rank], signals
+// and waits for peer p (checking its fingerprint), then reads peer
 // p's descriptor and resolves peer p's send and recv pointers through the
 // registration table (as mapped on this GPU). s_in / s_out are shared
 // arrays indexed by rank; this rank's own entries are in and out.
-__device__ __forceinline__ bool goep_coll_exchange(const goep_coll_ctx& c, u32 in_reg, u64 in_off, u32 out_reg,
-                                                   u64 out_off, const char* in, char* out, const char** s_in,
-                                                   char** s_out) {
+__device__ __forceinline__ bool goep_coll_exchange(const goep_coll_ctx& c, u64 fp, u32 in_reg, u64 in_off,
+                                                   u32 out_reg, u64 out_off, const char* in, char* out,
+                                                   const char** s_in, char** s_out) {
   __syncthreads();
   const u32 t = threadIdx.x;
   bool ok = true;
@@ -476,9 +716,10 @@ __device__ __forceinline__ bool goep_coll_exchange(const goep_coll_ctx& c, u32 i
     *(volatile u32*)(box + 4) = out_reg;
     *(volatile u64*)(box + 8) = in_off;
     *(volatile u64*)(box + 16) = out_off;
+    *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
     const goep_semaphore& s = goep_coll_sem(c, t);
     goep_sem_signal(s);
-    ok = goep_sem_wait(s, GOEP_COLL_STAGE_ENTRY);
+    ok = goep_coll_sem_wait_fp(c, s, t, fp, GOEP_COLL_STAGE_ENTRY);
     if (ok) {
       const volatile char* mine = c.mailbox[c.rank] + ((u64)blockIdx.x * GOEP_COLL_MAX_RANKS + t) * GOEP_COLL_DESC_SIZE;
       const u32 ir = *(const volatile u32*)(mine + 0);

@@ -10,6 +10,17 @@
 // another (packet_device.cuh). The flag counter advances once per round:
 // ar_ll2 takes two rounds, the others one.
 //
+// Call fingerprints (coll_common.cuh): block 0 writes this launch's word
+// into every peer's fp[rank] at the start; a packet wait that does not end
+// at its first look watches every peer's word in its slow path (every
+// GOEP_SPIN_CHECK_EVERY polls, so the fast path costs nothing); and block 0
+// checks every peer's word once more before the launch counts as done
+// (goep_coll_ll_finish: one load per peer, since the peers wrote theirs
+// before the packets this rank already has). Packets go only into the
+// peers' packet buffers at offsets the launcher checked against them, so a
+// mismatched peer can make the data wrong but never write out of bounds;
+// the check makes the call an error on every rank.
+//
 // Work is dealt by global thread index over 8-byte words; the host sizes
 // the grid (at most one block per SM, so that all blocks are resident: a
 // thread may wait for a packet that a peer's thread of another block
@@ -18,13 +29,14 @@
 
 extern "C" {
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
-    goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op);
+    goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
-    goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op);
+    goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
-    goep_coll_ag_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes);
+    goep_coll_ag_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u64 shape);
 __global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1)
-    goep_coll_rs_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op);
+    goep_coll_rs_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype, u32 op, u64 shape);
+__global__ void __launch_bounds__(GOEP_COLL_MAX_THREADS, 1) goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape);
 }
 
 // Packet k of slot `slot` (slots of `words` packets) in the half at base of
@@ -38,15 +50,67 @@ __device__ __forceinline__ void goep_coll_put_word(goep_ll16* p, u64 v, u32 flag
   goep_ll16_store(p, (u32)v, (u32)(v >> 32), flag);
 }
 
+// The slow path of a packet read: goep_ll16_read that also watches every
+// peer's fingerprint whenever it looks at the timer. False when the wait
+// gave up (timeout, abort or mismatch); the rank is then marked failed.
+__device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
+                                               u32 stage, u64 fp, u32& lo, u32& hi) {
+  goep_spin s = goep_spin_start();
+  u32 seen;
+  while (!goep_ll16_try(p, flag, lo, hi, seen)) {
+    if (!goep_spin_ok(s, c.wd, GOEP_OP_PACKET, c.ll_id[from], from, stage, flag, seen)) {
+      goep_coll_set_failed(c);
+      return false;
+    }
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Reads a packet sent by rank `from`, bounded; false when the wait gave up.
+// A packet that is there at the first look costs what it did before
+// fingerprints.
 __device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
-                                                   u32 stage, u64& v) {
-  u32 lo, hi;
-  if (!goep_ll16_read(p, flag, lo, hi, c.wd, c.ll_id[from], from, stage)) {
+                                                   u32 stage, u64 fp, u64& v) {
+  u32 lo, hi, seen;
+  if (!goep_ll16_try(p, flag, lo, hi, seen) && !goep_coll_ll_wait(c, p, flag, from, stage, fp, lo, hi)) {
     return false;
   }
   v = (u64)lo | ((u64)hi << 32);
   return true;
+}
+
+// The end of an LL launch: lane p of block 0 checks that peer p's
+// fingerprint is this launch's (goep_coll_fp_settle; a lane whose own wait
+// gave up skips it, and a lane that waits while another thread failed sees
+// the abort flag), then every block arrives once for both the packet flag
+// and the launch counter: the last one publishes flag and advances the
+// counter (goep_ll_flag_end's protocol). The check adds one load per peer
+// and no block barrier to the launch.
+__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, u32 flag) {
+  const u32 t = threadIdx.x;
+  if (blockIdx.x == 0 && ok && t < c.world && t != c.rank) {
+    (void)goep_coll_fp_settle(c, t, fp);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) {
+    return;
+  }
+  goep_ll_flag* f = c.flag;
+  if (gridDim.x == 1) {
+    f->value = flag;
+    goep_coll_advance(c);
+    return;
+  }
+  u32 prev;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(&f->arrived) : "memory");
+  if (prev == gridDim.x - 1) {
+    f->arrived = 0;
+    f->value = flag;
+    goep_coll_advance(c);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -56,7 +120,7 @@ __device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const
 // calls are safe.
 template <int DT>
 __device__ __forceinline__ bool goep_coll_ar_ll1_run(const goep_coll_ctx& c, const char* in, char* out, u64 bytes,
-                                                     u32 flag, u32 op) {
+                                                     u32 flag, u32 op, u64 fp) {
   const u32 me = c.rank, W = c.world;
   const u64 words = (bytes + 7) / 8;
   const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
@@ -70,7 +134,7 @@ __device__ __forceinline__ bool goep_coll_ar_ll1_run(const goep_coll_ctx& c, con
     goep_coll_acc8<DT> acc(op);
     for (u32 q = 0; q < W; ++q) {
       u64 x = v;
-      if (q != me && !goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), flag, q, GOEP_COLL_STAGE_LL1, x)) {
+      if (q != me && !goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), flag, q, GOEP_COLL_STAGE_LL1, fp, x)) {
         return false;
       }
       if (q == 0) {
@@ -85,13 +149,18 @@ __device__ __forceinline__ bool goep_coll_ar_ll1_run(const goep_coll_ctx& c, con
 }
 
 extern "C" __global__ void goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
-                                            u32 op) {
+                                            u32 op, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
   const u64 bytes = count * goep_coll_dt_size(dtype);
-  GOEP_COLL_DISPATCH(dtype, goep_coll_ar_ll1_run, c, (const char*)in, (char*)out, bytes, flag, op);
-  goep_ll_flag_end(c.flag, flag);
+  bool ok;
+  GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll1_run, c, (const char*)in, (char*)out, bytes, flag, op, fp);
+  goep_coll_ll_finish(c, fp, ok, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -103,7 +172,7 @@ extern "C" __global__ void goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void
 // follows its read of this rank's round-1 packet, so in-place is safe.
 template <int DT>
 __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, const char* in, char* out, u64 bytes,
-                                                     u32 f1, u32 f2, u32 op) {
+                                                     u32 f1, u32 f2, u32 op, u64 fp) {
   const u32 me = c.rank, W = c.world;
   const u64 words = (bytes + 7) / 8;
   const u64 P = (words + W - 1) / W;
@@ -127,7 +196,7 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
         u64 x;
         if (q == me) {
           x = goep_ll_gather(in, lo + kk, 8, bytes, ain);
-        } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b1, q, P, kk), f1, q, GOEP_COLL_STAGE_LL1, x)) {
+        } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b1, q, P, kk), f1, q, GOEP_COLL_STAGE_LL1, fp, x)) {
           return false;
         }
         if (q == 0) {
@@ -149,7 +218,7 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
     const u64 lo = (u64)p * P, len = lo < words ? min(P, words - lo) : 0;
     for (u64 kk = tid; kk < len; kk += n) {
       u64 x;
-      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b2, p, P, kk), f2, p, GOEP_COLL_STAGE_LL2, x)) {
+      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b2, p, P, kk), f2, p, GOEP_COLL_STAGE_LL2, fp, x)) {
         return false;
       }
       goep_ll_scatter(out, lo + kk, 8, bytes, aout, x);
@@ -159,14 +228,19 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
 }
 
 extern "C" __global__ void goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
-                                            u32 op) {
+                                            u32 op, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  goep_coll_publish_fp(c, fp);
   const u32 f1 = goep_ll_flag_begin(c.flag);
   const u32 f2 = goep_ll_flag_next(f1);
   const u64 bytes = count * goep_coll_dt_size(dtype);
-  GOEP_COLL_DISPATCH(dtype, goep_coll_ar_ll2_run, c, (const char*)in, (char*)out, bytes, f1, f2, op);
-  goep_ll_flag_end(c.flag, f2);
+  bool ok;
+  GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll2_run, c, (const char*)in, (char*)out, bytes, f1, f2, op, fp);
+  goep_coll_ll_finish(c, fp, ok, f2);
 }
 
 // ---------------------------------------------------------------------------
@@ -174,7 +248,7 @@ extern "C" __global__ void goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void
 // unpacks every peer's into out + peer * bytes. In place means in is
 // out + rank * bytes, which needs no copy.
 __device__ __forceinline__ bool goep_coll_ag_ll_run(const goep_coll_ctx& c, const char* in, char* out, u64 bytes,
-                                                    u32 flag) {
+                                                    u32 flag, u64 fp) {
   const u32 me = c.rank, W = c.world;
   const u64 words = (bytes + 7) / 8;
   const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
@@ -196,7 +270,7 @@ __device__ __forceinline__ bool goep_coll_ag_ll_run(const goep_coll_ctx& c, cons
     const bool adst = ((u64)dst & 7) == 0;
     for (u64 k = tid; k < words; k += n) {
       u64 x;
-      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, p, words, k), flag, p, GOEP_COLL_STAGE_LL1, x)) {
+      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, p, words, k), flag, p, GOEP_COLL_STAGE_LL1, fp, x)) {
         return false;
       }
       goep_ll_scatter(dst, k, 8, bytes, adst, x);
@@ -205,12 +279,16 @@ __device__ __forceinline__ bool goep_coll_ag_ll_run(const goep_coll_ctx& c, cons
   return true;
 }
 
-extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes) {
+extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 bytes, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
-  goep_coll_ag_ll_run(c, (const char*)in, (char*)out, bytes, flag);
-  goep_ll_flag_end(c.flag, flag);
+  const bool ok = goep_coll_ag_ll_run(c, (const char*)in, (char*)out, bytes, flag, fp);
+  goep_coll_ll_finish(c, fp, ok, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -220,7 +298,7 @@ extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void*
 // of this rank's part writes output word k.
 template <int DT>
 __device__ __forceinline__ bool goep_coll_rs_ll_run(const goep_coll_ctx& c, const char* in, char* out, u64 part,
-                                                    u32 flag, u32 op) {
+                                                    u32 flag, u32 op, u64 fp) {
   const u32 me = c.rank, W = c.world;
   const u64 words = (part + 7) / 8;
   const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
@@ -241,7 +319,7 @@ __device__ __forceinline__ bool goep_coll_rs_ll_run(const goep_coll_ctx& c, cons
       u64 x;
       if (q == me) {
         x = goep_ll_gather(own, k, 8, part, aown);
-      } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), flag, q, GOEP_COLL_STAGE_LL1, x)) {
+      } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), flag, q, GOEP_COLL_STAGE_LL1, fp, x)) {
         return false;
       }
       if (q == 0) {
@@ -256,11 +334,39 @@ __device__ __forceinline__ bool goep_coll_rs_ll_run(const goep_coll_ctx& c, cons
 }
 
 extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void* in, void* out, u64 count, u32 dtype,
-                                           u32 op) {
+                                           u32 op, u64 shape) {
   __shared__ goep_coll_ctx c;
-  goep_coll_load_ctx(c, ctx);
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
   const u64 part = count * goep_coll_dt_size(dtype);
-  GOEP_COLL_DISPATCH(dtype, goep_coll_rs_ll_run, c, (const char*)in, (char*)out, part, flag, op);
-  goep_ll_flag_end(c.flag, flag);
+  bool ok;
+  GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_rs_ll_run, c, (const char*)in, (char*)out, part, flag, op, fp);
+  goep_coll_ll_finish(c, fp, ok, flag);
+}
+
+// ---------------------------------------------------------------------------
+// A call that moves no data (count 0) still takes its place in the call
+// sequence: one block publishes the fingerprint, checks every peer's and
+// advances the launch counter, so that "count 0 on one rank, data on
+// another" is a mismatch on both instead of pairing the next calls wrongly.
+extern "C" __global__ void goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape) {
+  __shared__ goep_coll_ctx c;
+  const u64 fp = goep_coll_begin(c, ctx, shape);
+  if (fp == 0) {
+    return;
+  }
+  goep_coll_publish_fp(c, fp);
+  bool ok = true;
+  const u32 t = threadIdx.x;
+  if (blockIdx.x == 0 && t < c.world && t != c.rank) {
+    ok = goep_coll_fp_settle(c, t, fp);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  goep_coll_end(c);
 }

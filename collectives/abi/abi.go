@@ -29,7 +29,21 @@ const (
 	CtxScratch     = 128 // char*[MaxRanks]: every rank's scratch data area
 	CtxMailbox     = 192 // char*[MaxRanks]: every rank's mailbox
 	CtxLLID        = 256 // u32[MaxRanks]: wait id of LL packet reads from each rank
-	CtxSize        = 288
+	CtxCtrl        = 288 // char*[MaxRanks]: every rank's control block (call fingerprints)
+	// Written by this rank's kernels through Self (zero at setup).
+	CtxSeq     = 352 // u64: launches completed (the kernels advance it)
+	CtxFailed  = 360 // u64: nonzero once a wait of a launch gave up
+	CtxArrived = 368 // u32: blocks of the running bulk launch that finished
+	CtxSelf    = 376 // goep_coll_ctx*: the struct's own device address
+	CtxSize    = 384
+)
+
+// Control block (CtrlBytes per rank, in its scratch buffer after the
+// mailboxes, zeroed at setup, written by peers): see
+// kernels/coll_common.cuh.
+const (
+	CtrlFP    = 0 // u64[MaxRanks]: fp[src], the fingerprint of src's latest launch
+	CtrlBytes = 128
 )
 
 // Mailbox: DescSize-byte descriptors at [block][source rank] in each rank's
@@ -53,6 +67,10 @@ const (
 	StageExit   = 4 // exit barrier of a zero-copy kernel
 	StageLL1    = 5 // LL packets of the first (or only) round
 	StageLL2    = 6 // LL packets of the second round
+	// StageMismatch is not a timeout: a peer's call fingerprint differed
+	// (Expected: this rank's fingerprint, Observed: the peer's).
+	StageMismatch = 7
+	StageFP       = 8 // waiting for a peer's fingerprint of this launch (it has not made the call)
 )
 
 // Kernel names.
@@ -67,6 +85,7 @@ const (
 	KernelARZC       = "goep_coll_ar_zc"
 	KernelAGZC       = "goep_coll_ag_zc"
 	KernelRSZC       = "goep_coll_rs_zc"
+	KernelFPSync     = "goep_coll_fp_sync"
 	KernelFill       = "goep_coll_fill"
 	KernelCheck      = "goep_coll_check"
 	KernelMaxThreads = 512 // __launch_bounds__ of every collective kernel (GOEP_COLL_MAX_THREADS)
@@ -86,6 +105,10 @@ type Ctx struct {
 	PacketHalf, ScratchSize         uint64
 	Packets, Scratch, Mailbox       [MaxRanks]uintptr
 	LLID                            [MaxRanks]uint32
+	Ctrl                            [MaxRanks]uintptr
+	Seq, Failed                     uint64
+	Arrived                         uint32
+	Self                            uintptr
 }
 
 var le = binary.LittleEndian
@@ -103,11 +126,17 @@ func (c Ctx) Encode(b []byte) {
 	le.PutUint64(b[CtxRegs:], uint64(c.Regs))
 	le.PutUint64(b[CtxPacketHalf:], c.PacketHalf)
 	le.PutUint64(b[CtxScratchSize:], c.ScratchSize)
+	le.PutUint64(b[CtxSeq:], c.Seq)
+	le.PutUint64(b[CtxFailed:], c.Failed)
+	le.PutUint32(b[CtxArrived:], c.Arrived)
+	le.PutUint32(b[CtxArrived+4:], 0)
+	le.PutUint64(b[CtxSelf:], uint64(c.Self))
 	for i := 0; i < MaxRanks; i++ {
 		le.PutUint64(b[CtxPackets+8*i:], uint64(c.Packets[i]))
 		le.PutUint64(b[CtxScratch+8*i:], uint64(c.Scratch[i]))
 		le.PutUint64(b[CtxMailbox+8*i:], uint64(c.Mailbox[i]))
 		le.PutUint32(b[CtxLLID+4*i:], c.LLID[i])
+		le.PutUint64(b[CtxCtrl+8*i:], uint64(c.Ctrl[i]))
 	}
 }
 
@@ -120,12 +149,15 @@ func DecodeCtx(b []byte) Ctx {
 		Flag: uintptr(le.Uint64(b[CtxFlag:])), Watchdog: uintptr(le.Uint64(b[CtxWatchdog:])),
 		Sems: uintptr(le.Uint64(b[CtxSems:])), Regs: uintptr(le.Uint64(b[CtxRegs:])),
 		PacketHalf: le.Uint64(b[CtxPacketHalf:]), ScratchSize: le.Uint64(b[CtxScratchSize:]),
+		Seq: le.Uint64(b[CtxSeq:]), Failed: le.Uint64(b[CtxFailed:]), Arrived: le.Uint32(b[CtxArrived:]),
+		Self: uintptr(le.Uint64(b[CtxSelf:])),
 	}
 	for i := 0; i < MaxRanks; i++ {
 		c.Packets[i] = uintptr(le.Uint64(b[CtxPackets+8*i:]))
 		c.Scratch[i] = uintptr(le.Uint64(b[CtxScratch+8*i:]))
 		c.Mailbox[i] = uintptr(le.Uint64(b[CtxMailbox+8*i:]))
 		c.LLID[i] = le.Uint32(b[CtxLLID+4*i:])
+		c.Ctrl[i] = uintptr(le.Uint64(b[CtxCtrl+8*i:]))
 	}
 	return c
 }

@@ -51,3 +51,21 @@ extern "C" __global__ void goep_convert_test(const float* in, u16* bf16_out, u8*
     fp8_back[i] = goep_fp8e4m3_bits_to_f32(q);
   }
 }
+
+// Sizes the context's local memory (stack) for GOEP_LOCAL_RESERVE_WORDS
+// words a thread before any goep kernel runs. The driver grows local
+// memory at the first launch that needs more than it has, and a resize
+// waits for every kernel running in the context: when ranks share a GPU,
+// a spinning kernel of one rank would hold back the launch of the peer it
+// waits for (internal/device: reserveLocalMemory). goep's kernels need far
+// less than this; the volatile array keeps the compiler from removing it.
+#define GOEP_LOCAL_RESERVE_WORDS 128
+extern "C" __global__ void goep_reserve_local_memory(u32* out, u32 seed) {
+  volatile u32 stack[GOEP_LOCAL_RESERVE_WORDS];
+  for (u32 i = 0; i < GOEP_LOCAL_RESERVE_WORDS; ++i) {
+    stack[i] = seed * i + threadIdx.x;
+  }
+  if (out != nullptr && threadIdx.x == 0) {
+    *out = stack[seed % GOEP_LOCAL_RESERVE_WORDS];
+  }
+}

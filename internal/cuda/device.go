@@ -182,6 +182,27 @@ func (d Device) CanAccessPeer(peer Device) (bool, error) {
 	return r.v != 0, nil
 }
 
+// CtxLmemResizeToMax is CU_CTX_LMEM_RESIZE_TO_MAX: the driver keeps the
+// context's local memory at the largest size a launch needed instead of
+// shrinking it afterwards.
+const CtxLmemResizeToMax = 0x10
+
+// PrimaryContextFlags returns the flags of the device's primary context
+// (cuDevicePrimaryCtxGetState).
+func (d Device) PrimaryContextFlags() (uint32, error) {
+	r := C.gc_primary_ctx_flags(d.h)
+	if r.r != 0 {
+		return 0, newError("cuDevicePrimaryCtxGetState", r.r)
+	}
+	return uint32(r.v), nil
+}
+
+// SetPrimaryContextFlags sets the flags of the device's primary context
+// (cuDevicePrimaryCtxSetFlags), replacing the previous ones.
+func (d Device) SetPrimaryContextFlags(flags uint32) error {
+	return check("cuDevicePrimaryCtxSetFlags", C.gc_primary_ctx_set_flags(d.h, C.uint(flags)))
+}
+
 // Retain retains the device's primary context. Each Retain must be matched
 // by one Context.Release.
 func (d Device) Retain() (*Context, error) {

@@ -215,6 +215,21 @@ int gc_primary_ctx_release(int dev) {
 	return gc.cuDevicePrimaryCtxRelease(dev);
 }
 
+gcRet gc_primary_ctx_flags(int dev) {
+	gcRet o = {0, 0};
+	unsigned int flags = 0;
+	int active = 0;
+	NEED_LOADED(ret_not_loaded);
+	o.r = gc.cuDevicePrimaryCtxGetState(dev, &flags, &active);
+	o.v = (uint64_t)flags;
+	return o;
+}
+
+int gc_primary_ctx_set_flags(int dev, unsigned int flags) {
+	NEED_LOADED(GC_ERROR_NOT_INITIALIZED);
+	return gc.cuDevicePrimaryCtxSetFlags(dev, flags);
+}
+
 int gc_mem_pool_set_u64(uintptr_t pool, int attr, uint64_t value) {
 	uint64_t v = value;
 	NEED_LOADED(GC_ERROR_NOT_INITIALIZED);

@@ -157,6 +157,9 @@ typedef gcResult (*gcGetProcAddressFn)(const char *symbol, void **pfn,
 	X(cuDeviceGetDefaultMemPool, cuDeviceGetDefaultMemPool, (gcMemPool *pool, gcDevice dev)) \
 	X(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain, (gcCtx *pctx, gcDevice dev))      \
 	X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, (gcDevice dev))              \
+	X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState,                               \
+	  (gcDevice dev, unsigned int *flags, int *active))                                     \
+	X(cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v2, (gcDevice dev, unsigned int flags)) \
 	X(cuCtxGetCurrent, cuCtxGetCurrent, (gcCtx *pctx))                                      \
 	X(cuCtxSetCurrent, cuCtxSetCurrent, (gcCtx ctx))                                        \
 	X(cuCtxSynchronize, cuCtxSynchronize, (void))                                           \
@@ -336,6 +339,8 @@ gcRet gc_device_can_access_peer(int dev, int peer);
 gcRet gc_device_default_mem_pool(int dev);
 gcRet gc_primary_ctx_retain(int dev);
 int gc_primary_ctx_release(int dev);
+gcRet gc_primary_ctx_flags(int dev);
+int gc_primary_ctx_set_flags(int dev, unsigned int flags);
 int gc_mem_pool_set_u64(uintptr_t pool, int attr, uint64_t value);
 gcRet gc_mem_pool_get_u64(uintptr_t pool, int attr);
 gcRet gc_pointer_attribute(int attr, uint64_t ptr);

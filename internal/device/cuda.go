@@ -51,6 +51,9 @@ type ctxModules struct {
 	refs  int
 	mods  map[string]*cuda.Module // by compiler and module name
 	funcs sync.Map                // compiler and kernel name -> *cuda.Function
+	// reserve sizes the context's local memory once (reserveLocalMemory).
+	reserve    sync.Once
+	reserveErr error
 }
 
 var (
@@ -137,6 +140,7 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
 	}
 	d.target = kernels.Target{Major: d.info.Major, Minor: d.info.Minor}
+	keepLocalMemory(dev)
 	if d.ctx, err = dev.Retain(); err != nil {
 		return nil, fmt.Errorf("device cuda:%d: %w", ordinal, err)
 	}
@@ -147,7 +151,60 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 	}
 	d.stream = &cudaStream{s: s, owned: true}
 	d.modules = acquireModules(ordinal)
+	if err := d.reserveLocalMemory(); err != nil {
+		return nil, errors.Join(err, d.Close())
+	}
 	return d, nil
+}
+
+// Local memory. The driver sizes a context's local memory (thread stacks
+// and register spills) lazily: the first launch of a kernel that needs more
+// than the context has grows it, and by default the driver may shrink it
+// again afterwards. A resize waits for every kernel running in the context.
+// With ranks sharing a GPU that is a deadlock until the device timeout:
+// ranks whose spinning kernels were queued before the resize wait for
+// peers whose launches come after it (seen on H200: the first notify +
+// dispatch of 8 ranks on one GPU stalled 20 s in about one run in four;
+// the dispatch kernel has a stack frame, notify none). So every context
+// keeps its local memory at the largest size (CU_CTX_LMEM_RESIZE_TO_MAX)
+// and the first Device on it launches a kernel with a larger stack than any
+// of goep's before anything else runs there.
+
+var lmemFlagSet sync.Map // GPU ordinal -> true once the flag was set
+
+// keepLocalMemory sets CU_CTX_LMEM_RESIZE_TO_MAX on the primary context,
+// keeping its other flags. Best effort: a driver that refuses leaves the
+// reservation kernel as the only guard.
+func keepLocalMemory(dev cuda.Device) {
+	if _, done := lmemFlagSet.LoadOrStore(dev.Ordinal(), true); done {
+		return
+	}
+	flags, err := dev.PrimaryContextFlags()
+	if err != nil || flags&cuda.CtxLmemResizeToMax != 0 {
+		return
+	}
+	_ = dev.SetPrimaryContextFlags(flags | cuda.CtxLmemResizeToMax)
+}
+
+// reserveLocalMemory runs goep_reserve_local_memory once per context, on
+// this Device's stream, and waits for it. A kernel module that cannot be
+// built (no NVRTC) skips it: every later launch fails then anyway.
+func (d *cudaDevice) reserveLocalMemory() error {
+	m := d.modules
+	m.reserve.Do(func() {
+		if _, err := d.Function(KernelReserveLocalMemory); err != nil {
+			return
+		}
+		args := NewArgs(2).Ptr(0).U32(1)
+		if err := d.Launch(KernelReserveLocalMemory, D1(1), D1(32), 0, d.stream, args); err != nil {
+			m.reserveErr = d.errorf("reserve local memory: %w", err)
+			return
+		}
+		if err := d.stream.Synchronize(); err != nil {
+			m.reserveErr = d.errorf("reserve local memory: %w", err)
+		}
+	})
+	return m.reserveErr
 }
 
 func (d *cudaDevice) Info() Info { return d.info }

@@ -12,11 +12,24 @@ const (
 	KernelCheckPattern  = "goep_check_pattern"
 	KernelWriteHostFlag = "goep_write_host_flag"
 	KernelConvertTest   = "goep_convert_test"
+	// KernelReserveLocalMemory sizes a context's local memory once, when
+	// the first Device opens it (reserveLocalMemory).
+	KernelReserveLocalMemory = "goep_reserve_local_memory"
 )
 
 func init() {
 	kernels.Register(kernels.Module{Name: "doctor", File: "doctor.cu",
-		Kernels: []string{KernelFillPattern, KernelCheckPattern, KernelWriteHostFlag, KernelConvertTest}})
+		Kernels: []string{KernelFillPattern, KernelCheckPattern, KernelWriteHostFlag, KernelConvertTest,
+			KernelReserveLocalMemory}})
+
+	// goep_reserve_local_memory(u32* out, u32 seed): the CUDA path's stack
+	// reservation; the host backend has nothing to reserve.
+	RegisterHostKernel(KernelReserveLocalMemory, func(l *HostLaunch) error {
+		if p := l.Args.GetPtr(0); p != 0 {
+			HostSlice[uint32](p, 1)[0] = l.Args.GetU32(1) * (l.Args.GetU32(1) % 128)
+		}
+		return nil
+	})
 
 	// goep_fill_pattern(u32* dst, u64 n, u32 seed)
 	RegisterHostKernel(KernelFillPattern, func(l *HostLaunch) error {

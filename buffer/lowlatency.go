@@ -27,8 +27,8 @@ type LowLatencyConfig struct {
 	FP8 bool
 	// Nodes the group spans (0 or 1: across nodes is not built yet).
 	Nodes int
-	// NumSMs caps grids (0: lowlatency.DefaultSMs, shrunk to this rank's
-	// share of its GPU; a configured grid above the share is refused);
+	// NumSMs caps grids (0: lowlatency.DefaultSMs, every SM, shrunk to this
+	// rank's share of its GPU; a configured grid above the share is refused);
 	// Threads per block (0: the default).
 	NumSMs, Threads int
 	// Timeout bounds every device-side wait (0: the communicator's default).
@@ -121,13 +121,9 @@ func NewLowLatency(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	// Every low-latency launch may wait on peers: all ranks sharing a GPU
 	// must be resident at once. A default grid shrinks to the share; a
 	// configured one above it is refused (by the launchers).
+	// A zero NumSMs stays zero: the launchers pick lowlatency.DefaultSMs
+	// (every SM, or the host backend's small grid) within the share.
 	b.launch = lowlatency.LaunchConfig{NumSMs: cfg.NumSMs, Threads: cfg.Threads}
-	if b.launch.NumSMs == 0 {
-		b.launch.NumSMs = lowlatency.DefaultSMs
-		if pl.SpinBlocks > 0 {
-			b.launch.NumSMs = min(b.launch.NumSMs, pl.SpinBlocks)
-		}
-	}
 	if pl.SpinBlocks > 0 && b.launch.NumSMs > pl.SpinBlocks {
 		return nil, b.errorf("low latency grid of %d blocks exceeds this rank's share of its GPU (%d blocks)", b.launch.NumSMs, pl.SpinBlocks)
 	}

@@ -28,7 +28,16 @@ func init() {
 const (
 	MaxThreads     = 512 // GOEP_LL_MAX_THREADS
 	DefaultThreads = 512
-	DefaultSMs     = 24
+	// DefaultSMs asks for every SM of the GPU (capped by its SM count and,
+	// where ranks share it, by their spin budget): a decode step's dispatch
+	// and combine have the GPU to themselves, as DeepEP's low-latency
+	// kernels assume. 24 blocks left most of an H200 idle: EP4, 128 tokens,
+	// hidden 7168, BF16 dispatch / combine 117 / 128 us on 24 SMs, 62 / 48 us
+	// on 128 (4x H200, 2026-11-26, docs/PERFORMANCE.md).
+	DefaultSMs = 1 << 10
+	// hostDefaultSMs is the default grid where the device reports no SMs
+	// (the host backend's twins).
+	hostDefaultSMs = 24
 	maxSlices      = 16
 	lanes          = 32
 )
@@ -90,7 +99,7 @@ func (w *Workspace) Validate() error {
 
 // LaunchConfig sizes a launch; the zero value is the default.
 type LaunchConfig struct {
-	NumSMs  int // grid cap; 0: DefaultSMs (always capped by SpinBlocks and the GPU's SMs)
+	NumSMs  int // grid cap; 0: DefaultSMs, every SM (a default shrinks to SpinBlocks; a given grid above it is refused)
 	Threads int // per block, multiple of 32 up to MaxThreads; 0: DefaultThreads
 }
 
@@ -105,6 +114,12 @@ func (w *Workspace) resolve(dev device.Device, c LaunchConfig) (blocks, threads 
 	blocks = c.NumSMs
 	if blocks == 0 {
 		blocks = DefaultSMs
+		if dev.Info().SMs <= 0 {
+			blocks = hostDefaultSMs
+		}
+		if w.SpinBlocks > 0 {
+			blocks = min(blocks, w.SpinBlocks)
+		}
 	}
 	if blocks < 1 {
 		return 0, 0, fmt.Errorf("%d SMs", c.NumSMs)

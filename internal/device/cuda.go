@@ -161,14 +161,16 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 // and register spills) lazily: the first launch of a kernel that needs more
 // than the context has grows it, and by default the driver may shrink it
 // again afterwards. A resize waits for every kernel running in the context.
-// With ranks sharing a GPU that is a deadlock until the device timeout:
-// ranks whose spinning kernels were queued before the resize wait for
-// peers whose launches come after it (seen on H200: the first notify +
-// dispatch of 8 ranks on one GPU stalled 20 s in about one run in four;
-// the dispatch kernel has a stack frame, notify none). So every context
-// keeps its local memory at the largest size (CU_CTX_LMEM_RESIZE_TO_MAX)
-// and the first Device on it launches a kernel with a larger stack than any
-// of goep's before anything else runs there.
+// With ranks sharing a GPU that can be a deadlock until the device
+// timeout: ranks whose spinning kernels were queued before the resize wait
+// for peers whose launches come after it. So every context keeps its local
+// memory at the largest size (CU_CTX_LMEM_RESIZE_TO_MAX) and the first
+// Device on it launches a kernel with a larger stack than any of goep's
+// before anything else runs there. This removes one documented cause of
+// such a hold; it did not end the stall it was written for (the first
+// notify + dispatch of 8 ranks on one H200 still stalls 20 s in about one
+// run in ten, against one in four before: ARCHITECTURE.md, "Ranks sharing
+// a GPU").
 
 var lmemFlagSet sync.Map // GPU ordinal -> true once the flag was set
 

@@ -33,10 +33,8 @@
 //                        (GOEP_IN_NO_OFFSET: no weights).
 //   fp[src]              u64, written by rank src at the start of each of its
 //                        launches, before the signal that launch sends
-//                        (entry flag or arrival): src's call fingerprint
-//                        (below). A wait that saw the signal reads it once
-//                        more beside the signal's acquire, and again while
-//                        it is still behind.
+//                        (entry flag or arrival), so that signal's release
+//                        covers it: src's call fingerprint (below).
 //
 // Call fingerprint (always on; intranode/fingerprint.go decodes it): bits
 // 0..15 the launch's sequence number, epoch[notify] + epoch[dispatch] +
@@ -45,8 +43,8 @@
 // launcher (GOEP_IN_FP_SHAPE_*: kernel kind, FP8, weights, top-k, experts,
 // hidden). Every wait on a peer also compares the peer's fingerprint with
 // the rank's own: a peer at the same sequence number with another shape,
-// is a mismatched call (a peer whose fingerprint stays behind after its
-// signal, having made fewer calls, ends in a timeout). The first thread to see it fills the watchdog record with stage
+// or one whose signal came from another sequence number, is a mismatched
+// call. The first thread to see it fills the watchdog record with stage
 // GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
 // observed = the peer's, raises the abort flag, and the kernel leaves before
 // touching data (waits come before the writes they guard). No rank moves
@@ -171,7 +169,7 @@ __device__ __forceinline__ u64 goep_in_fingerprint(u64* ctrl, u64 shape) {
 }
 
 // Block 0, thread d: this launch's fingerprint into peer d's fp[rank]
-// (relaxed). The waits accept a fingerprint that trails the signal.
+// (relaxed; the signal that follows releases it).
 __device__ __forceinline__ void goep_in_publish_fp(const u64* peers, u64 off_ctrl, int num_ranks, int rank, u64 fp) {
   if (blockIdx.x == 0 && (int)threadIdx.x < num_ranks) {
     *(volatile u64*)goep_in_fp(goep_in_ctrl(peers[threadIdx.x], off_ctrl), rank) = fp;
@@ -205,45 +203,37 @@ __device__ __forceinline__ void goep_in_mismatch(goep_watchdog* wd, u32 wait_id,
 }
 
 // goep_wait_ge_u64 on a signal of peer that also watches the peer's
-// fingerprint. The hot loop polls the signal alone (a second load per poll
-// slowed every wait); every 16th poll also reads the fingerprint, so a peer
-// at this sequence number with another shape that never signals is still
-// caught. Once the signal came, the fingerprint is loaded beside the
-// signal's acquire (both in flight at once: no extra round trip) and must
-// be this launch's or a later one; one still behind (a load that ran
-// ahead of the signal's) is polled again until it moves or the wait times
-// out. Fails on a timeout or a mismatch.
+// fingerprint: each poll loads both (independent loads, so the fast path
+// costs no extra round trip). Fails on a timeout, or on a mismatch: the
+// peer at this sequence number with another shape (seen while waiting or
+// once the signal came), or a signal that came from a launch of another
+// sequence number (its fingerprint, written before the signal, is still
+// behind after the acquire).
 __device__ __forceinline__ bool goep_in_wait_ge_fp_inner(const u64* p, u64 target, const u64* fp_slot, u64 fp,
                                                      goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
   goep_spin s = goep_spin_start();
   u64 v, f;
-  for (u32 i = 1;; ++i) {
+  for (;;) {
     v = goep_chan_ld_relaxed_sys_u64(p);
+    f = goep_chan_ld_relaxed_sys_u64(fp_slot);
     if (v >= target) {
       break;
     }
-    if ((i & 15u) == 0) {
-      f = goep_chan_ld_relaxed_sys_u64(fp_slot);
-      if (goep_in_fp_cmp(fp, f) == GOEP_IN_FP_MISMATCH) {
-        goep_in_mismatch(wd, wait_id, peer, fp, f);
-        return false;
-      }
+    if (goep_in_fp_cmp(fp, f) == GOEP_IN_FP_MISMATCH) {
+      goep_in_mismatch(wd, wait_id, peer, fp, f);
+      return false;
     }
     if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, peer, stage, target, v)) {
       return false;
     }
   }
   (void)goep_ld_acquire_sys_u64(p);
-  f = goep_chan_ld_relaxed_sys_u64(fp_slot);
   int c = goep_in_fp_cmp(fp, f);
-  while (c == GOEP_IN_FP_BEHIND) {
-    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, peer, stage, fp, f)) {
-      return false;
-    }
+  if (c == GOEP_IN_FP_BEHIND) {  // the relaxed load ran ahead of the signal's: look again
     f = goep_chan_ld_relaxed_sys_u64(fp_slot);
     c = goep_in_fp_cmp(fp, f);
   }
-  if (c == GOEP_IN_FP_MISMATCH) {
+  if (c == GOEP_IN_FP_BEHIND || c == GOEP_IN_FP_MISMATCH) {
     goep_in_mismatch(wd, wait_id, peer, fp, f);
     return false;
   }
@@ -408,7 +398,8 @@ __device__ __forceinline__ void goep_in_slice_range(int nchunks, int slice, int 
 // directly follows notify on the same stream: notify's barrier already
 // proved that every rank finished the work before it), waits until every
 // rank entered it. False (whole block) when the wait gave up.
-// The fingerprint goes out first (goep_in_publish_fp). A skipped entry leaves the check to notify (whose fingerprint carries this
+// The fingerprint goes out first (the entry flag's release covers it). A
+// skipped entry leaves the check to notify (whose fingerprint carries this
 // dispatch's shape) and to the arrival wait.
 __device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
                                                        int rank, u64 e, u64 fp, int skip_entry, goep_watchdog* wd,

@@ -6,6 +6,7 @@ import (
 	"math/bits"
 
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // Shape is what every rank of an internode group agrees on. Rank r owns
@@ -26,6 +27,9 @@ const (
 	FP8Block  = intranode.FP8Block
 	// MaxExperts bounds the experts of a whole world.
 	MaxExperts = 1 << 16
+	// MaxTokens bounds one rank's tokens (routing's limit), so that sizes
+	// from callers cannot ask for absurd allocations.
+	MaxTokens = routing.MaxTokens
 )
 
 // Validate checks the topology, experts dividing evenly over the world,
@@ -64,15 +68,23 @@ func (s Shape) rankOf(e int64) int {
 }
 
 // tokens is the number of top-k rows in ids.
-func (s Shape) tokens(rank int, ids []int64) (int, error) {
+func (s Shape) tokens(ids []int64) (int, error) {
 	if len(ids)%s.TopK != 0 {
-		return 0, fmt.Errorf("internode: rank %d: %d top-k ids, not a multiple of top-k %d", rank, len(ids), s.TopK)
+		return 0, fmt.Errorf("%d top-k ids, not a multiple of top-k %d", len(ids), s.TopK)
 	}
 	t := len(ids) / s.TopK
-	if _, ok := mulNonNeg(t, 4*s.Hidden); !ok {
-		return 0, fmt.Errorf("internode: rank %d: %d tokens of hidden %d overflow a byte count", rank, t, s.Hidden)
+	if err := s.checkTokens(t); err != nil {
+		return 0, err
 	}
 	return t, nil
+}
+
+// checkTokens bounds a token count and the byte counts it implies.
+func (s Shape) checkTokens(t int) error {
+	if _, ok := mulNonNeg(t, 4*s.Hidden); !ok || t > MaxTokens {
+		return fmt.Errorf("%d tokens of hidden %d: negative or more than %d", t, s.Hidden, MaxTokens)
+	}
+	return nil
 }
 
 // Layout is one source rank's dispatch layout: DeepEP's get_dispatch_layout
@@ -99,9 +111,9 @@ func ReferenceLayout(s Shape, ids []int64) (*Layout, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	t, err := s.tokens(0, ids)
+	t, err := s.tokens(ids)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("internode: layout: %w", err)
 	}
 	w, n := s.World(), s.Nodes
 	l := &Layout{Tokens: t, TokensPerRank: make([]int32, w), TokensPerNode: make([]int32, n),

@@ -463,12 +463,13 @@ func checkCase(t *testing.T, c testCase) {
 			if exact {
 				require.Equal(t, wantC[r].X, gotC[r].X, "rank %d combine (%v, partial %d)", r, s.Topology, p)
 			} else {
-				// Each node partial rounded to BF16 (2^-9 relative), the two
-				// final roundings (2^-9 each), fp32 reordering: below 2^-7
-				// of the magnitudes summed.
+				// Each node partial rounded to BF16 and the two final
+				// roundings (each at most 2^-8 relative, of values no larger
+				// than the magnitudes summed), plus fp32 reordering: below
+				// 2^-6 of the magnitudes summed.
 				for i, v := range gotC[r].X {
 					a, b := float64(kernels.BF16ToFloat32(v)), float64(kernels.BF16ToFloat32(wantC[r].X[i]))
-					require.LessOrEqual(t, math.Abs(a-b), mag[r][i]/128, "rank %d element %d: %v vs %v", r, i, a, b)
+					require.LessOrEqual(t, math.Abs(a-b), mag[r][i]/64, "rank %d element %d: %v vs %v", r, i, a, b)
 					if a != b && p == internode.PartialBF16 {
 						roundedAway++
 					}
@@ -618,7 +619,7 @@ func TestReferenceErrors(t *testing.T) {
 	_, err = internode.ReferenceDispatch(s128, fp8, 0)
 	require.ErrorContains(t, err, "rank 2: FP8 input of 128 bytes, 0 scales")
 	_, err = internode.ReferenceLayout(s, []int64{1, 2, 3})
-	require.ErrorContains(t, err, "3 top-k ids")
+	require.ErrorContains(t, err, "layout: 3 top-k ids")
 
 	out, err := internode.ReferenceDispatch(s, ok(), 0)
 	require.NoError(t, err)
@@ -632,7 +633,7 @@ func TestReferenceErrors(t *testing.T) {
 	_, err = internode.ReferenceCombine(s, []int{1, -1, 1, 1}, out, cin, internode.CombineOptions{})
 	require.ErrorContains(t, err, "rank 1: -1 tokens")
 	_, err = internode.ReferenceCombine(s, []int{1, math.MaxInt / 2, 1, 1}, out, cin, internode.CombineOptions{})
-	require.ErrorContains(t, err, "too large")
+	require.ErrorContains(t, err, "more than")
 	_, err = internode.ReferenceCombine(s, tokens[:3], out, cin, internode.CombineOptions{})
 	require.ErrorContains(t, err, "combine needs 4 ranks")
 	_, err = internode.ReferenceCombine(s, []int{0, 1, 1, 1}, out, cin, internode.CombineOptions{})

@@ -1,4 +1,14 @@
-// Package internode is where internode EP (network between nodes, NVLink
-// forwarding inside them) will live; it is not built yet, and the Buffer
-// runs only groups of one node.
+// Package internode is internode high-throughput EP: DeepEP V1's internode
+// mode, where a token crosses the network once per destination node, to the
+// rank with its source's local index, which forwards it over NVLink to the
+// ranks of that node holding its experts; combine reduces inside each node,
+// sends one partial per (token, node) back, and reduces at the source.
+//
+// Built so far: the topology (nodes of consecutive ranks, or virtual nodes
+// of one host), the layout with per-node counts, and a plain-Go reference
+// of dispatch and combine that spells out the route (forwarders' relay
+// buffers, per-hop traffic: network and NVLink bytes apart, as DeepEP
+// reports them). It is checked against the intranode reference: the route
+// changes, the rows received do not. The GPU protocol is planned in
+// DESIGN.md and not built; the Buffer runs only groups of one node.
 package internode

@@ -25,7 +25,7 @@ func TestNilReceivers(t *testing.T) {
 	// The table of every exported type with methods (nil pointers, zero and
 	// out-of-range values); the guard fails when a new one is not added.
 	apicheck.Cover(t, ".", []any{(*collectives.Communicator)(nil), (*collectives.Work)(nil), (*collectives.Registration)(nil),
-		(*collectives.Tuning)(nil), &collectives.Tuning{}, collectives.Kind(0), collectives.Kind(-1), collectives.Kind(1 << 20)},
+		(*collectives.Tuning)(nil), &collectives.Tuning{}, (*collectives.MismatchError)(nil), &collectives.MismatchError{}, collectives.Kind(0), collectives.Kind(-1), collectives.Kind(1 << 20)},
 		apicheck.Options{})
 	var c *collectives.Communicator
 	_, err := c.AllReduce(context.Background(), nil, 1, 1, 1, collectives.FP32, collectives.Sum)

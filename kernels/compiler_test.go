@@ -36,7 +36,7 @@ func TestRegisterAndCheckRegistry(t *testing.T) {
 		regMu.Unlock()
 	})
 	doctor := Module{Name: "doc", File: "doctor.cu", Kernels: []string{"goep_fill_pattern", "goep_check_pattern",
-		"goep_write_host_flag", "goep_convert_test"}}
+		"goep_write_host_flag", "goep_convert_test", "goep_reserve_local_memory"}}
 	require.NoError(t, register(doctor))
 	for _, bad := range []Module{
 		{File: "layout.cu", Kernels: []string{"goep_layout_i64"}},                               // no name

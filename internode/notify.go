@@ -1,7 +1,9 @@
 package internode
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -107,6 +109,9 @@ type Notify struct {
 	port []devapi.PortChannel
 	// peerNVL[l]: base of local rank l's NVLink workspace (own included).
 	peerNVL []uintptr
+	// transports[j]: the connection to the network peer netPeers[j].
+	netPeers   []int
+	transports []channels.Transport
 	// wait ids naming the peer of each wait, for timeout errors.
 	netWait, nvlWait []uint32
 }
@@ -147,6 +152,23 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	rank := comm.Rank()
 	fail := func(format string, a ...any) error {
 		return fmt.Errorf("internode: rank %d: notify setup: "+format, append([]any{rank}, a...)...)
+	}
+	// Every rank must agree on the shape and config; compare them first,
+	// before any check that could fail on some ranks only and leave the
+	// others waiting in a later exchange.
+	mine := binary.LittleEndian.AppendUint64(nil, 0)
+	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment} {
+		mine = binary.LittleEndian.AppendUint64(mine, uint64(int64(v)))
+	}
+	all, err := comm.Bootstrap().AllGather(ctx, mine)
+	if err != nil {
+		return nil, fail("%w", err)
+	}
+	for r, b := range all {
+		if !bytes.Equal(b, mine) {
+			return nil, fail("rank %d passed another shape or config than this rank's (%v, hidden %d, top-k %d, %d experts, %+v): every rank must pass the same",
+				r, s.Topology, s.Hidden, s.TopK, s.Experts, cfg)
+		}
 	}
 	if err := s.Validate(); err != nil {
 		return nil, fail("%w", err)
@@ -239,6 +261,8 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		}
 		for j, ch := range mesh.Channels {
 			nt.port[s.Node(net[j])] = ch.DeviceHandle()
+			nt.netPeers = append(nt.netPeers, net[j])
+			nt.transports = append(nt.transports, mesh.Connections[j].Transport())
 		}
 		if err := nt.proxy.Start(); err != nil {
 			return nil, err
@@ -301,6 +325,16 @@ func (nt *Notify) Close() error {
 	err := nt.free()
 	nt.err = fmt.Errorf("internode: rank %d: notify: %w", nt.rank, channels.ErrClosed)
 	return err
+}
+
+// NetworkPeers lists the ranks this rank reaches over port channels (same
+// local index, other nodes) and the transport of each connection: the
+// network transport between nodes (TCP today).
+func (nt *Notify) NetworkPeers() (peers []int, transports []channels.Transport) {
+	if nt == nil {
+		return nil, nil
+	}
+	return append([]int(nil), nt.netPeers...), append([]channels.Transport(nil), nt.transports...)
 }
 
 // Rounds is the number of rounds run so far (the epoch).

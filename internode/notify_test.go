@@ -120,12 +120,13 @@ func wantNotify(t *testing.T, s internode.Shape, ids [][]int64, alignment int) [
 	return want
 }
 
-// Every rank's counts after each of 3 rounds with fresh random routings on
-// one setup (counters advance by round; both staging parities are reused).
+// Every rank's counts after each of 4 rounds on one setup (counters advance
+// by round; both staging parities are reused): 3 with fresh random
+// routings (one rank with T = 0 each), then one where no rank has tokens.
 func TestNotifyCountsOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
 		t.Run(topo.String(), func(t *testing.T) {
-			const rounds = 3
+			const rounds = 4
 			rng := rand.New(rand.NewSource(int64(topo.World())))
 			w := topo.World()
 			s := internode.Shape{Topology: topo, Hidden: 8, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
@@ -135,7 +136,9 @@ func TestNotifyCountsOverTCP(t *testing.T) {
 				ids[e] = make([][]int64, w)
 				zero := rng.Intn(w) // T = 0 on one rank each round
 				for r := range ids[e] {
-					ids[e][r] = notifyIDs(rng, s, r, zero)
+					if ids[e][r] = notifyIDs(rng, s, r, zero); e == rounds-1 {
+						ids[e][r] = nil
+					}
 				}
 			}
 			got := make([][]*internode.NotifyResult, rounds)
@@ -146,6 +149,12 @@ func TestNotifyCountsOverTCP(t *testing.T) {
 				nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 5, Alignment: align})
 				if err != nil {
 					return nil, err
+				}
+				peers, tr := nt.NetworkPeers()
+				me := c.Rank()
+				if want := []int{topo.Forwarder(me, 1-topo.Node(me))}; fmt.Sprint(peers) != fmt.Sprint(want) ||
+					len(tr) != 1 || tr[0] != channels.TransportEthernet {
+					return nt, fmt.Errorf("rank %d: network peers %v over %v, want %v over tcp", me, peers, tr, want)
 				}
 				for e := 0; e < rounds; e++ {
 					if got[e][c.Rank()], err = nt.Run(ids[e][c.Rank()]); err != nil {
@@ -215,7 +224,8 @@ func TestNotifyPeerNeverArrives(t *testing.T) {
 }
 
 // Setup and call errors: a shape whose nodes differ from the
-// communicator's, ids that are not whole tokens.
+// communicator's, a shape that differs between ranks, a negative alignment,
+// ids that are not whole tokens, calls after Close and on nil.
 func TestNotifyBadInput(t *testing.T) {
 	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
 	errs := runNotifyRanks(t, topo, 10*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
@@ -227,36 +237,42 @@ func TestNotifyBadInput(t *testing.T) {
 }
 
 func badNotifyInput(ctx context.Context, c *channels.Communicator, topo internode.Topology) error {
-	{
-		wrong := internode.Shape{Topology: internode.Topology{Nodes: 1, RanksPerNode: 4}, Hidden: 8, TopK: 2, Experts: 4}
-		if _, err := internode.NewNotify(ctx, c, wrong, internode.NotifyConfig{}); err == nil ||
-			!strings.Contains(err.Error(), "the communicator's nodes are 2 nodes x 2 ranks") {
-			return fmt.Errorf("rank %d: wrong topology: %v", c.Rank(), err)
-		}
-		s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 4}
-		if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Alignment: -1}); err == nil {
-			return fmt.Errorf("rank %d: negative alignment accepted", c.Rank())
-		}
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 3})
-		if err != nil {
-			return err
-		}
-		if _, err := nt.Run([]int64{1, 2, 3}); err == nil || !strings.Contains(err.Error(), "multiple of top-k 2") {
-			return fmt.Errorf("rank %d: 3 ids of top-2: %v", c.Rank(), err)
-		}
-		if nt.Rounds() != 0 {
-			return fmt.Errorf("rank %d: a refused call counted as a round", c.Rank())
-		}
-		if err := nt.Close(); err != nil {
-			return err
-		}
-		if _, err := nt.Run(nil); !errors.Is(err, channels.ErrClosed) {
-			return fmt.Errorf("rank %d: run after close: %v", c.Rank(), err)
-		}
-		var nilNotify *internode.Notify
-		if _, err := nilNotify.Run(nil); err == nil {
-			return fmt.Errorf("nil notify ran")
-		}
-		return nil
+	wrong := internode.Shape{Topology: internode.Topology{Nodes: 1, RanksPerNode: 4}, Hidden: 8, TopK: 2, Experts: 4}
+	if _, err := internode.NewNotify(ctx, c, wrong, internode.NotifyConfig{}); err == nil ||
+		!strings.Contains(err.Error(), "the communicator's nodes are 2 nodes x 2 ranks") {
+		return fmt.Errorf("rank %d: wrong topology: %v", c.Rank(), err)
 	}
+	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 4}
+	differs := s
+	if c.Rank() == 2 {
+		differs.TopK = 3
+	}
+	if _, err := internode.NewNotify(ctx, c, differs, internode.NotifyConfig{}); err == nil ||
+		!strings.Contains(err.Error(), "another shape or config") {
+		return fmt.Errorf("rank %d: top-k differing on rank 2: %v", c.Rank(), err)
+	}
+	if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Alignment: -1}); err == nil {
+		return fmt.Errorf("rank %d: negative alignment accepted", c.Rank())
+	}
+	nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 3})
+	if err != nil {
+		return err
+	}
+	if _, err := nt.Run([]int64{1, 2, 3}); err == nil || !strings.Contains(err.Error(), "multiple of top-k 2") {
+		return fmt.Errorf("rank %d: 3 ids of top-2: %v", c.Rank(), err)
+	}
+	if nt.Rounds() != 0 {
+		return fmt.Errorf("rank %d: a refused call counted as a round", c.Rank())
+	}
+	if err := nt.Close(); err != nil {
+		return err
+	}
+	if _, err := nt.Run(nil); !errors.Is(err, channels.ErrClosed) {
+		return fmt.Errorf("rank %d: run after close: %v", c.Rank(), err)
+	}
+	var nilNotify *internode.Notify
+	if _, err := nilNotify.Run(nil); err == nil {
+		return fmt.Errorf("nil notify ran")
+	}
+	return nil
 }

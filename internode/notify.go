@@ -135,6 +135,11 @@ func (s Shape) nvlRecv(par, i, a int) int {
 	return 8*s.RanksPerNode + (((par*s.RanksPerNode+i)*s.Nodes+a)*(1+s.LocalExperts()))*4
 }
 
+// notifyTestHook, when set (tests only), runs after a round's waits of
+// one stage and before its reads: a test delays slow readers with it to
+// check that writers of later rounds never overwrite what they still read.
+var notifyTestHook func(rank int, round uint64, stage int)
+
 // Stages of the waits (TimeoutError.Stage).
 const (
 	stageNotifyNet = 40 + iota
@@ -464,6 +469,9 @@ func (nt *Notify) twin(ids []int64, e uint64) (*NotifyResult, bool) {
 			return nil, false
 		}
 	}
+	if notifyTestHook != nil {
+		notifyTestHook(nt.rank, e, stageNotifyNet)
+	}
 	res.Relay = make([]int32, nodes)
 	res.RelayPrefix = make([]int32, nodes)
 	for l := 0; l < p; l++ {
@@ -491,6 +499,11 @@ func (nt *Notify) twin(ids []int64, e uint64) (*NotifyResult, bool) {
 		if !devapi.WaitGE64(ws+uintptr(8*f), e, wd, nt.nvlWait[f], uint32(s.Rank(a, f)), stageNotifyNVL) {
 			return nil, false
 		}
+	}
+	if notifyTestHook != nil {
+		notifyTestHook(nt.rank, e, stageNotifyNVL)
+	}
+	for f := 0; f < p; f++ {
 		for src := 0; src < nodes; src++ {
 			b := ws + uintptr(s.nvlRecv(par, f, src))
 			c := int32(devapi.U32(b).Load())

@@ -120,63 +120,83 @@ func wantNotify(t *testing.T, s internode.Shape, ids [][]int64, alignment int) [
 	return want
 }
 
-// Every rank's counts after each of 4 rounds on one setup (counters advance
-// by round; both staging parities are reused): 3 with fresh random
-// routings (one rank with T = 0 each), then one where no rank has tokens.
+// Every rank's counts after each of 4 rounds on one setup, 2 virtual
+// nodes of 2 and of 4 ranks.
 func TestNotifyCountsOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
-		t.Run(topo.String(), func(t *testing.T) {
-			const rounds = 4
-			rng := rand.New(rand.NewSource(int64(topo.World())))
-			w := topo.World()
-			s := internode.Shape{Topology: topo, Hidden: 8, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
-			align := []int{0, 4}[topo.RanksPerNode/4]
-			ids := make([][][]int64, rounds)
-			for e := range ids {
-				ids[e] = make([][]int64, w)
-				zero := rng.Intn(w) // T = 0 on one rank each round
-				for r := range ids[e] {
-					if ids[e][r] = notifyIDs(rng, s, r, zero); e == rounds-1 {
-						ids[e][r] = nil
-					}
-				}
+		t.Run(topo.String(), func(t *testing.T) { checkNotifyRounds(t, topo, 4, int64(topo.World())) })
+	}
+}
+
+// Readers that dawdle: in each round one rank sleeps between its waits and
+// its reads (network counts as a forwarder, then its own counts), while
+// the others run ahead into the next round. Their next round's writes must
+// not overwrite what it still reads (two parities of every buffer); with
+// one parity this fails.
+func TestNotifySlowReaders(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+	internode.SetNotifyTestHook(func(rank int, round uint64, stage int) {
+		if uint64(rank) == round%uint64(topo.World()) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	defer internode.SetNotifyTestHook(nil)
+	checkNotifyRounds(t, topo, 6, 77)
+}
+
+// checkNotifyRounds runs rounds notify rounds on one setup (counters
+// advance by round; both staging parities are reused): random routings
+// (one rank with T = 0 each), the last round with no tokens anywhere, and
+// compares every rank's result with the reference's.
+func checkNotifyRounds(t *testing.T, topo internode.Topology, rounds int, seed int64) {
+	rng := rand.New(rand.NewSource(seed))
+	w := topo.World()
+	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
+	align := []int{0, 4}[rng.Intn(2)]
+	ids := make([][][]int64, rounds)
+	for e := range ids {
+		ids[e] = make([][]int64, w)
+		zero := rng.Intn(w) // T = 0 on one rank each round
+		for r := range ids[e] {
+			if ids[e][r] = notifyIDs(rng, s, r, zero); e == rounds-1 {
+				ids[e][r] = nil
 			}
-			got := make([][]*internode.NotifyResult, rounds)
-			for e := range got {
-				got[e] = make([]*internode.NotifyResult, w)
+		}
+	}
+	got := make([][]*internode.NotifyResult, rounds)
+	for e := range got {
+		got[e] = make([]*internode.NotifyResult, w)
+	}
+	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 5, Alignment: align})
+		if err != nil {
+			return nil, err
+		}
+		peers, tr := nt.NetworkPeers()
+		me := c.Rank()
+		if want := []int{topo.Forwarder(me, 1-topo.Node(me))}; fmt.Sprint(peers) != fmt.Sprint(want) ||
+			len(tr) != 1 || tr[0] != channels.TransportEthernet {
+			return nt, fmt.Errorf("rank %d: network peers %v over %v, want %v over tcp", me, peers, tr, want)
+		}
+		for e := 0; e < rounds; e++ {
+			if got[e][me], err = nt.Run(ids[e][me]); err != nil {
+				return nt, err
 			}
-			errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-				nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 5, Alignment: align})
-				if err != nil {
-					return nil, err
-				}
-				peers, tr := nt.NetworkPeers()
-				me := c.Rank()
-				if want := []int{topo.Forwarder(me, 1-topo.Node(me))}; fmt.Sprint(peers) != fmt.Sprint(want) ||
-					len(tr) != 1 || tr[0] != channels.TransportEthernet {
-					return nt, fmt.Errorf("rank %d: network peers %v over %v, want %v over tcp", me, peers, tr, want)
-				}
-				for e := 0; e < rounds; e++ {
-					if got[e][c.Rank()], err = nt.Run(ids[e][c.Rank()]); err != nil {
-						return nt, err
-					}
-				}
-				if nt.Rounds() != rounds {
-					return nt, fmt.Errorf("rank %d: %d rounds, want %d", c.Rank(), nt.Rounds(), rounds)
-				}
-				return nt, nil
-			})
-			for r, err := range errs {
-				require.NoError(t, err, "rank %d", r)
-			}
-			for e := 0; e < rounds; e++ {
-				want := wantNotify(t, s, ids[e], align)
-				for r := range want {
-					require.NotNil(t, got[e][r])
-					assert.Equal(t, want[r], *got[e][r], "round %d rank %d", e+1, r)
-				}
-			}
-		})
+		}
+		if nt.Rounds() != uint64(rounds) {
+			return nt, fmt.Errorf("rank %d: %d rounds, want %d", me, nt.Rounds(), rounds)
+		}
+		return nt, nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for e := 0; e < rounds; e++ {
+		want := wantNotify(t, s, ids[e], align)
+		for r := range want {
+			require.NotNil(t, got[e][r])
+			assert.Equal(t, want[r], *got[e][r], "round %d rank %d", e+1, r)
+		}
 	}
 }
 

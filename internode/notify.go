@@ -84,6 +84,10 @@ type NotifyResult struct {
 	// forwards as a forwarder (they have an expert on this node);
 	// RelayPrefix its inclusive prefix sum (relay region bases).
 	Relay, RelayPrefix []int32
+	// RelayTargets[a*RanksPerNode+l] is how many of those tokens of source
+	// node a this forwarder hands to local rank l of its node (itself
+	// included): the NVLink leg's per-target counts.
+	RelayTargets []int32
 	// TokensPerLocalExpert counts received top-k entries per local expert,
 	// rounded up to the alignment.
 	TokensPerLocalExpert []int
@@ -474,12 +478,15 @@ func (nt *Notify) twin(ids []int64, e uint64) (*NotifyResult, bool) {
 	}
 	res.Relay = make([]int32, nodes)
 	res.RelayPrefix = make([]int32, nodes)
+	res.RelayTargets = make([]int32, nodes*p)
 	for l := 0; l < p; l++ {
 		ws := nt.peerNVL[l]
 		for src := 0; src < nodes; src++ {
 			rb := rdma + uintptr(s.rdmaRecv(par, src))
 			dst := ws + uintptr(s.nvlRecv(par, i, src))
-			devapi.U32(dst).Store(devapi.U32(rb + uintptr(4*l)).Load())
+			c := devapi.U32(rb + uintptr(4*l)).Load()
+			devapi.U32(dst).Store(c)
+			res.RelayTargets[src*p+l] = int32(c)
 			for x := 0; x < le; x++ {
 				devapi.U32(dst + uintptr(4*(1+x))).Store(devapi.U32(rb + uintptr(4*(p+1+l*le+x))).Load())
 			}

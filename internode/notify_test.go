@@ -101,14 +101,18 @@ func wantNotify(t *testing.T, s internode.Shape, ids [][]int64, alignment int) [
 		require.NoError(t, err)
 		ly.IsTokenInRank, ly.IsTokenInNode = nil, nil
 		r := internode.NotifyResult{Layout: *ly, FromRank: make([]int32, w), ViaForwarder: make([]int32, s.RanksPerNode),
-			Relay: make([]int32, s.Nodes), RelayPrefix: make([]int32, s.Nodes),
+			Relay: make([]int32, s.Nodes), RelayPrefix: make([]int32, s.Nodes), RelayTargets: make([]int32, s.Nodes*s.RanksPerNode),
 			RankPrefix: o.RankPrefix, NodePrefix: o.NodePrefix, TokensPerLocalExpert: o.TokensPerLocalExpert, Received: o.Received()}
 		for _, src := range o.RecvSrcRank {
 			r.FromRank[src]++
 			r.ViaForwarder[s.Local(int(src))]++
 		}
 		for _, rl := range o.Relayed {
-			r.Relay[s.Node(int(rl.SrcRank))]++
+			a := s.Node(int(rl.SrcRank))
+			r.Relay[a]++
+			for l := 0; l < s.RanksPerNode; l++ {
+				r.RelayTargets[a*s.RanksPerNode+l] += int32(rl.Targets >> l & 1)
+			}
 		}
 		var sum int32
 		for n, c := range r.Relay {

@@ -97,6 +97,7 @@ type NotifyResult struct {
 
 // Notify is one rank's notify state: its memory, port channels to the
 // ranks of its local index on other nodes and its node peers' workspaces.
+// One goroutine uses it at a time (rounds are collective and ordered).
 type Notify struct {
 	shape Shape
 	cfg   NotifyConfig
@@ -346,7 +347,8 @@ func (nt *Notify) NetworkPeers() (peers []int, transports []channels.Transport) 
 	return append([]int(nil), nt.netPeers...), append([]channels.Transport(nil), nt.transports...)
 }
 
-// Rounds is the number of rounds run so far (the epoch).
+// Rounds is the number of rounds started so far (the epoch of the last;
+// a failed round counts, and no round follows it).
 func (nt *Notify) Rounds() uint64 {
 	if nt == nil {
 		return 0

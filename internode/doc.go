@@ -9,6 +9,9 @@
 // of dispatch and combine that spells out the route (forwarders' relay
 // buffers, per-hop traffic: network and NVLink bytes apart, as DeepEP
 // reports them). It is checked against the intranode reference: the route
-// changes, the rows received do not. The GPU protocol is planned in
-// DESIGN.md and not built; the Buffer runs only groups of one node.
+// changes, the rows received do not. Notify, the count exchange, runs on
+// the host backend as the Go twin of its planned kernel (notify.go: port
+// channels with atomicAdd between nodes, direct memory inside a node); the
+// rest of the GPU protocol is planned in DESIGN.md and not built; the
+// Buffer runs only groups of one node.
 package internode

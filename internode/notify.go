@@ -1,0 +1,550 @@
+package internode
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// Notify, the first stage of internode dispatch: the count exchange
+// (DESIGN.md, "Notify"), on the host backend. It is the Go twin of the
+// planned notify kernel: it works on the same device memory with the same
+// protocol (per-round staging, port-channel puts and atomic adds across
+// nodes, stores plus a release add inside a node, waits bounded by the
+// communicator's watchdog), so that the GPU kernel can be checked against
+// it step by step. There is no GPU kernel yet: CUDA devices are refused.
+//
+// Memory of each rank (all counts int32, counters uint64):
+//
+//	RDMA buffer (registered, reached by ranks of the same local index on
+//	other nodes only through port channels):
+//	  net counters [N]     counter a: arrivals from source node a
+//	  recv [2][N][B]       round parity, source node a, count block
+//	  send [2][N][B]       round parity, destination node n, count block
+//	  B = P + 1 + P*LE: tokens per local rank of the destination node,
+//	  tokens for the node, tokens per expert of the node's experts.
+//	NVLink workspace (mapped by the other ranks of the node):
+//	  counters [P]         counter i: arrivals from forwarder (local) i
+//	  recv [2][P][N][1+LE] parity, forwarder i, source node a: tokens of
+//	                       source (a, i) for this rank, then per local expert
+//
+// Round e (1, 2, ...) of rank (a, i):
+//  1. count its tokens per rank, node and expert (layout, as
+//     ReferenceLayout but computed here from the ids);
+//  2. for every node n: stage the block for n in send[e%2][n], then, for
+//     n != a, put it into recv[e%2][a] of forwarder (n, i) and add 1 to that
+//     forwarder's net counter a, on the same port channel (the transport
+//     applies both in order, so the counter never overtakes the counts); for
+//     n = a copy the block into its own recv and add to its own counter;
+//  3. as forwarder: wait until every net counter a reaches e, then for each
+//     local rank l write, per source node a, the count of (a, i)'s tokens
+//     for l and l's per-expert counts into l's workspace recv[e%2][i][a],
+//     and release-add 1 to l's counter i;
+//  4. as receiver: wait until every counter i reaches e and read.
+//
+// Counters only grow (round e waits for e), so nothing is reset between
+// rounds. Two parities suffice: a rank writes a parity again in round
+// e+2 only after finishing round e+1, which needed the peer's round e+1
+// writes, which the peer issued only after it had read its round e data.
+// The same argument covers the send staging, which a put may still be
+// reading when the sender's round ends.
+
+// NotifyConfig configures NewNotify.
+type NotifyConfig struct {
+	// Tag pairs the setup exchanges with the peers'; Tag and Tag+1 are
+	// used, every rank must pass the same.
+	Tag int
+	// Alignment rounds TokensPerLocalExpert up (<= 1: no rounding).
+	Alignment int
+}
+
+// NotifyResult is what one rank holds after a notify round.
+type NotifyResult struct {
+	// Layout is this rank's own layout (per rank, node, expert counts and
+	// Invalid; the per-token masks are left nil).
+	Layout Layout
+	// FromRank[s] is the tokens this rank receives from source rank s.
+	FromRank []int32
+	// RankPrefix[s] = FromRank[0] + ... + FromRank[s]: the rows from
+	// source ranks 0..s (the receive base of s+1).
+	RankPrefix []int32
+	// NodePrefix[n]: rows from the source ranks of nodes 0..n.
+	NodePrefix []int32
+	// ViaForwarder[i] is the tokens this rank receives through forwarder
+	// (own node, local i): those of sources (a, i) for every node a.
+	ViaForwarder []int32
+	// Relay[a] is the tokens of source (a, own local index) this rank
+	// forwards as a forwarder (they have an expert on this node);
+	// RelayPrefix its inclusive prefix sum (relay region bases).
+	Relay, RelayPrefix []int32
+	// RelayTargets[a*RanksPerNode+l] is how many of those tokens of source
+	// node a this forwarder hands to local rank l of its node (itself
+	// included): the NVLink leg's per-target counts.
+	RelayTargets []int32
+	// TokensPerLocalExpert counts received top-k entries per local expert,
+	// rounded up to the alignment.
+	TokensPerLocalExpert []int
+	// Received is the total rows this rank receives.
+	Received int
+}
+
+// Notify is one rank's notify state: its memory, port channels to the
+// ranks of its local index on other nodes and its node peers' workspaces.
+// One goroutine uses it at a time (rounds are collective and ordered).
+type Notify struct {
+	shape Shape
+	cfg   NotifyConfig
+	comm  *channels.Communicator
+	dev   device.Device
+	rank  int
+	round uint64
+	err   error // sticky: a failed round or Close
+
+	rdma, nvl device.Buffer
+	proxy     *channels.Proxy
+	// port[n]: device handle of the port channel to forwarder (n, i);
+	// zero for the own node.
+	port []devapi.PortChannel
+	// peerNVL[l]: base of local rank l's NVLink workspace (own included).
+	peerNVL []uintptr
+	// transports[j]: the connection to the network peer netPeers[j].
+	netPeers   []int
+	transports []channels.Transport
+	// wait ids naming the peer of each wait, for timeout errors.
+	netWait, nvlWait []uint32
+}
+
+// Sizes of the two regions, in bytes.
+func (s Shape) notifyBlock() int { return s.RanksPerNode + 1 + s.RanksPerNode*s.LocalExperts() }
+
+func (s Shape) rdmaBytes() int {
+	return 8*s.Nodes + 2*2*s.Nodes*s.notifyBlock()*4
+}
+func (s Shape) rdmaRecv(par, a int) int {
+	return 8*s.Nodes + ((par*s.Nodes+a)*s.notifyBlock())*4
+}
+func (s Shape) rdmaSend(par, n int) int {
+	return 8*s.Nodes + ((2+par)*s.Nodes+n)*s.notifyBlock()*4
+}
+func (s Shape) nvlBytes() int {
+	return 8*s.RanksPerNode + 2*s.RanksPerNode*s.Nodes*(1+s.LocalExperts())*4
+}
+func (s Shape) nvlRecv(par, i, a int) int {
+	return 8*s.RanksPerNode + (((par*s.RanksPerNode+i)*s.Nodes+a)*(1+s.LocalExperts()))*4
+}
+
+// notifyTestHook, when set (tests only), runs after a round's waits of
+// one stage and before its reads: a test delays slow readers with it to
+// check that writers of later rounds never overwrite what they still read.
+var notifyTestHook func(rank int, round uint64, stage int)
+
+// Stages of the waits (TimeoutError.Stage).
+const (
+	stageNotifyNet = 40 + iota
+	stageNotifyNVL
+	stageNotifyPut
+)
+
+// NewNotify sets up notify for this rank of comm: collective over every
+// rank. The communicator's topology (channels' nodes: hosts or virtual
+// nodes) must be s.Topology.
+func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg NotifyConfig) (_ *Notify, err error) {
+	if comm == nil {
+		return nil, fmt.Errorf("internode: notify: no communicator")
+	}
+	rank := comm.Rank()
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("internode: rank %d: notify setup: "+format, append([]any{rank}, a...)...)
+	}
+	// Every rank must agree on the shape and config; compare them first,
+	// before any check that could fail on some ranks only and leave the
+	// others waiting in a later exchange.
+	mine := binary.LittleEndian.AppendUint64(nil, 0)
+	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment} {
+		mine = binary.LittleEndian.AppendUint64(mine, uint64(int64(v)))
+	}
+	all, err := comm.Bootstrap().AllGather(ctx, mine)
+	if err != nil {
+		return nil, fail("%w", err)
+	}
+	for r, b := range all {
+		if !bytes.Equal(b, mine) {
+			return nil, fail("rank %d passed another shape or config than this rank's (%v, hidden %d, top-k %d, %d experts, %+v): every rank must pass the same",
+				r, s.Topology, s.Hidden, s.TopK, s.Experts, cfg)
+		}
+	}
+	if err := s.Validate(); err != nil {
+		return nil, fail("%w", err)
+	}
+	if comm.Size() != s.World() {
+		return nil, fail("%d ranks in the communicator, %v in the shape", comm.Size(), s.Topology)
+	}
+	dev := comm.Device()
+	if dev.Info().Kind != device.Host {
+		return nil, fail("no GPU kernel yet: the notify twin runs on the host backend only")
+	}
+	if cfg.Tag < 0 || cfg.Tag >= math.MaxInt32 {
+		return nil, fail("tag %d out of range", cfg.Tag)
+	}
+	if cfg.Alignment < 0 || cfg.Alignment > MaxTokens {
+		return nil, fail("alignment %d: want 0..%d", cfg.Alignment, MaxTokens)
+	}
+	ct, err := comm.Topology(ctx)
+	if err != nil {
+		return nil, fail("%w", err)
+	}
+	t, err := FromNodeOf(ct.NodeOf)
+	if err != nil {
+		return nil, fail("%w", err)
+	}
+	if t != s.Topology {
+		return nil, fail("the communicator's nodes are %v, the shape says %v", t, s.Topology)
+	}
+	nt := &Notify{shape: s, cfg: cfg, comm: comm, dev: dev, rank: rank}
+	defer func() {
+		if err != nil {
+			err = errors.Join(fail("%w", err), nt.free())
+			nt = nil
+		}
+	}()
+	if nt.rdma, err = nt.alloc(s.rdmaBytes()); err != nil {
+		return nil, err
+	}
+	if nt.nvl, err = nt.alloc(s.nvlBytes()); err != nil {
+		return nil, err
+	}
+	a, i, p := s.Node(rank), s.Local(rank), s.RanksPerNode
+
+	// Node peers map each other's workspaces (direct memory on the host
+	// backend, NVLink on GPUs).
+	nvlMem, err := comm.RegisterMemory(nt.nvl)
+	if err != nil {
+		return nil, err
+	}
+	nt.peerNVL = make([]uintptr, p)
+	nt.peerNVL[i] = nt.nvl.Ptr
+	var local []int
+	for l := 0; l < p; l++ {
+		if l != i {
+			local = append(local, s.Rank(a, l))
+		}
+	}
+	if len(local) > 0 {
+		remote, err := comm.ExchangeMemory(ctx, nvlMem, local, cfg.Tag+1)
+		if err != nil {
+			return nil, err
+		}
+		for j, m := range remote {
+			if !m.Mapped() {
+				return nil, fmt.Errorf("rank %d's workspace is not mapped: ranks of one node must share memory", local[j])
+			}
+			nt.peerNVL[s.Local(local[j])] = m.Ptr()
+		}
+	}
+
+	// Port channels to the ranks of this local index on the other nodes.
+	nt.port = make([]devapi.PortChannel, s.Nodes)
+	var net []int
+	for n := 0; n < s.Nodes; n++ {
+		if n != a {
+			net = append(net, s.Rank(n, i))
+		}
+	}
+	if len(net) > 0 {
+		rdmaMem, err := comm.RegisterMemory(nt.rdma)
+		if err != nil {
+			return nil, err
+		}
+		if nt.proxy, err = comm.NewProxy(channels.ProxyConfig{}); err != nil {
+			return nil, err
+		}
+		mesh, err := nt.proxy.NewPortChannelMesh(ctx, channels.PortMeshConfig{Tag: cfg.Tag, Peers: net, Local: rdmaMem})
+		if err != nil {
+			return nil, err
+		}
+		for j, ch := range mesh.Channels {
+			nt.port[s.Node(net[j])] = ch.DeviceHandle()
+			nt.netPeers = append(nt.netPeers, net[j])
+			nt.transports = append(nt.transports, mesh.Connections[j].Transport())
+		}
+		if err := nt.proxy.Start(); err != nil {
+			return nil, err
+		}
+	}
+	nt.netWait = make([]uint32, s.Nodes)
+	for n := range nt.netWait {
+		src := s.Rank(n, i)
+		nt.netWait[n] = comm.NewWaitID(fmt.Sprintf("internode notify: counts from rank %d (node %d) over the network", src, n))
+	}
+	nt.nvlWait = make([]uint32, p)
+	for l := range nt.nvlWait {
+		nt.nvlWait[l] = comm.NewWaitID(fmt.Sprintf("internode notify: counts from forwarder rank %d (node %d)", s.Rank(a, l), a))
+	}
+	return nt, nil
+}
+
+func (nt *Notify) alloc(n int) (device.Buffer, error) {
+	b, err := nt.dev.Alloc(n)
+	if err != nil {
+		return b, err
+	}
+	if err := nt.dev.CopyIn(b.Ptr, make([]byte, n)); err != nil {
+		return b, errors.Join(err, nt.dev.Free(b))
+	}
+	return b, nil
+}
+
+func (nt *Notify) free() error {
+	var errs []error
+	if nt.proxy != nil {
+		// After a failed round the proxy's drain may fail too (a peer that
+		// gave up closed its connection): a consequence of the failure
+		// already reported, so only a healthy Notify reports it.
+		if err := nt.proxy.Close(); nt.err == nil || errors.Is(nt.err, channels.ErrClosed) {
+			errs = append(errs, err)
+		}
+		nt.proxy = nil
+	}
+	for _, b := range []*device.Buffer{&nt.rdma, &nt.nvl} {
+		if b.Ptr != 0 {
+			errs = append(errs, nt.dev.Free(*b))
+			*b = device.Buffer{}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close stops the proxy (waiting until what it sent has landed) and frees
+// the memory. Peers must no longer write into it, and must not close their
+// communicators before this returns (their connections acknowledge the
+// drain): a barrier before and one after, as for any channels object.
+func (nt *Notify) Close() error {
+	if nt == nil {
+		return fmt.Errorf("internode: notify: nil")
+	}
+	if errors.Is(nt.err, channels.ErrClosed) {
+		return nil
+	}
+	err := nt.free()
+	nt.err = fmt.Errorf("internode: rank %d: notify: %w", nt.rank, channels.ErrClosed)
+	return err
+}
+
+// NetworkPeers lists the ranks this rank reaches over port channels (same
+// local index, other nodes) and the transport of each connection: the
+// network transport between nodes (TCP today).
+func (nt *Notify) NetworkPeers() (peers []int, transports []channels.Transport) {
+	if nt == nil {
+		return nil, nil
+	}
+	return append([]int(nil), nt.netPeers...), append([]channels.Transport(nil), nt.transports...)
+}
+
+// Rounds is the number of rounds started so far (the epoch of the last;
+// a failed round counts, and no round follows it).
+func (nt *Notify) Rounds() uint64 {
+	if nt == nil {
+		return 0
+	}
+	return nt.round
+}
+
+// Run runs one notify round with this rank's top-k ids [T*TopK] (T may be
+// 0): collective over every rank. A wait that gives up (a peer that never
+// arrives) returns the communicator's *channels.TimeoutError, which names
+// the peer; the Notify then refuses further rounds.
+func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
+	if nt == nil {
+		return nil, fmt.Errorf("internode: notify: nil")
+	}
+	if nt.err != nil {
+		return nil, nt.err
+	}
+	s := nt.shape
+	round := nt.round + 1
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("internode: rank %d: notify round %d: "+format, append([]any{nt.rank, round}, a...)...)
+	}
+	if len(ids)%s.TopK != 0 || len(ids)/s.TopK > MaxTokens {
+		return nil, fail("%d top-k ids: want a multiple of top-k %d, at most %d tokens", len(ids), s.TopK, MaxTokens)
+	}
+	if err := nt.comm.Check(); err != nil {
+		nt.err = fail("%w", err)
+		return nil, nt.err
+	}
+	nt.round++
+	res, ok := nt.twin(ids, nt.round)
+	if !ok {
+		err := nt.comm.Check()
+		if err == nil {
+			err = errors.New("a wait gave up without a record")
+		}
+		nt.err = fail("%w", err)
+		return nil, nt.err
+	}
+	if res.Received > math.MaxInt32 {
+		nt.err = fail("receives %d rows, more than the int32 receive bases hold", res.Received)
+		return nil, nt.err
+	}
+	return res, nil
+}
+
+// twin is the kernel's work for round e; false when a wait gave up (the
+// watchdog holds the record).
+func (nt *Notify) twin(ids []int64, e uint64) (*NotifyResult, bool) {
+	s := nt.shape
+	w, p, nodes, le, k := s.World(), s.RanksPerNode, s.Nodes, s.LocalExperts(), s.TopK
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	par := int(e % 2)
+	wd := nt.comm.Watchdog()
+	blk := s.notifyBlock()
+
+	// 1. Layout: per token, a bit per rank and per node (the kernel keeps
+	// them in registers per warp); counts per expert.
+	res := &NotifyResult{Layout: Layout{Tokens: len(ids) / k, TokensPerRank: make([]int32, w),
+		TokensPerNode: make([]int32, nodes), TokensPerExpert: make([]int32, s.Experts)}}
+	ly := &res.Layout
+	hitRank := make([]bool, w)
+	hitNode := make([]bool, nodes)
+	for t := 0; t < ly.Tokens; t++ {
+		clear(hitRank)
+		clear(hitNode)
+		for _, x := range ids[t*k : (t+1)*k] {
+			if x < 0 || x >= int64(s.Experts) {
+				if x != -1 {
+					ly.Invalid++
+				}
+				continue
+			}
+			r := int(x) / le
+			ly.TokensPerExpert[x]++
+			hitRank[r] = true
+			hitNode[r/p] = true
+		}
+		for r, h := range hitRank {
+			if h {
+				ly.TokensPerRank[r]++
+			}
+		}
+		for n, h := range hitNode {
+			if h {
+				ly.TokensPerNode[n]++
+			}
+		}
+	}
+
+	// 2. Stage and send one block per node.
+	rdma := nt.rdma.Ptr
+	for n := 0; n < nodes; n++ {
+		st := rdma + uintptr(s.rdmaSend(par, n))
+		j := 0
+		put := func(v int32) { devapi.U32(st + uintptr(4*j)).Store(uint32(v)); j++ }
+		for l := 0; l < p; l++ {
+			put(ly.TokensPerRank[s.Rank(n, l)])
+		}
+		put(ly.TokensPerNode[n])
+		for _, v := range ly.TokensPerExpert[n*p*le : (n+1)*p*le] {
+			put(v)
+		}
+		if n == a {
+			dst := rdma + uintptr(s.rdmaRecv(par, a))
+			for j := 0; j < blk; j++ {
+				devapi.U32(dst + uintptr(4*j)).Store(devapi.U32(st + uintptr(4*j)).Load())
+			}
+			devapi.U64(rdma + uintptr(8*a)).Add(1)
+			continue
+		}
+		ch := nt.port[n]
+		if !devapi.PortPut(ch, uint64(s.rdmaRecv(par, a)), uint64(s.rdmaSend(par, n)), uint64(4*blk), 0, stageNotifyPut) ||
+			!devapi.PortAtomicAdd(ch, ch.Dst, uint64(8*a), 1, stageNotifyPut) {
+			return nil, false
+		}
+	}
+
+	// 3. Forward: wait for every source node, then hand each local rank its
+	// counts.
+	for src := 0; src < nodes; src++ {
+		if !devapi.WaitGE64(rdma+uintptr(8*src), e, wd, nt.netWait[src], uint32(s.Rank(src, i)), stageNotifyNet) {
+			return nil, false
+		}
+	}
+	if notifyTestHook != nil {
+		notifyTestHook(nt.rank, e, stageNotifyNet)
+	}
+	res.Relay = make([]int32, nodes)
+	res.RelayPrefix = make([]int32, nodes)
+	res.RelayTargets = make([]int32, nodes*p)
+	for l := 0; l < p; l++ {
+		ws := nt.peerNVL[l]
+		for src := 0; src < nodes; src++ {
+			rb := rdma + uintptr(s.rdmaRecv(par, src))
+			dst := ws + uintptr(s.nvlRecv(par, i, src))
+			c := devapi.U32(rb + uintptr(4*l)).Load()
+			devapi.U32(dst).Store(c)
+			res.RelayTargets[src*p+l] = int32(c)
+			for x := 0; x < le; x++ {
+				devapi.U32(dst + uintptr(4*(1+x))).Store(devapi.U32(rb + uintptr(4*(p+1+l*le+x))).Load())
+			}
+			if l == 0 {
+				res.Relay[src] = int32(devapi.U32(rb + uintptr(4*p)).Load())
+			}
+		}
+		devapi.U64(ws + uintptr(8*i)).Add(1)
+	}
+
+	// 4. Receive from every forwarder of this node.
+	ws := nt.nvl.Ptr
+	res.FromRank = make([]int32, w)
+	res.ViaForwarder = make([]int32, p)
+	perExpert := make([]int, le)
+	for f := 0; f < p; f++ {
+		if !devapi.WaitGE64(ws+uintptr(8*f), e, wd, nt.nvlWait[f], uint32(s.Rank(a, f)), stageNotifyNVL) {
+			return nil, false
+		}
+	}
+	if notifyTestHook != nil {
+		notifyTestHook(nt.rank, e, stageNotifyNVL)
+	}
+	for f := 0; f < p; f++ {
+		for src := 0; src < nodes; src++ {
+			b := ws + uintptr(s.nvlRecv(par, f, src))
+			c := int32(devapi.U32(b).Load())
+			res.FromRank[s.Rank(src, f)] = c
+			res.ViaForwarder[f] += c
+			for x := 0; x < le; x++ {
+				perExpert[x] += int(devapi.U32(b + uintptr(4*(1+x))).Load())
+			}
+		}
+	}
+
+	res.RankPrefix = make([]int32, w)
+	res.NodePrefix = make([]int32, nodes)
+	// Prefixes in int64: W sources of up to MaxTokens each may pass int32,
+	// which Run refuses.
+	var total int64
+	for r, c := range res.FromRank {
+		total += int64(c)
+		res.RankPrefix[r] = int32(total)
+		res.NodePrefix[s.Node(r)] = int32(total)
+	}
+	res.Received = int(total)
+	var sum int32 // at most Nodes*MaxTokens = 2^30
+	for n, c := range res.Relay {
+		sum += c
+		res.RelayPrefix[n] = sum
+	}
+	if al := nt.cfg.Alignment; al > 1 {
+		for x, c := range perExpert {
+			perExpert[x] = (c + al - 1) / al * al
+		}
+	}
+	res.TokensPerLocalExpert = perExpert
+	return res, true
+}

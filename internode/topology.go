@@ -55,14 +55,31 @@ func (t Topology) World() int {
 	return t.Nodes * t.RanksPerNode
 }
 
-// Node is rank's node.
-func (t Topology) Node(rank int) int { return rank / t.RanksPerNode }
+// Node is rank's node (-1 on a topology that does not validate).
+func (t Topology) Node(rank int) int {
+	if t.Validate() != nil {
+		return -1
+	}
+	return rank / t.RanksPerNode
+}
 
-// Local is rank's index inside its node.
-func (t Topology) Local(rank int) int { return rank % t.RanksPerNode }
+// Local is rank's index inside its node (-1 on a topology that does not
+// validate).
+func (t Topology) Local(rank int) int {
+	if t.Validate() != nil {
+		return -1
+	}
+	return rank % t.RanksPerNode
+}
 
-// Rank is the rank of local index local on node.
-func (t Topology) Rank(node, local int) int { return node*t.RanksPerNode + local }
+// Rank is the rank of local index local on node (-1 on a topology that
+// does not validate).
+func (t Topology) Rank(node, local int) int {
+	if t.Validate() != nil {
+		return -1
+	}
+	return node*t.RanksPerNode + local
+}
 
 // Forwarder is the rank of node that receives src's tokens over the
 // network and forwards them over NVLink: the one with src's local index

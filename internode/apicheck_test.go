@@ -1,0 +1,21 @@
+package internode_test
+
+import (
+	"testing"
+
+	"github.com/goep-dev/goep/internal/apicheck"
+	"github.com/goep-dev/goep/internode"
+)
+
+// Every exported method of the package answers on nil receivers, zero
+// values and out-of-range values with an error or a zero value, never a
+// panic (issue 18 class 1); the guard fails when a new exported type with
+// methods is not added here. A closed Notify is covered by
+// TestNotifyBadInput.
+func TestAPITable(t *testing.T) {
+	apicheck.Cover(t, ".", []any{
+		(*internode.Notify)(nil), new(internode.Notify),
+		internode.Shape{}, internode.Shape{Topology: internode.Topology{Nodes: -1, RanksPerNode: -3}, Experts: -5, Hidden: -1},
+		internode.Topology{}, internode.Topology{Nodes: -1, RanksPerNode: -1},
+	}, apicheck.Options{})
+}

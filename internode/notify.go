@@ -63,6 +63,11 @@ type NotifyConfig struct {
 	Tag int
 	// Alignment rounds TokensPerLocalExpert up (<= 1: no rounding).
 	Alignment int
+	// MaxTokens, when > 0, sizes the dispatch buffers (relay rows,
+	// staging, receive rows: dispatch.go) for at most this many tokens per
+	// rank and round, so that Notify.Dispatch can follow each round; 0
+	// allocates notify's memory only.
+	MaxTokens int
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -106,6 +111,15 @@ type Notify struct {
 	rank  int
 	round uint64
 	err   error // sticky: a failed round or Close
+
+	// Dispatch state (dispatch.go): the layout of the dispatch regions,
+	// the last round's ids and result, dispatch rounds done, wait ids.
+	dl         dispatchLayout
+	lastIDs    []int64
+	last       *NotifyResult
+	dispRound  uint64
+	dispatched bool
+	dispNetWait, dispNVLWait, readyWait []uint32
 
 	rdma, nvl device.Buffer
 	proxy     *channels.Proxy
@@ -167,7 +181,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	// before any check that could fail on some ranks only and leave the
 	// others waiting in a later exchange.
 	mine := binary.LittleEndian.AppendUint64(nil, 0)
-	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment} {
+	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment, cfg.MaxTokens} {
 		mine = binary.LittleEndian.AppendUint64(mine, uint64(int64(v)))
 	}
 	all, err := comm.Bootstrap().AllGather(ctx, mine)
@@ -207,17 +221,24 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if t != s.Topology {
 		return nil, fail("the communicator's nodes are %v, the shape says %v", t, s.Topology)
 	}
-	nt := &Notify{shape: s, cfg: cfg, comm: comm, dev: dev, rank: rank}
+	if cfg.MaxTokens < 0 || cfg.MaxTokens > MaxTokens {
+		return nil, fail("max tokens %d: want 0..%d", cfg.MaxTokens, MaxTokens)
+	}
+	dl, err := newDispatchLayout(s, cfg.MaxTokens)
+	if err != nil {
+		return nil, fail("%w", err)
+	}
+	nt := &Notify{shape: s, cfg: cfg, comm: comm, dev: dev, rank: rank, dl: dl}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fail("%w", err), nt.free())
 			nt = nil
 		}
 	}()
-	if nt.rdma, err = nt.alloc(s.rdmaBytes()); err != nil {
+	if nt.rdma, err = nt.alloc(dl.rdmaBytes); err != nil {
 		return nil, err
 	}
-	if nt.nvl, err = nt.alloc(s.nvlBytes()); err != nil {
+	if nt.nvl, err = nt.alloc(dl.nvlBytes); err != nil {
 		return nil, err
 	}
 	a, i, p := s.Node(rank), s.Local(rank), s.RanksPerNode
@@ -286,6 +307,19 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	nt.nvlWait = make([]uint32, p)
 	for l := range nt.nvlWait {
 		nt.nvlWait[l] = comm.NewWaitID(fmt.Sprintf("internode notify: counts from forwarder rank %d (node %d)", s.Rank(a, l), a))
+	}
+	if cfg.MaxTokens > 0 {
+		nt.dispNetWait = make([]uint32, s.Nodes)
+		for n := range nt.dispNetWait {
+			src := s.Rank(n, i)
+			nt.dispNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode dispatch: rows from rank %d (node %d) over the network", src, n))
+		}
+		nt.dispNVLWait = make([]uint32, p)
+		nt.readyWait = make([]uint32, p)
+		for l := range nt.dispNVLWait {
+			nt.dispNVLWait[l] = comm.NewWaitID(fmt.Sprintf("internode dispatch: rows from forwarder rank %d (node %d)", s.Rank(a, l), a))
+			nt.readyWait[l] = comm.NewWaitID(fmt.Sprintf("internode dispatch: receive bases of rank %d (node %d)", s.Rank(a, l), a))
+		}
 	}
 	return nt, nil
 }
@@ -393,6 +427,9 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 		nt.err = fail("receives %d rows, more than the int32 receive bases hold", res.Received)
 		return nil, nt.err
 	}
+	nt.lastIDs = append(nt.lastIDs[:0], ids...)
+	nt.last = res
+	nt.dispatched = false
 	return res, nil
 }
 

@@ -58,7 +58,7 @@ type dispatchLayout struct {
 	netCounters, relay, send int
 	// offsets in the NVLink workspace
 	nvlCounters, ready, bases, recv int
-	rdmaBytes, nvlBytes                int
+	rdmaBytes, nvlBytes             int
 }
 
 func align16(n int64) int64 { return (n + 15) &^ 15 }

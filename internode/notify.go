@@ -114,11 +114,11 @@ type Notify struct {
 
 	// Dispatch state (dispatch.go): the layout of the dispatch regions,
 	// the last round's ids and result, dispatch rounds done, wait ids.
-	dl         dispatchLayout
-	lastIDs    []int64
-	last       *NotifyResult
-	dispRound  uint64
-	dispatched bool
+	dl                                  dispatchLayout
+	lastIDs                             []int64
+	last                                *NotifyResult
+	dispRound                           uint64
+	dispatched                          bool
 	dispNetWait, dispNVLWait, readyWait []uint32
 
 	rdma, nvl device.Buffer

@@ -1,0 +1,221 @@
+package internode_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internode"
+)
+
+// Dispatch's data path (Notify.Dispatch) on the host backend: goroutine
+// ranks in 2 virtual nodes, cross-node rows over port channels on TCP,
+// every rank's rows compared with ReferenceDispatch.
+
+// dispatchInput draws one rank's input for ids: BF16 bits or FP8 bytes
+// with scales, weights or none (empty, non-nil for a rank without tokens).
+func dispatchInput(rng *rand.Rand, s internode.Shape, ids []int64, fp8, weights bool) internode.RankInput {
+	t := len(ids) / s.TopK
+	in := internode.RankInput{TopK: ids}
+	if fp8 {
+		in.XFP8 = make([]uint8, t*s.Hidden)
+		rng.Read(in.XFP8)
+		in.Scales = make([]float32, t*s.Hidden/internode.FP8Block)
+		for j := range in.Scales {
+			in.Scales[j] = rng.Float32()*8 - 4
+		}
+	} else {
+		in.X = make([]uint16, t*s.Hidden)
+		for j := range in.X {
+			in.X[j] = uint16(rng.Intn(1 << 16))
+		}
+	}
+	if weights {
+		in.Weights = make([]float32, len(ids))
+		for j := range in.Weights {
+			in.Weights[j] = rng.Float32()
+		}
+	}
+	return in
+}
+
+// comparable drops what Dispatch does not produce (Traffic) and treats
+// empty slices as nil, so that a rank receiving nothing compares equal.
+func comparable(o internode.RankOutput) internode.RankOutput {
+	o.Traffic = internode.Traffic{}
+	if len(o.RecvX) == 0 {
+		o.RecvX = nil
+	}
+	if len(o.RecvXFP8) == 0 {
+		o.RecvXFP8 = nil
+	}
+	if len(o.RecvScales) == 0 {
+		o.RecvScales = nil
+	}
+	if len(o.RecvTopK) == 0 {
+		o.RecvTopK = nil
+	}
+	if len(o.RecvWeights) == 0 {
+		o.RecvWeights = nil
+	}
+	if len(o.RecvSrcRank) == 0 {
+		o.RecvSrcRank = nil
+	}
+	if len(o.RecvSrcToken) == 0 {
+		o.RecvSrcToken = nil
+	}
+	if len(o.Relayed) == 0 {
+		o.Relayed = nil
+	}
+	return o
+}
+
+// Rounds on one setup, 2 virtual nodes x 2 and x 4 ranks: random routings
+// (-1 and out-of-range ids, T = 0 on one rank each round), BF16 and FP8
+// with scales, with and without weights, the counters and regions reused
+// round after round.
+func TestDispatchOverTCP(t *testing.T) {
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) { checkDispatchRounds(t, topo, int64(100+topo.World())) })
+	}
+}
+
+func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
+	rng := rand.New(rand.NewSource(seed))
+	w := topo.World()
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
+	align := []int{0, 4}[rng.Intn(2)]
+	// Round formats: BF16 with weights, FP8 without, FP8 with, BF16
+	// without.
+	formats := []struct{ fp8, weights bool }{{false, true}, {true, false}, {true, true}, {false, false}}
+	rounds := len(formats)
+	in := make([][]internode.RankInput, rounds)
+	for e := range in {
+		in[e] = make([]internode.RankInput, w)
+		zero := rng.Intn(w)
+		for r := range in[e] {
+			in[e][r] = dispatchInput(rng, s, notifyIDs(rng, s, r, zero), formats[e].fp8, formats[e].weights)
+		}
+	}
+	got := make([][]*internode.RankOutput, rounds)
+	for e := range got {
+		got[e] = make([]*internode.RankOutput, w)
+	}
+	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: 40})
+		if err != nil {
+			return nil, err
+		}
+		me := c.Rank()
+		if peers, tr := nt.NetworkPeers(); len(peers) != 1 || len(tr) != 1 || tr[0] != channels.TransportEthernet {
+			return nt, fmt.Errorf("rank %d: network peers %v over %v, want one over tcp", me, peers, tr)
+		}
+		for e := 0; e < rounds; e++ {
+			if _, err := nt.Run(in[e][me].TopK); err != nil {
+				return nt, err
+			}
+			if got[e][me], err = nt.Dispatch(in[e][me]); err != nil {
+				return nt, err
+			}
+		}
+		return nt, nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for e := 0; e < rounds; e++ {
+		want, err := internode.ReferenceDispatch(s, in[e], align)
+		require.NoError(t, err)
+		// The routing must exercise both hops, or the comparison proves
+		// little.
+		var network, nvlink int
+		for _, o := range want {
+			network += o.Traffic.NetworkRecv.Tokens
+			nvlink += o.Traffic.NVLinkRecv.Tokens
+		}
+		require.Positive(t, network, "round %d: no row crosses the network", e+1)
+		require.Positive(t, nvlink, "round %d: no row is forwarded to another rank", e+1)
+		for r := range want {
+			require.NotNil(t, got[e][r])
+			assert.Equal(t, comparable(want[r]), comparable(*got[e][r]), "round %d (%+v) rank %d", e+1, formats[e], r)
+		}
+	}
+}
+
+// Dispatch's call errors: no dispatch buffers, no notify round yet, ids
+// other than the round's, a second dispatch of one round, too many tokens
+// for the buffers, nil and after Close. None of them moves data, so every
+// rank goes on to a good round afterwards.
+func TestDispatchBadInput(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 8}
+	errs := runNotifyRanks(t, topo, 10*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		me := c.Rank()
+		check := func(what string, err error, want string) error {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				return fmt.Errorf("rank %d: %s: %v, want an error containing %q", me, what, err, want)
+			}
+			return nil
+		}
+		var nilNotify *internode.Notify
+		if _, err := nilNotify.Dispatch(internode.RankInput{}); err == nil {
+			return nil, fmt.Errorf("nil notify dispatched")
+		}
+		plain, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 21})
+		if err != nil {
+			return nil, err
+		}
+		ids := []int64{0, 7, 3, -1}
+		x := internode.RankInput{X: make([]uint16, 2*s.Hidden), TopK: ids}
+		_, err = plain.Dispatch(x)
+		if err := errors.Join(check("no buffers", err, "MaxTokens"), plain.Close()); err != nil {
+			return nil, err
+		}
+		if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: -1}); err == nil {
+			return nil, fmt.Errorf("rank %d: negative max tokens accepted", me)
+		}
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 25, MaxTokens: 2})
+		if err != nil {
+			return nil, err
+		}
+		_, err = nt.Dispatch(x)
+		if err := check("before a round", err, "run a notify round first"); err != nil {
+			return nt, err
+		}
+		big := []int64{0, 1, 2, 3, 4, 5}
+		if _, err := nt.Run(big); err != nil {
+			return nt, err
+		}
+		_, err = nt.Dispatch(internode.RankInput{X: make([]uint16, 3*s.Hidden), TopK: big})
+		if err := check("3 tokens in buffers of 2", err, "more than the 2"); err != nil {
+			return nt, err
+		}
+		if _, err := nt.Run(ids); err != nil {
+			return nt, err
+		}
+		other := internode.RankInput{X: x.X, TopK: []int64{0, 7, 3, 2}}
+		_, err = nt.Dispatch(other)
+		if err := check("other ids", err, "the notify round had"); err != nil {
+			return nt, err
+		}
+		if _, err := nt.Dispatch(x); err != nil {
+			return nt, err
+		}
+		_, err = nt.Dispatch(x)
+		if err := check("twice", err, "one dispatch per round"); err != nil {
+			return nt, err
+		}
+		return nt, nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}

@@ -158,7 +158,11 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	}
 	nt.dispatched = true
 	nt.dispRound++
-	out, ok := nt.dispatchTwin(in, tokens, fp8, nt.dispRound)
+	out, ok, bad := nt.dispatchTwin(in, tokens, fp8, nt.dispRound)
+	if bad != nil {
+		nt.err = fail("%w", bad)
+		return nil, nt.err
+	}
 	if !ok {
 		err := nt.comm.Check()
 		if err == nil {
@@ -170,7 +174,10 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	return out, nil
 }
 
-func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (*RankOutput, bool) {
+// dispatchTwin is the kernel's work for dispatch round d; ok false when a
+// wait gave up (the watchdog holds the record), bad for a relayed row
+// whose place lies outside the receive region (the kernel would trap).
+func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (out *RankOutput, ok bool, bad error) {
 	s, dl, res := nt.shape, nt.dl, nt.last
 	w, p, nodes, le, k, h := s.World(), s.RanksPerNode, s.Nodes, s.LocalExperts(), s.TopK, s.Hidden
 	a, i := s.Node(nt.rank), s.Local(nt.rank)
@@ -256,10 +263,10 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (*R
 		ch := nt.port[n]
 		if cnt > 0 && !devapi.PortPut(ch, uint64(dl.relay+a*dl.maxTokens*dl.relayRow), uint64(dl.send+n*dl.maxTokens*dl.relayRow),
 			uint64(cnt*dl.relayRow), 0, stageDispatchPut) {
-			return nil, false
+			return nil, false, nil
 		}
 		if !devapi.PortAtomicAdd(ch, ch.Dst, uint64(dl.netCounters+8*a), 1, stageDispatchPut) {
-			return nil, false
+			return nil, false, nil
 		}
 	}
 
@@ -267,17 +274,21 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (*R
 	// bases published; place each row at its targets.
 	for src := 0; src < nodes; src++ {
 		if !devapi.WaitGE64(rdma+uintptr(dl.netCounters+8*src), d, wd, nt.dispNetWait[src], uint32(s.Rank(src, i)), stageDispatchNet) {
-			return nil, false
+			return nil, false, nil
 		}
 	}
 	for l := 0; l < p; l++ {
 		if !devapi.WaitGE64(nt.peerNVL[l]+uintptr(dl.ready), d, wd, nt.readyWait[l], uint32(s.Rank(a, l)), stageDispatchReady) {
-			return nil, false
+			return nil, false, nil
 		}
 	}
-	out := &RankOutput{}
+	out = &RankOutput{}
+	capacity := int64(w) * int64(dl.maxTokens)
 	for src := 0; src < nodes; src++ {
 		srcRank := s.Rank(src, i)
+		if res.Relay[src] < 0 || int(res.Relay[src]) > dl.maxTokens {
+			return nil, false, fmt.Errorf("%d tokens relayed from rank %d, the relay region holds %d", res.Relay[src], srcRank, dl.maxTokens)
+		}
 		for j := 0; j < int(res.Relay[src]); j++ {
 			row := devapi.Bytes(rdma+uintptr(dl.relay+(src*dl.maxTokens+j)*dl.relayRow), uint64(dl.relayRow))
 			o := xBytes + 12*k
@@ -291,6 +302,10 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (*R
 				dst := s.Rank(a, l)
 				slot := int32(le32.Uint32(row[o+8+4*l:]))
 				base := int32(le32.Uint32(devapi.Bytes(nt.peerNVL[l]+uintptr(dl.bases+4*srcRank), 4)))
+				if pos := int64(base) + int64(slot); slot < 0 || base < 0 || pos >= capacity {
+					return nil, false, fmt.Errorf("relayed token %d of rank %d goes to row %d+%d of rank %d, outside its %d rows",
+						tok, srcRank, base, slot, dst, capacity)
+				}
 				rr := devapi.Bytes(nt.peerNVL[l]+uintptr(dl.recv+int(base+slot)*dl.recvRow), uint64(dl.recvRow))
 				copy(rr[:xBytes], row[:xBytes])
 				for jj := 0; jj < k; jj++ {
@@ -315,7 +330,7 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (*R
 	// 4. Receive: every forwarder of this node has placed its rows.
 	for f := 0; f < p; f++ {
 		if !devapi.WaitGE64(nvl+uintptr(dl.nvlCounters+8*f), d, wd, nt.dispNVLWait[f], uint32(s.Rank(a, f)), stageDispatchNVL) {
-			return nil, false
+			return nil, false, nil
 		}
 	}
 	n := res.Received
@@ -355,5 +370,5 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (*R
 		out.RecvSrcRank[r] = int32(le32.Uint32(rr[xBytes+12*k:]))
 		out.RecvSrcToken[r] = int32(le32.Uint32(rr[xBytes+12*k+4:]))
 	}
-	return out, true
+	return out, true, nil
 }

@@ -219,3 +219,40 @@ func TestDispatchBadInput(t *testing.T) {
 		require.NoError(t, err, "rank %d", r)
 	}
 }
+
+// A rank that runs the notify round but never its dispatch: the ranks
+// waiting on it give up within the (short) timeout with an error naming
+// it (rank 1: its rows over the network; rank 2: its receive bases), rank
+// 0 naming forwarder 1, stuck on it; later calls are refused.
+func TestDispatchPeerNeverArrives(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 8}
+	const absent = 3
+	ids := []int64{0, 7, 2, 5, -1, 3}
+	x := internode.RankInput{X: make([]uint16, 3*s.Hidden), TopK: ids}
+	got := make([]error, topo.World())
+	errs := runNotifyRanks(t, topo, 300*time.Millisecond, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 31, MaxTokens: 3})
+		if err != nil {
+			return nil, err
+		}
+		if _, err := nt.Run(ids); err != nil || c.Rank() == absent {
+			return nt, err
+		}
+		_, got[c.Rank()] = nt.Dispatch(x)
+		if _, again := nt.Run(ids); again == nil || !strings.Contains(again.Error(), "timed out") {
+			return nt, fmt.Errorf("rank %d: a round after the timeout gave %v, want the timeout again", c.Rank(), again)
+		}
+		return nt, nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for r, peer := range map[int]int{0: 1, 1: absent, 2: absent} {
+		var te *channels.TimeoutError
+		require.True(t, errors.As(got[r], &te), "rank %d: %v", r, got[r])
+		assert.Equal(t, peer, te.Peer, "rank %d: %v", r, got[r])
+		assert.Contains(t, got[r].Error(), fmt.Sprintf("rank %d", peer), "rank %d", r)
+		assert.Contains(t, got[r].Error(), fmt.Sprintf("internode: rank %d: dispatch after notify round 1", r))
+	}
+}

@@ -11,7 +11,9 @@
 // reports them). It is checked against the intranode reference: the route
 // changes, the rows received do not. Notify, the count exchange, runs on
 // the host backend as the Go twin of its planned kernel (notify.go: port
-// channels with atomicAdd between nodes, direct memory inside a node); the
-// rest of the GPU protocol is planned in DESIGN.md and not built; the
-// Buffer runs only groups of one node.
+// channels with atomicAdd between nodes, direct memory inside a node), and
+// so does dispatch's data path after it (dispatch.go: rows put once per
+// destination node into the forwarder's relay region, then placed at their
+// receivers); combine and the GPU kernels are planned in DESIGN.md and not
+// built; the Buffer runs only groups of one node.
 package internode

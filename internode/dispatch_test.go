@@ -105,12 +105,20 @@ func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
 			in[e][r] = dispatchInput(rng, s, notifyIDs(rng, s, r, zero), formats[e].fp8, formats[e].weights)
 		}
 	}
+	// Buffers exactly as large as the most tokens of any rank and round:
+	// a full relay or receive region must not spill into the next one.
+	maxTokens := 1
+	for e := range in {
+		for _, x := range in[e] {
+			maxTokens = max(maxTokens, len(x.TopK)/s.TopK)
+		}
+	}
 	got := make([][]*internode.RankOutput, rounds)
 	for e := range got {
 		got[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: 40})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens})
 		if err != nil {
 			return nil, err
 		}

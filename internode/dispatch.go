@@ -110,7 +110,10 @@ const (
 // which must have been set up with NotifyConfig.MaxTokens >= the tokens
 // of every rank. Every rank passes BF16 (in.X) or every rank FP8 (XFP8 and
 // Scales), and weights on every rank or on none (a rank with no tokens
-// passes an empty, non-nil Weights when the others pass weights).
+// passes empty, non-nil slices of the format the others use: XFP8 and
+// Scales for FP8, Weights when the others pass weights). A call refused
+// for its arguments moves nothing and leaves the Notify usable, but the
+// peers, which went ahead, wait until the watchdog gives up.
 //
 // The result is the reference's RankOutput (ReferenceDispatch) for this
 // rank: rows in its order, ids remapped to local experts, weights, sources,

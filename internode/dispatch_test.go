@@ -91,7 +91,8 @@ func TestDispatchOverTCP(t *testing.T) {
 func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	w := topo.World()
-	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
+	// Hidden 128 on 2 x 2, 256 on 2 x 4: rows of two widths.
+	s := internode.Shape{Topology: topo, Hidden: 64 * topo.RanksPerNode, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
 	align := []int{0, 4}[rng.Intn(2)]
 	// Round formats: BF16 with weights, FP8 without, FP8 with, BF16
 	// without.

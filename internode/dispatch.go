@@ -58,7 +58,13 @@ type dispatchLayout struct {
 	netCounters, relay, send int
 	// offsets in the NVLink workspace
 	nvlCounters, ready, bases, recv int
-	rdmaBytes, nvlBytes             int
+	// combine (combine.go): partial rows fp32 x [H] + weights [K], padded;
+	// counters and regions in the RDMA buffer, a ready counter in the
+	// NVLink workspace (combine input lives in the receive region).
+	partialRow                       int
+	combCounters, combRecv, combSend int
+	combReady                        int
+	rdmaBytes, nvlBytes              int
 }
 
 func align16(n int64) int64 { return (n + 15) &^ 15 }
@@ -81,19 +87,28 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	netCounters := r
 	relay := align16(r + 8*n)
 	send := relay + n*mt*relayRow
-	rdmaBytes := send + n*mt*relayRow
+	partialRow := align16(4*h + 4*k)
+	if partialRow > limit/(2*n*mt) {
+		return dl, fmt.Errorf("combine buffers for %d tokens of %d bytes: too large", m, partialRow)
+	}
+	combCounters := send + n*mt*relayRow
+	combRecv := align16(combCounters + 8*n)
+	combSend := combRecv + n*mt*partialRow
+	rdmaBytes := combSend + n*mt*partialRow
 	v := align16(int64(s.nvlBytes()))
 	nvlCounters := v
 	ready := v + 8*p
 	bases := ready + 8
 	recv := align16(bases + 4*w)
-	nvlBytes := recv + w*mt*recvRow
+	combReady := recv + w*mt*recvRow
+	nvlBytes := combReady + 8
 	if rdmaBytes > math.MaxInt || nvlBytes > math.MaxInt {
 		return dl, fmt.Errorf("dispatch buffers of %d and %d bytes do not fit an int", rdmaBytes, nvlBytes)
 	}
 	dl.relayRow, dl.recvRow = int(relayRow), int(recvRow)
 	dl.netCounters, dl.relay, dl.send, dl.rdmaBytes = int(netCounters), int(relay), int(send), int(rdmaBytes)
 	dl.nvlCounters, dl.ready, dl.bases, dl.recv, dl.nvlBytes = int(nvlCounters), int(ready), int(bases), int(recv), int(nvlBytes)
+	dl.partialRow, dl.combCounters, dl.combRecv, dl.combSend, dl.combReady = int(partialRow), int(combCounters), int(combRecv), int(combSend), int(combReady)
 	return dl, nil
 }
 
@@ -191,6 +206,7 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 		xBytes = h + 4*(h/FP8Block)
 	}
 	le32 := binary.LittleEndian
+	nt.dispXBytes = xBytes // combine finds the relay rows' metadata after x
 
 	// 1. Publish the receive bases.
 	bases := devapi.Bytes(nvl+uintptr(dl.bases), uint64(4*w))

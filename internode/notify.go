@@ -120,6 +120,12 @@ type Notify struct {
 	dispRound                           uint64
 	dispatched                          bool
 	dispNetWait, dispNVLWait, readyWait []uint32
+	// Combine state (combine.go): rounds done, whether this round's ran,
+	// wait ids.
+	combRound              uint64
+	dispXBytes             int // x bytes of this round's relay rows
+	combined               bool
+	combNetWait, combReady []uint32
 
 	rdma, nvl device.Buffer
 	proxy     *channels.Proxy
@@ -320,6 +326,14 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 			nt.dispNVLWait[l] = comm.NewWaitID(fmt.Sprintf("internode dispatch: rows from forwarder rank %d (node %d)", s.Rank(a, l), a))
 			nt.readyWait[l] = comm.NewWaitID(fmt.Sprintf("internode dispatch: receive bases of rank %d (node %d)", s.Rank(a, l), a))
 		}
+		nt.combNetWait = make([]uint32, s.Nodes)
+		for n := range nt.combNetWait {
+			nt.combNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode combine: partials from forwarder rank %d (node %d) over the network", s.Rank(n, i), n))
+		}
+		nt.combReady = make([]uint32, p)
+		for l := range nt.combReady {
+			nt.combReady[l] = comm.NewWaitID(fmt.Sprintf("internode combine: expert outputs of rank %d (node %d)", s.Rank(a, l), a))
+		}
 	}
 	return nt, nil
 }
@@ -430,6 +444,7 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	nt.lastIDs = append(nt.lastIDs[:0], ids...)
 	nt.last = res
 	nt.dispatched = false
+	nt.combined = false
 	return res, nil
 }
 

@@ -14,6 +14,9 @@
 // channels with atomicAdd between nodes, direct memory inside a node), and
 // so does dispatch's data path after it (dispatch.go: rows put once per
 // destination node into the forwarder's relay region, then placed at their
-// receivers); combine and the GPU kernels are planned in DESIGN.md and not
-// built; the Buffer runs only groups of one node.
+// receivers), and so does combine's (combine.go: forwarders reduce their
+// node's rows in ascending local rank and put one partial per token back,
+// the source reduces the partials in ascending node, bit for bit the
+// reference's); the GPU kernels are planned in DESIGN.md and not built; the
+// Buffer runs only groups of one node.
 package internode

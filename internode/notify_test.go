@@ -294,6 +294,9 @@ func badNotifyInput(ctx context.Context, c *channels.Communicator, topo internod
 	if _, err := nt.Run(nil); !errors.Is(err, channels.ErrClosed) {
 		return fmt.Errorf("rank %d: run after close: %v", c.Rank(), err)
 	}
+	if _, err := nt.Combine(internode.CombineInput{}, internode.CombineOptions{}); !errors.Is(err, channels.ErrClosed) {
+		return fmt.Errorf("rank %d: combine after close: %v", c.Rank(), err)
+	}
 	var nilNotify *internode.Notify
 	if _, err := nilNotify.Run(nil); err == nil {
 		return fmt.Errorf("nil notify ran")

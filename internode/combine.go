@@ -2,7 +2,6 @@ package internode
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 
@@ -105,17 +104,8 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	nt.combined = true
 	nt.combRound++
 	out, ok, bad := nt.combineTwin(in, opt, tokens, nt.combRound)
-	if bad != nil {
-		nt.err = fail("%w", bad)
-		return nil, nt.err
-	}
-	if !ok {
-		err := nt.comm.Check()
-		if err == nil {
-			err = errors.New("a wait gave up without a record")
-		}
-		nt.err = fail("%w", err)
-		return nil, nt.err
+	if err := nt.twinFailed(fail, ok, bad); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

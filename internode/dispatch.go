@@ -2,7 +2,6 @@ package internode
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 
@@ -177,17 +176,8 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	nt.dispatched = true
 	nt.dispRound++
 	out, ok, bad := nt.dispatchTwin(in, tokens, fp8, nt.dispRound)
-	if bad != nil {
-		nt.err = fail("%w", bad)
-		return nil, nt.err
-	}
-	if !ok {
-		err := nt.comm.Check()
-		if err == nil {
-			err = errors.New("a wait gave up without a record")
-		}
-		nt.err = fail("%w", err)
-		return nil, nt.err
+	if err := nt.twinFailed(fail, ok, bad); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

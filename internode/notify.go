@@ -369,6 +369,26 @@ func (nt *Notify) free() error {
 	return errors.Join(errs...)
 }
 
+// twinFailed turns the outcome of a round's twin into the call's error
+// and leaves the Notify refusing further calls: bad (a relayed row whose
+// place lies outside a region) first, else, when a wait gave up (ok
+// false), the watchdog's record of it. Nil when the round succeeded.
+func (nt *Notify) twinFailed(fail func(string, ...any) error, ok bool, bad error) error {
+	switch {
+	case bad != nil:
+		nt.err = fail("%w", bad)
+	case !ok:
+		err := nt.comm.Check()
+		if err == nil {
+			err = errors.New("a wait gave up without a record")
+		}
+		nt.err = fail("%w", err)
+	default:
+		return nil
+	}
+	return nt.err
+}
+
 // Close stops the proxy (waiting until what it sent has landed) and frees
 // the memory. Peers must no longer write into it, and must not close their
 // communicators before this returns (their connections acknowledge the
@@ -429,13 +449,8 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	}
 	nt.round++
 	res, ok := nt.twin(ids, nt.round)
-	if !ok {
-		err := nt.comm.Check()
-		if err == nil {
-			err = errors.New("a wait gave up without a record")
-		}
-		nt.err = fail("%w", err)
-		return nil, nt.err
+	if err := nt.twinFailed(fail, ok, nil); err != nil {
+		return nil, err
 	}
 	if res.Received > math.MaxInt32 {
 		nt.err = fail("receives %d rows, more than the int32 receive bases hold", res.Received)

@@ -2,9 +2,8 @@ package internode
 
 import (
 	"fmt"
-	"math"
-	"math/bits"
 
+	"github.com/goep-dev/goep/internal/checked"
 	"github.com/goep-dev/goep/intranode"
 	"github.com/goep-dev/goep/routing"
 )
@@ -81,7 +80,7 @@ func (s Shape) tokens(ids []int64) (int, error) {
 
 // checkTokens bounds a token count and the byte counts it implies.
 func (s Shape) checkTokens(t int) error {
-	if _, ok := mulNonNeg(t, 4*s.Hidden); !ok || t > MaxTokens {
+	if _, ok := checked.Mul(t, 4*s.Hidden); !ok || t > MaxTokens {
 		return fmt.Errorf("%d tokens of hidden %d: negative or more than %d", t, s.Hidden, MaxTokens)
 	}
 	return nil
@@ -140,17 +139,4 @@ func ReferenceLayout(s Shape, ids []int64) (*Layout, error) {
 		}
 	}
 	return l, nil
-}
-
-// mulNonNeg is a*b for non-negative a and b, false when either is negative
-// or the product overflows an int.
-func mulNonNeg(a, b int) (int, bool) {
-	if a < 0 || b < 0 {
-		return 0, false
-	}
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi != 0 || lo > math.MaxInt {
-		return 0, false
-	}
-	return int(lo), true
 }

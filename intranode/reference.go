@@ -3,8 +3,8 @@ package intranode
 import (
 	"fmt"
 	"math"
-	"math/bits"
 
+	"github.com/goep-dev/goep/internal/checked"
 	"github.com/goep-dev/goep/kernels"
 )
 
@@ -171,7 +171,7 @@ func checkInput(s Shape, r int, x RankInput, fp8 bool) error {
 		return fmt.Errorf("intranode: rank %d: top-k ids have %d entries, not a multiple of top-k %d", r, len(x.TopK), s.TopK)
 	}
 	t := x.Tokens(s)
-	if _, ok := mulNonNeg(t, 2*s.Hidden); !ok {
+	if _, ok := checked.Mul(t, 2*s.Hidden); !ok {
 		return fmt.Errorf("intranode: rank %d: %d tokens of hidden %d overflow a byte count", r, t, s.Hidden)
 	}
 	for i, e := range x.TopK {
@@ -230,7 +230,7 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 	for r := range acc {
 		// Sizes from the caller are checked before any make: a count times
 		// hidden that overflows (or is negative) is an error, not a panic.
-		n, ok := mulNonNeg(tokens[r], h)
+		n, ok := checked.Mul(tokens[r], h)
 		if !ok || tokens[r] > math.MaxInt/max(s.TopK, 1) {
 			return nil, fmt.Errorf("intranode: rank %d: %d tokens of hidden %d: negative or too large", r, tokens[r], h)
 		}
@@ -275,17 +275,4 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 		out[r].X = x
 	}
 	return out, nil
-}
-
-// mulNonNeg is a*b for non-negative a and b, false when either is negative
-// or the product overflows an int.
-func mulNonNeg(a, b int) (int, bool) {
-	if a < 0 || b < 0 {
-		return 0, false
-	}
-	hi, lo := bits.Mul64(uint64(a), uint64(b))
-	if hi != 0 || lo > math.MaxInt {
-		return 0, false
-	}
-	return int(lo), true
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/goep-dev/goep/intranode/intranodetest"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -267,15 +268,37 @@ func poison(t testing.TB, r *intranodetest.Rank, handleToo bool, extra ...device
 // every stream and checks every rank's timeout record.
 func run(t testing.TB, g *intranodetest.Group, streams []device.Stream, f func(i int, r *intranodetest.Rank, s device.Stream) error) {
 	t.Helper()
+	// A call that takes seconds is a stall (ranks sharing a GPU: see
+	// ARCHITECTURE.md): when each rank's launches returned and when its
+	// stream drained, and every goroutine's stack 5 s in, tell a launch
+	// held on the host (a goroutine inside a driver call) from kernels
+	// queued but not run.
+	start := time.Now()
+	launched := make([]time.Duration, len(g.Ranks))
+	drained := make([]time.Duration, len(g.Ranks))
+	stacks := make(chan []byte, 1)
+	slow := time.AfterFunc(5*time.Second, func() {
+		buf := make([]byte, 256<<10)
+		stacks <- buf[:runtime.Stack(buf, true)]
+	})
 	err := g.Run(func(i int, r *intranodetest.Rank) error {
 		if err := f(i, r, streams[i]); err != nil {
 			return err
 		}
+		launched[i] = time.Since(start)
 		if err := streams[i].Synchronize(); err != nil {
 			return err
 		}
+		drained[i] = time.Since(start)
 		return r.Check()
 	})
+	slow.Stop()
+	select {
+	case st := <-stacks:
+		t.Logf("slow call (%v): per rank, launches returned at %v, stream drained at %v; goroutines 5 s in:\n%s",
+			time.Since(start), launched, drained, st)
+	default:
+	}
 	if err != nil {
 		dumpControl(t, g)
 	}

@@ -158,6 +158,20 @@ func (c *Communicator) Placement(ctx context.Context) (Placement, error) {
 			pl.SpinBlocks = b
 		}
 	}
+	// Ranks sharing this GPU: the one stream of this rank's connections
+	// (connStream) is made now, while no kernel spins, not by the proxy at
+	// its first copy: a new stream's first launch can be held behind the
+	// kernels already running (ARCHITECTURE.md, "Ranks sharing a GPU").
+	if len(pl.SharedGPU) > 1 {
+		c.sharedConnMu.Lock()
+		if c.sharedConnStream == nil {
+			c.sharedConnStream, err = c.dev.NewStream()
+		}
+		c.sharedConnMu.Unlock()
+		if err != nil {
+			return Placement{}, c.errorf("placement: connection stream: %w", err)
+		}
+	}
 	c.placement = &pl
 	return pl, nil
 }

@@ -154,6 +154,9 @@ func OpenCUDAWith(ordinal int, compiler *kernels.Compiler) (_ Device, err error)
 	if err := d.reserveLocalMemory(); err != nil {
 		return nil, errors.Join(err, d.Close())
 	}
+	if err := d.warmStream(d.stream); err != nil {
+		return nil, errors.Join(err, d.Close())
+	}
 	return d, nil
 }
 
@@ -439,7 +442,32 @@ func (d *cudaDevice) NewStream() (Stream, error) {
 	if err != nil {
 		return nil, d.errorf("new stream: %w", err)
 	}
-	return &cudaStream{s: s, owned: true}, nil
+	cs := &cudaStream{s: s, owned: true}
+	if err := d.warmStream(cs); err != nil {
+		_ = s.Destroy()
+		return nil, err
+	}
+	return cs, nil
+}
+
+// warmStream runs one empty kernel on a new stream and waits for it. The
+// driver finishes setting a stream up at its first launch, and that can wait
+// for kernels already running in the context: a rank whose first launch on
+// a stream comes while its peers' kernels spin waiting for it would stall
+// until their device timeout (ARCHITECTURE.md, "Ranks sharing a GPU"). So
+// every stream goep makes does its first launch here, when it is made.
+// Without a kernel compiler nothing can launch later either: skipped.
+func (d *cudaDevice) warmStream(s *cudaStream) error {
+	if _, err := d.Function(KernelFillPattern); err != nil {
+		return nil
+	}
+	if err := d.Launch(KernelFillPattern, D1(1), D1(32), 0, s, NewArgs(3).Ptr(0).U64(0).U32(0)); err != nil {
+		return d.errorf("new stream: first launch: %w", err)
+	}
+	if err := s.Synchronize(); err != nil {
+		return d.errorf("new stream: first launch: %w", err)
+	}
+	return nil
 }
 
 type cudaEvent struct{ e *cuda.Event }

@@ -62,9 +62,10 @@
 // another kind of call at this sequence number signals words this launch
 // does not wait on; a wait that is still behind therefore looks at the
 // peer's fp word in its slow path, and a word at this sequence number with
-// another shape is a mismatch too. Either way the first thread to see it
-// fills the watchdog record with stage GOEP_IN_STAGE_MISMATCH, peer = that
-// rank, expected = own fingerprint, observed = the peer's fp word (looked
+// another kernel kind is a mismatch too (other differences are left to the
+// tag, which the peer's signal of the same kind brings). Either way the
+// first thread to see it fills the watchdog record with stage
+// GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint, observed = the peer's fp word (looked
 // at until it is no longer behind, bounded by the watchdog's timeout),
 // raises the abort flag, and the kernel leaves before touching data (waits
 // come before the writes they guard). No rank moves past a launch before
@@ -145,6 +146,7 @@
 #define GOEP_IN_STAGE_MISMATCH 6         // a peer's call fingerprint differs (not a timeout)
 
 #define GOEP_IN_FP_SEQ_MASK 0xffffull
+#define GOEP_IN_FP_KIND_SHIFT 16  // 2 bits: kernel kind + 1 (intranode/fingerprint.go)
 
 // Signal words (entered, arrive): bits 0..39 the progress part, bits 40..63
 // the tag of the call (goep_in_fp_tag), see "Call fingerprint" above.
@@ -297,11 +299,13 @@ __device__ __noinline__ void goep_in_wait_failed(const u64* fp_slot, u64 fp, boo
 
 // The slow path of a wait that is behind (every GOEP_SPIN_CHECK_EVERY
 // polls): a look at the peer's fingerprint word. The peer at this
-// sequence number with another call (another kind: its signals then go to
-// words this launch does not wait on) is a mismatch.
+// sequence number in another kind of kernel is a mismatch: its signals go
+// to words this launch does not wait on, so no tag would ever show it.
+// Any other difference is left to the tag of the signal this wait gets
+// (the peer, in the same kind of launch, sends it).
 __device__ __noinline__ bool goep_in_fp_peek(const u64* fp_slot, u64 fp, goep_watchdog* wd, u32 wait_id, u32 peer) {
   const u64 f = goep_chan_ld_relaxed_sys_u64(fp_slot);
-  if (goep_in_fp_cmp(fp, f) != GOEP_IN_FP_MISMATCH) {
+  if (goep_in_fp_cmp(fp, f) != GOEP_IN_FP_MISMATCH || (((f ^ fp) >> GOEP_IN_FP_KIND_SHIFT) & 3ull) == 0) {
     return true;
   }
   goep_in_mismatch(wd, wait_id, peer, fp, f);

@@ -65,8 +65,9 @@
 // another kernel kind is a mismatch too (other differences are left to the
 // tag, which the peer's signal of the same kind brings). Either way the
 // first thread to see it fills the watchdog record with stage
-// GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint, observed = the peer's fp word (looked
-// at until it is no longer behind, bounded by the watchdog's timeout),
+// GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
+// observed = the peer's fp word (looked at until it is no longer behind,
+// bounded by the watchdog's timeout),
 // raises the abort flag, and the kernel leaves before touching data (waits
 // come before the writes they guard). No rank moves past a launch before
 // it saw every peer's signal of that launch carry its own tag, so a

@@ -7,17 +7,30 @@ import (
 )
 
 // Call fingerprints (kernels/intranode.cuh): every launch of notify,
-// dispatch and combine writes a 64-bit word beside the signal it already
-// sends to each peer (fp[rank] in the peer's control block, before the
-// entry flag or arrival whose release covers it), and every wait on a peer
-// compares the peer's word with its own. The low 16 bits are the launch's
-// sequence number, epoch[notify] + epoch[dispatch] + epoch[combine] + 1 at
-// its start: the kernels advance the epochs themselves, so a graph replay
-// advances the sequence number like a direct launch and no host counter is
-// baked into a graph. The rest is the call's shape, packed here by the
-// launcher. A full dispatch is notify then dispatch (two sequence numbers),
-// a cached one only dispatch, so "cached on one rank, full on another"
-// shows as notify against dispatch at the same sequence number.
+// dispatch and combine has a 64-bit fingerprint. The low 16 bits are the
+// launch's sequence number, epoch[notify] + epoch[dispatch] +
+// epoch[combine] + 1 at its start: the kernels advance the epochs
+// themselves, so a graph replay advances the sequence number like a direct
+// launch and no host counter is baked into a graph. The rest is the call's
+// shape, packed here by the launcher. A full dispatch is notify then
+// dispatch (two sequence numbers), a cached one only dispatch, so "cached on
+// one rank, full on another" shows as notify against dispatch at the same
+// sequence number.
+//
+// On the device the fingerprint travels inside the signals the kernels send
+// anyway: its 24-bit tag (an XOR fold in which every field lands on its own
+// bits, so a difference within one field always shows) is the top 24 bits
+// (SignalShift) of every entry flag and, by steps that telescope, of every
+// arrival counter once a launch arrived in full. A wait polls only its
+// signal word and compares the tag once the progress part reached its
+// target, so a matching call costs no load, store or fence beyond those of
+// the protocol without fingerprints. The full word is also written to each
+// peer's fp[rank] (CtrlFingerprint), after the signal: it names the fields
+// of a mismatch, and a wait still behind looks at it in its slow path to
+// see a peer that made another kind of call at the same sequence number
+// (whose signals go to words this wait does not watch). The host backend's
+// twins (twins.go) keep the simpler protocol: the fp word written before
+// each signal and compared at every wait, with the same errors.
 //
 // What notify's word carries is the layout only (ranks may run the fused
 // NotifyDispatch beside separate Notify + Dispatch calls), so a dtype or
@@ -26,6 +39,9 @@ import (
 // on every rank, its receive region is not a result.
 const (
 	CtrlFingerprint = 64 // u64[src]: the latest fingerprint of src's launches
+	// SignalShift: entry flags and arrival counters hold their progress in
+	// bits 0..SignalShift-1 and the call's tag above.
+	SignalShift = 40
 	// CtrlFailed (this rank only) is nonzero once a wait of any launch gave
 	// up: later launches then leave at once without signalling, so a peer
 	// never matches the stale sequence number of a rank that failed.

@@ -47,6 +47,10 @@ func TestIntranodeConstantsMatchHeader(t *testing.T) {
 		"GOEP_IN_STAGE_DISPATCH_ARRIVAL": intranode.StageDispatchArrival,
 		"GOEP_IN_STAGE_COMBINE_ENTRY":    intranode.StageCombineEntry,
 		"GOEP_IN_STAGE_COMBINE_ARRIVAL":  intranode.StageCombineArrival,
+		"GOEP_IN_STAGE_MISMATCH":         intranode.StageMismatch,
+		"GOEP_IN_SIG_SHIFT":              intranode.SignalShift,
+		"GOEP_IN_CTRL_FP":                intranode.CtrlFingerprint,
+		"GOEP_IN_CTRL_FAILED":            intranode.CtrlFailed,
 	}
 	var b strings.Builder
 	b.WriteString("#include \"intranode.cuh\"\n")

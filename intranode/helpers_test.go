@@ -326,7 +326,9 @@ func dumpControl(t testing.TB, g *intranodetest.Group) {
 		for k, name := range []string{"notify", "dispatch", "combine"} {
 			fmt.Fprintf(&sb, " | %s arrive/entered:", name)
 			for src := 0; src < l.Ranks; src++ {
-				fmt.Fprintf(&sb, " %d/%d", u(intranode.ArriveOffset(k, src))>>20, u(intranode.EnteredOffset(k, src)))
+				const progress = 1<<intranode.SignalShift - 1 // the tag above it (device kernels)
+				fmt.Fprintf(&sb, " %d/%d", u(intranode.ArriveOffset(k, src))&progress>>20,
+					u(intranode.EnteredOffset(k, src))&progress)
 			}
 		}
 		fmt.Fprintf(&sb, " | fp seq:")

@@ -111,6 +111,7 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
   __shared__ i32 s_bad;
   __shared__ u64 s_epoch;
   __shared__ u64 s_fp;
+  __shared__ u64 s_step;
 
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
@@ -120,17 +121,13 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
   }
   if (tid == 0) {
     s_bad = 0;
-    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_NOTIFY)) + 1;
-    s_fp = goep_in_fingerprint(ctrl, fp_shape);
+    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_NOTIFY, rank, fp_shape, &s_epoch, &s_step);
   }
   __syncthreads();
   const u64 e = s_epoch, fp = s_fp;
   if (fp == 0) {  // an earlier launch of this rank failed
     return;
   }
-  // The fingerprint (it carries the shape of the dispatch that follows)
-  // goes out first; the barrier's arrival releases it.
-  goep_in_publish_fp(peers, off_ctrl, num_ranks, rank, fp);
   const int parity = (int)(e & 1ull);
   const int le = num_experts / num_ranks;
 
@@ -238,7 +235,11 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
   }
 
   // Barrier: every rank's counts of this epoch are here.
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, rank);
+  // The arrivals carry the call's tag (notify's fingerprint holds the layout
+  // of the dispatch that follows); the fingerprint word goes out after them,
+  // for messages and the waits' slow path.
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, rank, s_step);
+  goep_in_publish_fp(peers, off_ctrl, num_ranks, rank, fp);
   if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, e, fp, wd, wait_id,
                             GOEP_IN_STAGE_NOTIFY_BARRIER)) {
     return;
@@ -438,6 +439,7 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
                                                   goep_watchdog* wd, u32 wait_id, u64 fp_shape) {
   __shared__ u64 s_epoch;
   __shared__ u64 s_fp;
+  __shared__ u64 s_step;
   __shared__ u64 s_y[GOEP_IN_MAX_RANKS];  // peer d's combine input as mapped here
   __shared__ u64 s_w[GOEP_IN_MAX_RANKS];  // peer d's combine weights, 0 if none
   __shared__ i32 s_base[GOEP_IN_MAX_RANKS];
@@ -448,8 +450,7 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
   u64* const my_wsrc = s_wsrc[warp];
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
-    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_COMBINE)) + 1;
-    s_fp = goep_in_fingerprint(ctrl, fp_shape);
+    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_COMBINE, rank, fp_shape, &s_epoch, &s_step);
   }
   if (tid < num_ranks) {
     s_base[tid] = recv_base[tid];
@@ -464,13 +465,16 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
     volatile u64* const desc = goep_in_cinput(peer_ctrl, rank);
     desc[0] = off_y;
     desc[1] = off_w;
-    *(volatile u64*)goep_in_fp(peer_ctrl, rank) = fp;  // the entry flag's release covers it
-    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, GOEP_IN_KIND_COMBINE, rank), e);
+    // The entry flag carries the call's tag; the fingerprint word follows
+    // the release, which then never waits for it.
+    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, GOEP_IN_KIND_COMBINE, rank),
+                            e + (goep_in_fp_tag(fp) << GOEP_IN_SIG_SHIFT));
+    *(volatile u64*)goep_in_fp(peer_ctrl, rank) = fp;
   }
   bool ok = true;
   if (tid < num_ranks) {
-    ok = goep_in_wait_ge_fp(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, goep_in_fp(ctrl, tid), fp, wd,
-                            wait_id, tid, GOEP_IN_STAGE_COMBINE_ENTRY);
+    ok = goep_in_wait_sig(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, goep_in_fp_tag(fp),
+                          goep_in_fp(ctrl, tid), fp, wd, wait_id, tid, GOEP_IN_STAGE_COMBINE_ENTRY);
     if (ok) {
       // Program-ordered after this thread's acquire of peer tid's flag.
       const volatile u64* const desc = goep_in_cinput(ctrl, tid);
@@ -544,7 +548,7 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
 
   // Done reading every peer's input: tell them; block 0 waits until every
   // rank is done with this rank's input.
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank);
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank, s_step);
   if (blockIdx.x == 0) {
     if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, fp, wd, wait_id,
                               GOEP_IN_STAGE_COMBINE_ARRIVAL)) {

@@ -17,10 +17,13 @@
 //                        every block of src's launch adds its share of
 //                        GOEP_IN_ARRIVAL_UNIT after its writes into this
 //                        workspace, so a launch of epoch e is complete here
-//                        once arrive[kind][src] >= e * GOEP_IN_ARRIVAL_UNIT
-//                        for every src.
+//                        once the progress part (bits 0..39) of
+//                        arrive[kind][src] reaches e * GOEP_IN_ARRIVAL_UNIT
+//                        (mod 2^40) for every src; bits 40..63 then hold the
+//                        tag of src's call (below).
 //   entered[kind][src]   u64, written by rank src (st.release.sys): the epoch
-//                        of src's latest launch of that kind. A rank writes
+//                        of src's latest launch of that kind in the progress
+//                        part, the tag of that call in the tag part. A rank writes
 //                        into peer d's receive regions only after d has
 //                        entered the same launch, which orders the write after
 //                        d's earlier work on its stream (consumers of the
@@ -31,25 +34,46 @@
 //                        release covers it): where src's combine input rows
 //                        and weights lie in src's own workspace
 //                        (GOEP_IN_NO_OFFSET: no weights).
-//   fp[src]              u64, written by rank src at the start of each of its
-//                        launches, before the signal that launch sends
-//                        (entry flag or arrival), so that signal's release
-//                        covers it: src's call fingerprint (below).
+//   fp[src]              u64, written by rank src in each of its launches
+//                        just after its first signal (never before a
+//                        release of the same thread, which would then wait
+//                        for it): src's call fingerprint (below). Read only
+//                        off the fast path: by a wait that is still behind
+//                        (every GOEP_SPIN_CHECK_EVERY polls) and to name the
+//                        fields of a mismatch.
 //
 // Call fingerprint (always on; intranode/fingerprint.go decodes it): bits
 // 0..15 the launch's sequence number, epoch[notify] + epoch[dispatch] +
 // epoch[combine] + 1 at its start (advanced by the kernels themselves, so
 // graph replays stay in step), bits 16..63 the call's shape, packed by the
-// launcher (GOEP_IN_FP_SHAPE_*: kernel kind, FP8, weights, top-k, experts,
-// hidden). Every wait on a peer also compares the peer's fingerprint with
-// the rank's own: a peer at the same sequence number with another shape,
-// or one whose signal came from another sequence number, is a mismatched
-// call. The first thread to see it fills the watchdog record with stage
+// launcher (kernel kind, FP8, weights, top-k, experts, hidden).
+//
+// The signals carry it. Its 24-bit tag (goep_in_fp_tag: any difference
+// within one field changes it) rides in the top bits of the signal words a
+// launch exchanges anyway: an entry flag is e + (tag << 40), and block 0 of
+// a launch adds (tag - previous tag) << 40 with its arrival share, so a
+// counter whose progress part says "launch e arrived in full" holds that
+// launch's tag in its top bits (the steps telescope; the previous tag is
+// read from the rank's own counter in its own block at the start, beside
+// the epochs). A wait polls the one signal word as before fingerprints;
+// once the progress part reaches its target it compares the tag part with
+// its own (register arithmetic): a matching call costs no extra load,
+// store or fence. A different tag is a mismatched call. A peer that made
+// another kind of call at this sequence number signals words this launch
+// does not wait on; a wait that is still behind therefore looks at the
+// peer's fp word in its slow path, and a word at this sequence number with
+// another kernel kind is a mismatch too (other differences are left to the
+// tag, which the peer's signal of the same kind brings). Either way the
+// first thread to see it fills the watchdog record with stage
 // GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
-// observed = the peer's, raises the abort flag, and the kernel leaves before
-// touching data (waits come before the writes they guard). No rank moves
-// past a launch before it saw every peer's fingerprint of that launch equal
-// to its own, so a mismatch is seen by every rank, never by only some.
+// observed = the peer's fp word (looked at until it is no longer behind,
+// bounded by the watchdog's timeout),
+// raises the abort flag, and the kernel leaves before touching data (waits
+// come before the writes they guard). No rank moves past a launch before
+// it saw every peer's signal of that launch carry its own tag, so a
+// mismatch is seen by every rank, never by only some (a signal already
+// past the target means the peer passed this launch, having checked this
+// rank's signal).
 //
 // Block shares: block b of a grid of G blocks adds
 //   floor((b+1)*U/G) - floor(b*U/G),  U = GOEP_IN_ARRIVAL_UNIT,
@@ -123,6 +147,13 @@
 #define GOEP_IN_STAGE_MISMATCH 6         // a peer's call fingerprint differs (not a timeout)
 
 #define GOEP_IN_FP_SEQ_MASK 0xffffull
+#define GOEP_IN_FP_KIND_SHIFT 16  // 2 bits: kernel kind + 1 (intranode/fingerprint.go)
+
+// Signal words (entered, arrive): bits 0..39 the progress part, bits 40..63
+// the tag of the call (goep_in_fp_tag), see "Call fingerprint" above.
+#define GOEP_IN_SIG_SHIFT 40
+#define GOEP_IN_SIG_PROGRESS_MASK ((1ull << GOEP_IN_SIG_SHIFT) - 1ull)
+#define GOEP_IN_SIG_TAG_MASK ((1ull << (64 - GOEP_IN_SIG_SHIFT)) - 1ull)
 
 static_assert(GOEP_IN_CTRL_ARRIVE + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_ENTERED, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_BYTES, "goep: intranode ctrl");
@@ -153,34 +184,60 @@ __device__ __forceinline__ u64* goep_in_fp(u64* ctrl, int src) {
   return (u64*)((char*)ctrl + GOEP_IN_CTRL_FP) + src;
 }
 
-// This launch's fingerprint: the launcher's shape word with the sequence
-// number in the low bits. Read by one thread at the start of each block,
-// before any epoch of this launch advances. 0 (never a fingerprint: the
-// kind bits are nonzero) once an earlier launch of this rank gave up a
-// wait: its epochs no longer count calls, so every later launch leaves at
-// once without signalling (peers then fail too, never proceed).
-__device__ __forceinline__ u64 goep_in_fingerprint(u64* ctrl, u64 shape) {
+// The 24-bit tag of a fingerprint that signal words carry: the word folded
+// by XOR of its 24-bit thirds. Each field of the fingerprint lands on
+// distinct tag bits (sequence 0..15, kind 16..17, FP8 18, weights 19, top-k
+// 20..23 and 0..1, experts 2..14, hidden 15..23 and 0..14), so any
+// difference confined to one field changes the tag; the fold is linear, so
+// only differences in several fields that cancel exactly go unseen.
+__device__ __forceinline__ u64 goep_in_fp_tag(u64 fp) {
+  return (fp ^ (fp >> 24) ^ (fp >> 48)) & GOEP_IN_SIG_TAG_MASK;
+}
+// The tag part of a signal word less its target.
+__device__ __forceinline__ u64 goep_in_sig_tag(u64 d) { return (d >> GOEP_IN_SIG_SHIFT) & GOEP_IN_SIG_TAG_MASK; }
+
+// The start of a launch of kind (thread 0 of each block, before any epoch
+// of this launch advances): its epoch e (epoch[kind] + 1), its fingerprint
+// (the launcher's shape word with the sequence number, epoch[notify] +
+// epoch[dispatch] + epoch[combine] + 1, in the low bits) and the high-part
+// step its block 0 adds to the arrival counters (goep_in_arrive_all). All
+// loads are independent words of this rank's own control block, issued
+// together: the start costs one load latency, as it did before
+// fingerprints. The fingerprint is 0 (never one: the kind bits are nonzero)
+// once an earlier launch of this rank gave up a wait: its epochs no longer
+// count calls, so every later launch leaves at once without signalling
+// (peers then fail too, never proceed).
+__device__ __forceinline__ u64 goep_in_begin(u64* ctrl, int kind, int rank, u64 shape, u64* e_out, u64* step_out) {
   const volatile u64* ep = goep_in_epoch(ctrl, 0);
-  if (*(const volatile u64*)((char*)ctrl + GOEP_IN_CTRL_FAILED) != 0) {
-    return 0;
-  }
-  const u64 seq = ep[GOEP_IN_KIND_NOTIFY] + ep[GOEP_IN_KIND_DISPATCH] + ep[GOEP_IN_KIND_COMBINE] + 1ull;
-  return (shape & ~GOEP_IN_FP_SEQ_MASK) | (seq & GOEP_IN_FP_SEQ_MASK);
+  const u64 failed = *(const volatile u64*)((char*)ctrl + GOEP_IN_CTRL_FAILED);
+  const u64 e0 = ep[GOEP_IN_KIND_NOTIFY], e1 = ep[GOEP_IN_KIND_DISPATCH], e2 = ep[GOEP_IN_KIND_COMBINE];
+  const u64 own = *(const volatile u64*)goep_in_arrive(ctrl, kind, rank);
+  const u64 prev = kind == GOEP_IN_KIND_NOTIFY ? e0 : (kind == GOEP_IN_KIND_DISPATCH ? e1 : e2);
+  *e_out = prev + 1ull;
+  const u64 fp = (shape & ~GOEP_IN_FP_SEQ_MASK) | ((e0 + e1 + e2 + 1ull) & GOEP_IN_FP_SEQ_MASK);
+  // This rank's counter in its own block holds its previous launch's tag
+  // (every launch of kind adds to it like to a peer's, and the previous one
+  // completed here before this one started).
+  const u64 prev_tag = goep_in_sig_tag(own - prev * GOEP_IN_ARRIVAL_UNIT);
+  *step_out = ((goep_in_fp_tag(fp) - prev_tag) & GOEP_IN_SIG_TAG_MASK) << GOEP_IN_SIG_SHIFT;
+  return failed != 0 ? 0 : fp;
 }
 
-// Block 0, thread d: this launch's fingerprint into peer d's fp[rank]
-// (relaxed; the signal that follows releases it).
+// Thread d < R of block 0: this launch's fingerprint into peer d's
+// fp[rank], for the messages and the slow path of the waits only. Callers
+// write it after (never just before) a release of the same thread, so that
+// no release waits for it.
 __device__ __forceinline__ void goep_in_publish_fp(const u64* peers, u64 off_ctrl, int num_ranks, int rank, u64 fp) {
   if (blockIdx.x == 0 && (int)threadIdx.x < num_ranks) {
     *(volatile u64*)goep_in_fp(goep_in_ctrl(peers[threadIdx.x], off_ctrl), rank) = fp;
   }
 }
 
-// How a peer's fingerprint compares with this launch's: the peer is behind
-// (an older launch: keep waiting), ahead (it already passed this launch,
-// having checked it), the same call, or a mismatch. Sequence numbers
-// compare as 16-bit signed distances (ranks are never 2^15 launches apart:
-// every launch waits on every rank).
+// How a peer's fingerprint word compares with this launch's: the peer is
+// behind (an older launch), ahead (a later one), the same call, or a
+// mismatch. Sequence numbers compare as 16-bit signed distances (ranks are
+// never 2^15 launches apart: every launch waits on every rank). Also the
+// result of goep_in_sig_cmp.
 #define GOEP_IN_FP_BEHIND 0
 #define GOEP_IN_FP_SAME 1
 #define GOEP_IN_FP_AHEAD 2
@@ -196,60 +253,93 @@ __device__ __forceinline__ int goep_in_fp_cmp(u64 mine, u64 theirs) {
   return theirs == mine ? GOEP_IN_FP_SAME : GOEP_IN_FP_MISMATCH;
 }
 
+// How a signal word v compares with what this launch waits for: target in
+// the progress part (e for an entry flag, e * GOEP_IN_ARRIVAL_UNIT for an
+// arrival counter) and tag (goep_in_fp_tag of this launch's fingerprint) in
+// the tag part. Behind: the progress part, as a signed 40-bit distance, has
+// not reached target (an older launch, or this one partly arrived). Ahead:
+// past it (the peer passed this launch, having checked it against this
+// rank's signal). Exactly at it: the peer's launch of this epoch arrived in
+// full, and its tag says whether it is the same call.
+__device__ __forceinline__ int goep_in_sig_cmp(u64 v, u64 target, u64 tag) {
+  const u64 d = v - target;
+  const u64 lo = d & GOEP_IN_SIG_PROGRESS_MASK;
+  if (lo != 0) {
+    return (lo >> (GOEP_IN_SIG_SHIFT - 1)) != 0 ? GOEP_IN_FP_BEHIND : GOEP_IN_FP_AHEAD;
+  }
+  return goep_in_sig_tag(d) == tag ? GOEP_IN_FP_SAME : GOEP_IN_FP_MISMATCH;
+}
+
 // Records a mismatch with peer (first thread of the watchdog wins) and
 // aborts the launch's other waits.
 __device__ __forceinline__ void goep_in_mismatch(goep_watchdog* wd, u32 wait_id, u32 peer, u64 mine, u64 theirs) {
   goep_watchdog_expire(wd, GOEP_OP_VALUE, wait_id, peer, GOEP_IN_STAGE_MISMATCH, 0, mine, theirs);
 }
 
-// goep_wait_ge_u64 on a signal of peer that also watches the peer's
-// fingerprint: each poll loads both (independent loads, so the fast path
-// costs no extra round trip). Fails on a timeout, or on a mismatch: the
-// peer at this sequence number with another shape (seen while waiting or
-// once the signal came), or a signal that came from a launch of another
-// sequence number (its fingerprint, written before the signal, is still
-// behind after the acquire).
-__device__ __forceinline__ bool goep_in_wait_ge_fp_inner(const u64* p, u64 target, const u64* fp_slot, u64 fp,
-                                                     goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
-  goep_spin s = goep_spin_start();
-  u64 v, f;
-  for (;;) {
-    v = goep_chan_ld_relaxed_sys_u64(p);
-    f = goep_chan_ld_relaxed_sys_u64(fp_slot);
-    if (v >= target) {
-      break;
+// The end of a wait that failed (off the fast path, not inlined). A
+// signal whose tag differs (sig_mismatch) is a mismatch for certain; the
+// record names the fields from the peer's fingerprint word, which the peer
+// wrote at the start of that launch but without ordering it before the
+// signal: look until it is no longer behind (bounded by the watchdog's
+// timeout; past it, the record keeps what is there). Either way this
+// rank's control block is marked failed (fp_slot is fp[peer] of it), so its
+// later launches leave at once.
+__device__ __noinline__ void goep_in_wait_failed(const u64* fp_slot, u64 fp, bool sig_mismatch, goep_watchdog* wd,
+                                                 u32 wait_id, u32 peer) {
+  if (sig_mismatch) {
+    u64 f = goep_chan_ld_relaxed_sys_u64(fp_slot);
+    const u64 start = goep_globaltimer();
+    while (goep_in_fp_cmp(fp, f) == GOEP_IN_FP_BEHIND && !goep_aborted(wd) &&
+           goep_globaltimer() - start < wd->timeout_ns) {
+      f = goep_chan_ld_relaxed_sys_u64(fp_slot);
     }
-    if (goep_in_fp_cmp(fp, f) == GOEP_IN_FP_MISMATCH) {
-      goep_in_mismatch(wd, wait_id, peer, fp, f);
+    goep_in_mismatch(wd, wait_id, peer, fp, f);
+  }
+  *(volatile u64*)((char*)(fp_slot - peer) - GOEP_IN_CTRL_FP + GOEP_IN_CTRL_FAILED) = 1;
+}
+
+// The slow path of a wait that is behind (every GOEP_SPIN_CHECK_EVERY
+// polls): a look at the peer's fingerprint word. The peer at this
+// sequence number in another kind of kernel is a mismatch: its signals go
+// to words this launch does not wait on, so no tag would ever show it.
+// Any other difference is left to the tag of the signal this wait gets
+// (the peer, in the same kind of launch, sends it).
+__device__ __noinline__ bool goep_in_fp_peek(const u64* fp_slot, u64 fp, goep_watchdog* wd, u32 wait_id, u32 peer) {
+  const u64 f = goep_chan_ld_relaxed_sys_u64(fp_slot);
+  if (goep_in_fp_cmp(fp, f) != GOEP_IN_FP_MISMATCH || (((f ^ fp) >> GOEP_IN_FP_KIND_SHIFT) & 3ull) == 0) {
+    return true;
+  }
+  goep_in_mismatch(wd, wait_id, peer, fp, f);
+  return false;
+}
+
+// Waits on a signal word of peer (entry flag or arrival counter) until its
+// progress part reaches target, then checks its tag: the fast path polls
+// that one word and ends with the acquire, exactly the loads of a wait
+// before fingerprints. Fails on a timeout, or on a mismatch: a tag that
+// differs once the peer's launch of this epoch arrived, or (slow path) the
+// peer's fingerprint word at this sequence number with another call.
+__device__ __forceinline__ bool goep_in_wait_sig(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
+                                                 goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+  goep_spin s = goep_spin_start();
+  u64 v;
+  int c;
+  while ((c = goep_in_sig_cmp(v = goep_chan_ld_relaxed_sys_u64(p), target, tag)) == GOEP_IN_FP_BEHIND) {
+    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, peer, stage, target, v)) {
+      goep_in_wait_failed(fp_slot, fp, false, wd, wait_id, peer);
       return false;
     }
-    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, peer, stage, target, v)) {
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_in_fp_peek(fp_slot, fp, wd, wait_id, peer)) {
+      goep_in_wait_failed(fp_slot, fp, false, wd, wait_id, peer);
       return false;
     }
   }
   (void)goep_ld_acquire_sys_u64(p);
-  int c = goep_in_fp_cmp(fp, f);
-  if (c == GOEP_IN_FP_BEHIND) {  // the relaxed load ran ahead of the signal's: look again
-    f = goep_chan_ld_relaxed_sys_u64(fp_slot);
-    c = goep_in_fp_cmp(fp, f);
-  }
-  if (c == GOEP_IN_FP_BEHIND || c == GOEP_IN_FP_MISMATCH) {
-    goep_in_mismatch(wd, wait_id, peer, fp, f);
+  if (c == GOEP_IN_FP_MISMATCH) {
+    goep_in_wait_failed(fp_slot, fp, true, wd, wait_id, peer);
     return false;
   }
   return true;
-}
-
-// The wait above; a failure also marks this rank's control block failed
-// (fp_slot is fp[peer] of it), so its later launches leave at once. Not
-// inlined: the wait is off the copy path and registers stay with the copy.
-__device__ __noinline__ bool goep_in_wait_ge_fp(const u64* p, u64 target, const u64* fp_slot, u64 fp,
-                                               goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
-  if (goep_in_wait_ge_fp_inner(p, target, fp_slot, fp, wd, wait_id, peer, stage)) {
-    return true;
-  }
-  *(volatile u64*)((char*)(fp_slot - peer) - GOEP_IN_CTRL_FP + GOEP_IN_CTRL_FAILED) = 1;
-  return false;
 }
 
 // This block's share of GOEP_IN_ARRIVAL_UNIT.
@@ -308,23 +398,37 @@ __device__ __forceinline__ u64 goep_in_ld_volatile_u64(const u64* p) { return *(
 // Protocol steps shared by the kernels. All are called by every thread of
 // the block; lanes 0..R-1 of warp 0 do the remote work, one peer each.
 
-// Block 0 announces to every peer that this rank entered epoch e of kind.
+// goep_in_wait_sig, not inlined: the waits of the block-wide helpers below
+// come before or after the dispatch's copy loop, whose registers (a
+// 64-register budget at 1024 threads) they would otherwise share. One call
+// per wait, off the polling loop.
+__device__ __noinline__ bool goep_in_wait_sig_call(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
+                                                   goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+  return goep_in_wait_sig(p, target, tag, fp_slot, fp, wd, wait_id, peer, stage);
+}
+
+// Block 0 announces to every peer that this rank entered epoch e of kind
+// with the call whose fingerprint is fp: the entry flag's value is e with
+// fp's tag in the tag part (the same single release store as before
+// fingerprints, another value). Then, after the release so that it never
+// waits for it, the fingerprint word itself (goep_in_publish_fp).
 __device__ __forceinline__ void goep_in_announce(const u64* peers, u64 off_ctrl, int kind, int num_ranks, int rank,
-                                                 u64 e) {
+                                                 u64 e, u64 fp) {
   if (blockIdx.x == 0 && (int)threadIdx.x < num_ranks) {
     u64* peer_ctrl = goep_in_ctrl(peers[threadIdx.x], off_ctrl);
-    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, kind, rank), e);
+    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, kind, rank), e + (goep_in_fp_tag(fp) << GOEP_IN_SIG_SHIFT));
+    *(volatile u64*)goep_in_fp(peer_ctrl, rank) = fp;
   }
 }
 
-// Waits until every peer announced epoch e of kind (and its fingerprint
-// equals fp). Returns false (for the whole block) when a wait gave up.
+// Waits until every peer announced epoch e of kind, with this launch's tag.
+// Returns false (for the whole block) when a wait gave up.
 __device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int num_ranks, u64 e, u64 fp,
                                                      goep_watchdog* wd, u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_in_wait_ge_fp(goep_in_entered(ctrl, kind, threadIdx.x), e, goep_in_fp(ctrl, threadIdx.x), fp, wd,
-                            wait_id, threadIdx.x, stage);
+    ok = goep_in_wait_sig_call(goep_in_entered(ctrl, kind, threadIdx.x), e, goep_in_fp_tag(fp),
+                               goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
   }
   return !goep_block_any_failed(!ok);
 }
@@ -335,27 +439,30 @@ __device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int nu
 // the barrier) and adds the block's share to every peer's
 // arrive[kind][rank] with relaxed reductions: fence + relaxed write is a
 // release pattern, so one fence serves every peer instead of one release
-// per peer.
-__device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctrl, int kind, int num_ranks, int rank) {
+// per peer. Block 0 adds step with its share (goep_in_begin): the tag part
+// of every counter of this rank then holds this launch's tag once its
+// progress part says the launch arrived in full.
+__device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctrl, int kind, int num_ranks, int rank,
+                                                   u64 step) {
   __syncthreads();
   if (threadIdx.x == 0) {
     goep_fence_acq_rel_sys();
-    const u64 share = goep_in_block_share();
+    const u64 share = goep_in_block_share() + (blockIdx.x == 0 ? step : 0ull);
     for (int d = 0; d < num_ranks; ++d) {
       goep_in_red_add_relaxed_sys_u64(goep_in_arrive(goep_in_ctrl(peers[d], off_ctrl), kind, rank), share);
     }
   }
 }
 
-// Waits until every source's launch of epoch e has fully arrived here (and
-// its fingerprint equals fp). Returns false (for the whole block) when a
-// wait gave up.
+// Waits until every source's launch of epoch e has fully arrived here, with
+// this launch's tag. Returns false (for the whole block) when a wait gave
+// up.
 __device__ __forceinline__ bool goep_in_wait_arrived(u64* ctrl, int kind, int num_ranks, u64 e, u64 fp,
                                                      goep_watchdog* wd, u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_in_wait_ge_fp(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT,
-                            goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
+    ok = goep_in_wait_sig_call(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT,
+                               goep_in_fp_tag(fp), goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
   }
   return !goep_block_any_failed(!ok);
 }
@@ -398,14 +505,13 @@ __device__ __forceinline__ void goep_in_slice_range(int nchunks, int slice, int 
 // directly follows notify on the same stream: notify's barrier already
 // proved that every rank finished the work before it), waits until every
 // rank entered it. False (whole block) when the wait gave up.
-// The fingerprint goes out first (the entry flag's release covers it). A
-// skipped entry leaves the check to notify (whose fingerprint carries this
-// dispatch's shape) and to the arrival wait.
+// The entry flag carries the call's tag. A skipped entry leaves the check
+// to notify (whose fingerprint carries this dispatch's layout) and to the
+// arrival wait.
 __device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
                                                        int rank, u64 e, u64 fp, int skip_entry, goep_watchdog* wd,
                                                        u32 wait_id) {
-  goep_in_publish_fp(peers, off_ctrl, num_ranks, rank, fp);
-  goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e);
+  goep_in_announce(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e, fp);
   if (skip_entry) {
     return true;
   }
@@ -417,8 +523,9 @@ __device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off
 // advances the epoch (the kernel ends once this rank's receive region is
 // complete).
 __device__ __forceinline__ void goep_in_dispatch_finish(const u64* peers, u64 off_ctrl, u64* ctrl, int num_ranks,
-                                                        int rank, u64 e, u64 fp, goep_watchdog* wd, u32 wait_id) {
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank);
+                                                        int rank, u64 e, u64 fp, u64 step, goep_watchdog* wd,
+                                                        u32 wait_id) {
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, step);
   if (blockIdx.x == 0) {
     if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, fp, wd, wait_id,
                               GOEP_IN_STAGE_DISPATCH_ARRIVAL)) {
@@ -590,14 +697,14 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
 #define GOEP_IN_DISPATCH_KERNEL_BODY(UNROLL, PREFETCH, MAXT)                                                       \
   __shared__ u64 s_epoch;                                                                                         \
   __shared__ u64 s_fp;                                                                                            \
+  __shared__ u64 s_step;                                                                                          \
   __shared__ u64 s_peers[GOEP_IN_MAX_RANKS];                                                                      \
   __shared__ i32 s_base[GOEP_IN_MAX_RANKS];                                                                       \
   __shared__ u64 s_drow[(MAXT) / 32][GOEP_IN_MAX_RANKS];                                                          \
   const int tid = threadIdx.x;                                                                                    \
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);                                                          \
   if (tid == 0) {                                                                                                 \
-    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;                            \
-    s_fp = goep_in_fingerprint(ctrl, fp_shape);                                                                   \
+    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_DISPATCH, rank, fp_shape, &s_epoch, &s_step);                        \
   }                                                                                                               \
   if (tid < num_ranks) {                                                                                          \
     s_peers[tid] = peers[tid];                                                                                    \
@@ -616,6 +723,7 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
                                           topk_weights, send_pos, num_tokens, k, num_ranks, local_experts,        \
                                           row_bytes, num_scales, scale_token_stride, scale_hidden_stride,        \
                                           num_slices);                                                            \
-  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp, wd, wait_id);
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp,                   \
+                          *(volatile u64*)&s_step, wd, wait_id);
 
 #endif  // GOEP_INTRANODE_CUH

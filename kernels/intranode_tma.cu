@@ -131,6 +131,7 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
 #if GOEP_ENABLE_TMA
   __shared__ u64 s_epoch;
   __shared__ u64 s_fp;
+  __shared__ u64 s_step;
   __shared__ u64 s_peers[GOEP_IN_MAX_RANKS];
   __shared__ i32 s_base[GOEP_IN_MAX_RANKS];
   __shared__ u64 s_drow[GOEP_IN_DISPATCH_TMA_MAX_THREADS / 32][GOEP_IN_MAX_RANKS];
@@ -139,8 +140,7 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
-    s_epoch = goep_in_ld_volatile_u64(goep_in_epoch(ctrl, GOEP_IN_KIND_DISPATCH)) + 1;
-    s_fp = goep_in_fingerprint(ctrl, fp_shape);
+    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_DISPATCH, rank, fp_shape, &s_epoch, &s_step);
   }
   if (tid < num_ranks) {
     s_peers[tid] = peers[tid];
@@ -258,7 +258,8 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
     goep_fence_acq_rel_sys();
   }
 
-  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp, wd, wait_id);
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp, *(volatile u64*)&s_step,
+                          wd, wait_id);
 #else
   (void)piece_bytes;
   (void)stages;

@@ -78,6 +78,9 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	if nt.cfg.MaxTokens == 0 {
 		return nil, fail("no combine buffers: set NotifyConfig.MaxTokens")
 	}
+	if nt.kern != nil {
+		return nil, fail("no combine kernel yet: on a GPU (or the CPU emulation) only notify runs; the host backend runs the Go twin")
+	}
 	if nt.last == nil || !nt.dispatched || nt.combined {
 		return nil, fail("run a notify round and its dispatch first (one combine per round)")
 	}

@@ -150,6 +150,9 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	if nt.cfg.MaxTokens == 0 {
 		return nil, fail("no dispatch buffers: set NotifyConfig.MaxTokens")
 	}
+	if nt.kern != nil {
+		return nil, fail("no dispatch kernel yet: on a GPU (or the CPU emulation) only notify runs; the host backend runs the Go twin")
+	}
 	if nt.last == nil || nt.dispatched {
 		return nil, fail("run a notify round first (one dispatch per round)")
 	}

@@ -1,0 +1,50 @@
+package internode_test
+
+// The real kernels/internode.cu on CPU threads (internal/cpuemu), on
+// goroutine ranks over host memory split into virtual nodes: the emulated
+// threads push port-channel triggers into the FIFO and the Go proxy
+// carries them over TCP between the nodes, while ranks of a node write
+// each other's workspaces directly. Results are compared with the
+// reference (ReferenceLayout, ReferenceDispatch), as the twins' tests do.
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/internal/cpuemu"
+	"github.com/goep-dev/goep/internode"
+)
+
+// The notify kernel: 2 virtual nodes x 2 and x 4 ranks, 4 rounds on one
+// setup (both parities reused; random routings with -1 and out-of-range
+// ids, T = 0 on a rank, a last round with no tokens anywhere).
+func TestEmulatedNotify(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) {
+			before := cpuemu.Launches(internode.KernelNotify)
+			checkNotifyRounds(t, emuBackend, topo, 4, 100+int64(topo.World()))
+			if got, want := cpuemu.Launches(internode.KernelNotify)-before, int64(4*topo.World()); got != want {
+				t.Fatalf("%d emulated notify launches, want %d (one per rank and round)", got, want)
+			}
+		})
+	}
+}
+
+// A rank that never launches its round: the waits on it give up within the
+// watchdog's timeout and name it (or the forwarder stuck on it), and the
+// Notify refuses further rounds. The module is built first, so that no
+// rank's wait runs while another waits for g++.
+func TestEmulatedNotifyPeerNeverArrives(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	_, err := cpuemu.Unknown(internode.KernelNotify)
+	require.NoError(t, err)
+	checkNotifyPeerNeverArrives(t, emuBackend, time.Second)
+}
+
+// Every kernel of internode.cu runs in the emulation's tests.
+func TestEmulatedKernelCoverage(t *testing.T) {
+	cpuemu.CheckCoverage(t, []string{"internode.cu"}, nil)
+}

@@ -1,0 +1,224 @@
+package internode
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/internal/checked"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
+)
+
+// Kernel names in kernels/internode.cu (module "internode"). The host
+// backend runs the Go twins (notify.go, dispatch.go, combine.go) instead:
+// they are not launched through device.Launch because they work on the
+// Notify's Go state, and they stay the protocol's reference.
+const (
+	KernelNotify = "goep_internode_notify"
+)
+
+// Kernels are every kernel package internode launches (to preload).
+var Kernels = []string{KernelNotify}
+
+func init() {
+	kernels.Register(kernels.Module{Name: "internode", File: "internode.cu", Kernels: Kernels})
+}
+
+// notifyThreads is the notify kernel's block (one block): at least 64
+// (N and P threads do per-peer work), small enough that emulated ranks,
+// whose threads are OS threads, stay cheap.
+const notifyThreads = 128
+
+// runsKernels says whether dev runs goep's CUDA kernels themselves: a GPU,
+// or the CPU emulation of the CUDA sources (internal/cpuemu, which loads
+// sources as the user-kernel path does). The plain host backend runs the
+// Go twins.
+func runsKernels(dev device.Device) bool {
+	if dev.Info().Kind == device.CUDA {
+		return true
+	}
+	_, emulated := dev.(interface {
+		LoadSource(file, src string) ([]string, error)
+	})
+	return emulated
+}
+
+// kernelState is what the kernels need besides the two regions: device
+// tables (port channels, peer workspaces, wait ids), the notify output and
+// the staged top-k ids, all in one allocation made at setup (nothing is
+// allocated per round: ranks sharing a GPU must not allocate while a peer
+// spins), and the stream the launches go to.
+type kernelState struct {
+	buf                      device.Buffer
+	ports, peers, waits, out uintptr
+	ids                      uintptr
+	maxIDs                   int // top-k ids the ids region holds
+	outInts                  int
+	stream                   device.Stream
+}
+
+// notifyOutInts is the length of the notify kernel's int32 output
+// (internode.cu: status, invalid, per rank, node, expert, from rank,
+// relay, relay targets, local experts, rank prefix).
+func (s Shape) notifyOutInts() int {
+	w, n := s.World(), s.Nodes
+	return 2 + w + n + s.Experts + w + n + n*s.RanksPerNode + s.LocalExperts() + w
+}
+
+// setupKernels allocates and fills the kernels' tables, preloads the
+// module (CUDA: loading code waits for every kernel in the context, so it
+// must happen before any rank can spin), checks the one-block launch
+// against the spin budget of ranks sharing a GPU, and meets the other
+// ranks once more so that none launches before every rank has preloaded.
+func (nt *Notify) setupKernels(ctx context.Context) error {
+	s := nt.shape
+	if nt.cfg.MaxTokens <= 0 {
+		return errors.New("a GPU (or the CPU emulation) needs NotifyConfig.MaxTokens > 0: the top-k ids are staged in device memory sized by it at setup")
+	}
+	n, p := s.Nodes, s.RanksPerNode
+	maxIDs, ok := checked.Mul(nt.cfg.MaxTokens, s.TopK)
+	if !ok {
+		return fmt.Errorf("%d tokens x top-k %d overflow", nt.cfg.MaxTokens, s.TopK)
+	}
+	ks := &kernelState{maxIDs: maxIDs, outInts: s.notifyOutInts()}
+	portsBytes := n * devapi.PortChannelSize
+	off := 0
+	take := func(b int) int { o := off; off += int(align16(int64(b))); return o }
+	oPorts := take(portsBytes)
+	oPeers := take(8 * p)
+	oWaits := take(4 * (n + p))
+	oOut := take(4 * ks.outInts)
+	oIDs := take(8 * maxIDs)
+	var err error
+	if ks.buf, err = nt.alloc(off); err != nil {
+		return err
+	}
+	nt.kern = ks
+	base := ks.buf.Ptr
+	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(oPorts), base+uintptr(oPeers), base+uintptr(oWaits), base+uintptr(oOut), base+uintptr(oIDs)
+	tab := make([]byte, oOut)
+	for j, ch := range nt.port {
+		if j != s.Node(nt.rank) {
+			ch.Encode(tab[oPorts+j*devapi.PortChannelSize:])
+		}
+	}
+	for l, v := range nt.peerNVL {
+		binary.LittleEndian.PutUint64(tab[oPeers+8*l:], uint64(v))
+	}
+	for j, id := range append(append([]uint32(nil), nt.netWait...), nt.nvlWait...) {
+		binary.LittleEndian.PutUint32(tab[oWaits+4*j:], id)
+	}
+	if err := nt.dev.CopyIn(base, tab); err != nil {
+		return err
+	}
+	if ks.stream, err = nt.dev.NewStream(); err != nil {
+		return err
+	}
+	if nt.dev.Info().Kind == device.CUDA {
+		if err := nt.dev.Preload(Kernels...); err != nil {
+			return err
+		}
+	}
+	if _, err := nt.comm.Placement(ctx); err != nil {
+		return err
+	}
+	if err := nt.comm.CheckSpinLaunch("internode notify", 1); err != nil {
+		return err
+	}
+	return nt.comm.Barrier(ctx)
+}
+
+func (ks *kernelState) free(dev device.Device) error {
+	var errs []error
+	if ks.stream != nil {
+		errs = append(errs, ks.stream.Close())
+		ks.stream = nil
+	}
+	if ks.buf.Ptr != 0 {
+		errs = append(errs, dev.Free(ks.buf))
+		ks.buf = device.Buffer{}
+	}
+	return errors.Join(errs...)
+}
+
+// notifyKernel runs round e with the notify kernel: the twin's steps
+// (notify.go) on the same memory. ok is false when a wait gave up (the
+// watchdog holds the record); err is a launch or copy failure.
+func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool, err error) {
+	s := nt.shape
+	ks := nt.kern
+	if len(ids) > 0 {
+		if err := nt.dev.CopyInAsync(ks.ids, int64Bytes(ids), ks.stream); err != nil {
+			return nil, true, err
+		}
+	}
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(17).Ptr(ks.ids).I32Int(len(ids) / s.TopK).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
+		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).U64(e).I32Int(nt.cfg.Alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out)
+	if err := nt.dev.Launch(KernelNotify, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+		return nil, true, err
+	}
+	if err := ks.stream.Synchronize(); err != nil {
+		return nil, true, err
+	}
+	raw := make([]byte, 4*ks.outInts)
+	if err := nt.dev.CopyOut(raw, ks.out); err != nil {
+		return nil, true, err
+	}
+	out := make([]int32, ks.outInts)
+	for j := range out {
+		out[j] = int32(binary.LittleEndian.Uint32(raw[4*j:]))
+	}
+	if uint32(out[0]) != uint32(e) {
+		return nil, false, nil
+	}
+	w, n, p, le := s.World(), s.Nodes, s.RanksPerNode, s.LocalExperts()
+	next := func(k int) []int32 { v := append([]int32(nil), out[:k]...); out = out[k:]; return v }
+	out = out[1:]
+	res := &NotifyResult{Layout: Layout{Tokens: len(ids) / s.TopK}}
+	res.Layout.Invalid = int(next(1)[0])
+	res.Layout.TokensPerRank = next(w)
+	res.Layout.TokensPerNode = next(n)
+	res.Layout.TokensPerExpert = next(s.Experts)
+	res.FromRank = next(w)
+	res.Relay = next(n)
+	res.RelayTargets = next(n * p)
+	perExpert := next(le)
+	_ = next(w) // the device's rank prefix (for the dispatch kernel); the host's below is the result
+
+	// What the twin derives on the host, from the kernel's counts.
+	res.ViaForwarder = make([]int32, p)
+	res.RankPrefix = make([]int32, w)
+	res.NodePrefix = make([]int32, n)
+	var total int64
+	for r, c := range res.FromRank {
+		res.ViaForwarder[s.Local(r)] += c
+		total += int64(c)
+		res.RankPrefix[r] = int32(total)
+		res.NodePrefix[s.Node(r)] = int32(total)
+	}
+	res.Received = int(total)
+	res.RelayPrefix = make([]int32, n)
+	var sum int32
+	for j, c := range res.Relay {
+		sum += c
+		res.RelayPrefix[j] = sum
+	}
+	res.TokensPerLocalExpert = make([]int, le)
+	for x, c := range perExpert {
+		res.TokensPerLocalExpert[x] = int(c)
+	}
+	return res, true, nil
+}
+
+func int64Bytes(v []int64) []byte {
+	b := make([]byte, 8*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint64(b[8*j:], uint64(x))
+	}
+	return b
+}

@@ -1,0 +1,219 @@
+// internode.cu: internode (network between nodes, NVLink inside) kernels.
+//
+// The plain-Go semantics are internode.ReferenceLayout / ReferenceDispatch;
+// the Go twins (the host backend's path and the reference for the
+// protocol) are internode/notify.go, dispatch.go and combine.go; the
+// launcher, which validates every argument before a launch, is in package
+// internode; the protocol is internode/DESIGN.md ("GPU protocol").
+//
+// Notify's memory (byte offsets, computed here from the shape exactly as
+// internode.Shape's rdmaRecv / rdmaSend / nvlRecv do; B = P + 1 + P*LE):
+//   RDMA buffer (reached across nodes only by port channels):
+//     u64 net counters [N]                 counter a: blocks landed from node a
+//     i32 recv [2][N][B]                   parity, source node, count block
+//     i32 send [2][N][B]                   parity, destination node, count block
+//   NVLink workspace (mapped by the node's ranks):
+//     u64 counters [P]                     counter f: blocks from forwarder f
+//     i32 recv [2][P][N][1 + LE]           parity, forwarder, source node
+//
+// Out (int32, this rank's, read by the host after the launch): status (the
+// round's low 32 bits, written last when every wait succeeded), invalid,
+// tokens per rank [W], per node [N], per expert [E], received per source
+// rank [W], relay per source node [N], relay per (source node, local
+// target) [N*P], per local expert (aligned) [LE], inclusive rank prefix [W].
+#include "channel_device.cuh"
+
+#define GOEP_INN_NOTIFY_MAX_THREADS 1024
+
+// Stages of the waits (internode's stageNotify* constants).
+#define GOEP_INN_STAGE_NOTIFY_NET 40
+#define GOEP_INN_STAGE_NOTIFY_NVL 41
+#define GOEP_INN_STAGE_NOTIFY_PUT 42
+
+// Reduction with relaxed semantics at system scope; after a
+// fence.acq_rel.sys of the same thread it is a release pattern.
+__device__ __forceinline__ void goep_inn_red_add_relaxed_sys_u64(u64* p, u64 v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+struct goep_inn_notify_shape {
+  int nodes, p, le, node, local;
+  __device__ __forceinline__ int blk() const { return p + 1 + p * le; }
+  __device__ __forceinline__ u64 rdma_recv(int par, int a) const {
+    return 8ull * nodes + ((u64)(par * nodes + a) * blk()) * 4ull;
+  }
+  __device__ __forceinline__ u64 rdma_send(int par, int n) const {
+    return 8ull * nodes + ((u64)((2 + par) * nodes + n) * blk()) * 4ull;
+  }
+  __device__ __forceinline__ u64 nvl_recv(int par, int f, int a) const {
+    return 8ull * p + ((u64)((par * p + f) * nodes + a) * (1 + le)) * 4ull;
+  }
+};
+
+extern "C" {
+__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+    goep_internode_notify(const i64* ids, int num_tokens, int k, int num_experts, int nodes, int p, int node,
+                          int local, u64 round, int alignment, u8* rdma, u8* nvl, const u64* peer_nvl,
+                          const goep_port_channel* ports, goep_watchdog* wd, const u32* wait_ids, i32* out);
+}
+
+// Notify round e (see internode/notify.go for the same steps in Go). One
+// block; every thread takes part in every step, threads below N or P do
+// the per-peer work.
+extern "C" __global__ void goep_internode_notify(const i64* ids, int num_tokens, int k, int num_experts, int nodes,
+                                                 int p, int node, int local, u64 round, int alignment, u8* rdma,
+                                                 u8* nvl, const u64* peer_nvl, const goep_port_channel* ports,
+                                                 goep_watchdog* wd, const u32* wait_ids, i32* out) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int w = nodes * p, le = num_experts / w;
+  const goep_inn_notify_shape s{nodes, p, le, node, local};
+  const int blk = s.blk(), par = (int)(round & 1);
+  i32* status = out;
+  i32* invalid = out + 1;
+  i32* per_rank = out + 2;
+  i32* per_node = per_rank + w;
+  i32* per_expert = per_node + nodes;
+  i32* from_rank = per_expert + num_experts;
+  i32* relay = from_rank + w;
+  i32* relay_targets = relay + nodes;
+  i32* local_expert = relay_targets + nodes * p;
+  i32* rank_prefix = local_expert + le;
+
+  // 1. Layout: zero the counts, then one thread per token counts each rank
+  // and node once (an earlier id of the token on the same rank or node
+  // already counted it) and every valid expert.
+  for (int j = tid; j < 2 + w + nodes + num_experts; j += nt) {
+    out[j] = 0;
+  }
+  __syncthreads();
+  for (int t = tid; t < num_tokens; t += nt) {
+    const i64* row = ids + (i64)t * k;
+    for (int j = 0; j < k; ++j) {
+      const i64 x = row[j];
+      if (x < 0 || x >= num_experts) {
+        if (x != -1) {
+          atomicAdd(invalid, 1);
+        }
+        continue;
+      }
+      const int r = (int)(x / le), n = r / p;
+      bool seen_rank = false, seen_node = false;
+      for (int q = 0; q < j; ++q) {
+        const i64 y = row[q];
+        if (y < 0 || y >= num_experts) {
+          continue;
+        }
+        const int ry = (int)(y / le);
+        seen_rank |= ry == r;
+        seen_node |= ry / p == n;
+      }
+      atomicAdd(per_expert + x, 1);
+      if (!seen_rank) {
+        atomicAdd(per_rank + r, 1);
+      }
+      if (!seen_node) {
+        atomicAdd(per_node + n, 1);
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. Stage one block per node (the own node's straight into the own
+  // receive block), then push a put and an atomic add per other node, one
+  // thread per channel: the FIFO push fences, so the block's staging
+  // (ordered by the barrier) is what the put moves, and the transport
+  // applies the add after the put.
+  for (int j = tid; j < nodes * blk; j += nt) {
+    const int n = j / blk, q = j % blk;
+    const i32 v = q < p ? per_rank[n * p + q] : q == p ? per_node[n] : per_expert[n * p * le + (q - p - 1)];
+    ((i32*)(rdma + s.rdma_send(par, n)))[q] = v;
+    if (n == node) {
+      ((i32*)(rdma + s.rdma_recv(par, node)))[q] = v;
+    }
+  }
+  __syncthreads();
+  bool ok = true;
+  if (tid < nodes) {
+    if (tid == node) {
+      // Read back by this block only, after the barrier below; a relaxed
+      // add keeps the counter's meaning (blocks landed) uniform.
+      goep_inn_red_add_relaxed_sys_u64((u64*)rdma + node, 1);
+    } else {
+      const goep_port_channel& ch = ports[tid];
+      ok = goep_pc_put(ch, s.rdma_recv(par, node), s.rdma_send(par, tid), 4ull * blk, GOEP_INN_STAGE_NOTIFY_PUT) &&
+           goep_pc_atomic_add(ch, 8ull * node, 1, GOEP_INN_STAGE_NOTIFY_PUT);
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+
+  // 3. As forwarder: wait for every source node's block, then hand each
+  // local rank l, per source node, the count for l and l's per-expert
+  // counts, and release-add l's counter for this forwarder.
+  if (tid < nodes) {
+    ok = goep_wait_ge_u64((const u64*)rdma + tid, round, wd, wait_ids[tid], (u32)(tid * p + local),
+                          GOEP_INN_STAGE_NOTIFY_NET);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  const int fw = 1 + le;
+  for (int j = tid; j < p * nodes * fw; j += nt) {
+    const int l = j / (nodes * fw), a = j / fw % nodes, q = j % fw;
+    const i32* rb = (const i32*)(rdma + s.rdma_recv(par, a));
+    i32* dst = (i32*)((u8*)peer_nvl[l] + s.nvl_recv(par, local, a));
+    dst[q] = q == 0 ? rb[l] : rb[p + 1 + l * le + (q - 1)];
+  }
+  for (int j = tid; j < nodes * p; j += nt) {
+    const i32* rb = (const i32*)(rdma + s.rdma_recv(par, j / p));
+    relay_targets[j] = rb[j % p];
+    if (j % p == 0) {
+      relay[j / p] = rb[p];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    goep_fence_acq_rel_sys();
+    for (int l = 0; l < p; ++l) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)peer_nvl[l] + local, 1);
+    }
+  }
+
+  // 4. As receiver: wait for every forwarder of the node, then read.
+  if (tid < p) {
+    ok = goep_wait_ge_u64((const u64*)nvl + tid, round, wd, wait_ids[nodes + tid], (u32)(node * p + tid),
+                          GOEP_INN_STAGE_NOTIFY_NVL);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  for (int j = tid; j < p * nodes; j += nt) {
+    const int f = j / nodes, a = j % nodes;
+    from_rank[a * p + f] = *(const i32*)(nvl + s.nvl_recv(par, f, a));
+  }
+  for (int x = tid; x < le; x += nt) {
+    i32 sum = 0;
+    for (int f = 0; f < p; ++f) {
+      for (int a = 0; a < nodes; ++a) {
+        sum += ((const i32*)(nvl + s.nvl_recv(par, f, a)))[1 + x];
+      }
+    }
+    if (alignment > 1) {
+      sum = (i32)(((i64)sum + alignment - 1) / alignment * alignment);
+    }
+    local_expert[x] = sum;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // The host refuses a total above int32 from its own int64 sum of
+    // from_rank; the prefix here wraps like it would.
+    u32 acc = 0;
+    for (int r = 0; r < w; ++r) {
+      acc += (u32)from_rank[r];
+      rank_prefix[r] = (i32)acc;
+    }
+    __threadfence_system();
+    *(volatile i32*)status = (i32)(u32)round;
+  }
+}

@@ -84,11 +84,11 @@ func comparable(o internode.RankOutput) internode.RankOutput {
 // round after round.
 func TestDispatchOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
-		t.Run(topo.String(), func(t *testing.T) { checkDispatchRounds(t, topo, int64(100+topo.World())) })
+		t.Run(topo.String(), func(t *testing.T) { checkDispatchRounds(t, hostBackend, topo, int64(100+topo.World())) })
 	}
 }
 
-func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
+func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	w := topo.World()
 	// Hidden 128 on 2 x 2, 256 on 2 x 4: rows of two widths.
@@ -118,7 +118,7 @@ func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
 	for e := range got {
 		got[e] = make([]*internode.RankOutput, w)
 	}
-	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens})
 		if err != nil {
 			return nil, err

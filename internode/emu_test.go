@@ -33,6 +33,23 @@ func TestEmulatedNotify(t *testing.T) {
 	}
 }
 
+// The dispatch kernel after the notify kernel: 2 virtual nodes x 2 and x 4
+// ranks, 4 rounds on one setup (BF16 with weights, FP8 with scales
+// without, FP8 with, BF16 without), every rank's rows, sources, prefixes
+// and relayed tokens equal to ReferenceDispatch's.
+func TestEmulatedDispatch(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) {
+			before := cpuemu.Launches(internode.KernelDispatch)
+			checkDispatchRounds(t, emuBackend, topo, int64(300+topo.World()))
+			if got, want := cpuemu.Launches(internode.KernelDispatch)-before, int64(4*topo.World()); got != want {
+				t.Fatalf("%d emulated dispatch launches, want %d (one per rank and round)", got, want)
+			}
+		})
+	}
+}
+
 // A rank that never launches its round: the waits on it give up within the
 // watchdog's timeout and name it (or the forwarder stuck on it), and the
 // Notify refuses further rounds. The module is built first, so that no

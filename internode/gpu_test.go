@@ -34,6 +34,16 @@ func TestNotifyGPU(t *testing.T) {
 	}
 }
 
+// The dispatch kernel after the notify kernel against ReferenceDispatch:
+// 2 virtual nodes x 2 and x 4 ranks, 4 rounds (BF16 and FP8, with and
+// without weights).
+func TestDispatchGPU(t *testing.T) {
+	skipNoGPU(t)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) { checkDispatchRounds(t, cudaBackend, topo, 400+int64(topo.World())) })
+	}
+}
+
 // -internode.rounds N checked notify rounds on one setup (2 x 4 ranks):
 // counters and both parities of every buffer reused N times.
 func TestNotifyRepeatedGPU(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/checked"
@@ -17,11 +18,12 @@ import (
 // they are not launched through device.Launch because they work on the
 // Notify's Go state, and they stay the protocol's reference.
 const (
-	KernelNotify = "goep_internode_notify"
+	KernelNotify   = "goep_internode_notify"
+	KernelDispatch = "goep_internode_dispatch"
 )
 
 // Kernels are every kernel package internode launches (to preload).
-var Kernels = []string{KernelNotify}
+var Kernels = []string{KernelNotify, KernelDispatch}
 
 func init() {
 	kernels.Register(kernels.Module{Name: "internode", File: "internode.cu", Kernels: Kernels})
@@ -56,8 +58,11 @@ type kernelState struct {
 	ports, peers, waits, out uintptr
 	ids                      uintptr
 	maxIDs                   int // top-k ids the ids region holds
-	outInts                  int
-	stream                   device.Stream
+	// Dispatch: the layout struct, inputs staged per round (x, scales,
+	// weights), the per (token, node) row scratch, dispatch's wait ids.
+	dlay, x, scales, weights, scratch, dwaits uintptr
+	outInts                                   int
+	stream                                    device.Stream
 }
 
 // notifyOutInts is the length of the notify kernel's int32 output
@@ -90,8 +95,15 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oPorts := take(portsBytes)
 	oPeers := take(8 * p)
 	oWaits := take(4 * (n + p))
-	oOut := take(4 * ks.outInts)
+	oOut := take(4*ks.outInts + 8) // notify's output, then dispatch's status words
 	oIDs := take(8 * maxIDs)
+	m, h := nt.cfg.MaxTokens, s.Hidden
+	oDlay := take(72)
+	oX := take(m * 2 * h) // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
+	oScales := take(m * 4 * (h / FP8Block))
+	oWeights := take(4 * maxIDs)
+	oScratch := take(4 * m * n)
+	oDwaits := take(4 * (n + 2*p))
 	var err error
 	if ks.buf, err = nt.alloc(off); err != nil {
 		return err
@@ -99,6 +111,16 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	nt.kern = ks
 	base := ks.buf.Ptr
 	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(oPorts), base+uintptr(oPeers), base+uintptr(oWaits), base+uintptr(oOut), base+uintptr(oIDs)
+	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(oDlay), base+uintptr(oX), base+uintptr(oScales),
+		base+uintptr(oWeights), base+uintptr(oScratch), base+uintptr(oDwaits)
+	dw := append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...)
+	dwb := make([]byte, 4*len(dw))
+	for j, id := range dw {
+		binary.LittleEndian.PutUint32(dwb[4*j:], id)
+	}
+	if err := nt.dev.CopyIn(ks.dwaits, dwb); err != nil {
+		return err
+	}
 	tab := make([]byte, oOut)
 	for j, ch := range nt.port {
 		if j != s.Node(nt.rank) {
@@ -222,3 +244,119 @@ func int64Bytes(v []int64) []byte {
 	}
 	return b
 }
+
+// dispatchKernel runs dispatch round d with the dispatch kernel: the
+// twin's steps (dispatch.go) on the same memory, with the inputs staged in
+// device memory first. ok is false when a wait gave up; bad reports a
+// relayed row the kernel skipped because its place lies outside the
+// receive region (the twin stops at it); err is a launch or copy failure.
+func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (out *RankOutput, ok bool, bad, err error) {
+	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
+	w, n, p, k, h := s.World(), s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	le := binary.LittleEndian
+	xBytes := 2 * h
+	if fp8 {
+		xBytes = h + 4*(h/FP8Block)
+	}
+	nt.dispXBytes = xBytes // combine finds the relay rows' metadata after x
+
+	// Stage the layout and the inputs (the ids are notify's, already here).
+	lay := make([]byte, 72)
+	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
+		le.PutUint64(lay[8*j:], uint64(v))
+	}
+	for j, v := range []int{dl.relayRow, dl.recvRow, dl.maxTokens, xBytes} {
+		le.PutUint32(lay[56+4*j:], uint32(v))
+	}
+	var xb, scb []byte
+	if fp8 {
+		xb = append([]byte(nil), in.XFP8...)
+		scb = make([]byte, 4*len(in.Scales))
+		for j, v := range in.Scales {
+			le.PutUint32(scb[4*j:], math.Float32bits(v))
+		}
+	} else {
+		xb = make([]byte, 2*len(in.X))
+		for j, v := range in.X {
+			le.PutUint16(xb[2*j:], v)
+		}
+	}
+	var wb []byte
+	if in.Weights != nil {
+		wb = make([]byte, 4*len(in.Weights))
+		for j, v := range in.Weights {
+			le.PutUint32(wb[4*j:], math.Float32bits(v))
+		}
+	}
+	for _, c := range []struct {
+		dst uintptr
+		b   []byte
+	}{{ks.dlay, lay}, {ks.x, xb}, {ks.scales, scb}, {ks.weights, wb}} {
+		if len(c.b) > 0 {
+			if err := nt.dev.CopyInAsync(c.dst, c.b, ks.stream); err != nil {
+				return nil, true, nil, err
+			}
+		}
+	}
+	weights := ks.weights
+	if in.Weights == nil {
+		weights = 0
+	}
+	fp8Arg := 0
+	if fp8 {
+		fp8Arg = 1
+	}
+	// Offsets of notify's outputs that dispatch reads on the device.
+	relayOff := 4 * (2 + w + n + s.Experts + w)
+	prefixOff := relayOff + 4*(n+n*p+s.LocalExperts())
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(26).Ptr(ks.x).Ptr(ks.scales).Ptr(ks.ids).Ptr(weights).I32Int(tokens).I32Int(h).I32Int(k).
+		I32Int(s.Experts).I32Int(n).I32Int(p).I32Int(a).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlay).
+		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout())
+	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+		return nil, true, nil, err
+	}
+	if err := ks.stream.Synchronize(); err != nil {
+		return nil, true, nil, err
+	}
+	st := make([]byte, 8)
+	if err := nt.dev.CopyOut(st, ks.dout()); err != nil {
+		return nil, true, nil, err
+	}
+	if le.Uint32(st) != uint32(d) {
+		return nil, false, nil, nil
+	}
+	if le.Uint32(st[4:]) != 0 {
+		return nil, true, errors.New("a relayed row's place lies outside the receive region (or more rows were relayed than the relay region holds): the kernel skipped it"), nil
+	}
+
+	// Read back what the twin reads in place: the relay rows' metadata
+	// (Relayed) and the receive rows.
+	out = &RankOutput{}
+	for src := 0; src < n; src++ {
+		rows := int(res.Relay[src])
+		if rows == 0 {
+			continue
+		}
+		b := make([]byte, rows*dl.relayRow)
+		if err := nt.dev.CopyOut(b, nt.rdma.Ptr+uintptr(dl.relay+src*dl.maxTokens*dl.relayRow)); err != nil {
+			return nil, true, nil, err
+		}
+		for j := 0; j < rows; j++ {
+			o := j*dl.relayRow + xBytes + 12*k
+			out.Relayed = append(out.Relayed, Relay{SrcRank: int32(s.Rank(src, i)), SrcToken: int32(le.Uint32(b[o:])),
+				Targets: uint8(le.Uint32(b[o+4:]))})
+		}
+	}
+	rows := make([]byte, res.Received*dl.recvRow)
+	if err := nt.dev.CopyOut(rows, nt.nvl.Ptr+uintptr(dl.recv)); err != nil {
+		return nil, true, nil, err
+	}
+	nt.readRecv(out, rows, in.Weights != nil, fp8, xBytes)
+	return out, true, nil, nil
+}
+
+// dout is dispatch's status words (status, bad): after notify's output,
+// which dispatch reads.
+func (ks *kernelState) dout() uintptr { return ks.out + uintptr(4*ks.outInts) }

@@ -217,3 +217,233 @@ extern "C" __global__ void goep_internode_notify(const i64* ids, int num_tokens,
     *(volatile i32*)status = (i32)(u32)round;
   }
 }
+
+// ---------------------------------------------------------------------------
+// Dispatch (see internode/dispatch.go for the same steps in Go). Every row
+// is 4-byte aligned (x is 2H or H + 4H/128 bytes, H a multiple of 8 or
+// 128), so rows move as 32-bit words and int64 ids as two words.
+//
+// Relay row: x [xb], ids i64 [K], weights f32 [K], source token i32,
+// target mask u32, slot per target local rank i32 [P]. Receive row: x
+// [xb], local ids i64 [K], weights f32 [K], source rank i32, source token
+// i32.
+// The regions' offsets, written by the host at setup (internode's
+// dispatchLayout; xb is the round's x bytes, written before each launch).
+struct goep_inn_dispatch_layout {
+  u64 net_counters, relay, send;         // RDMA buffer
+  u64 nvl_counters, ready, bases, recv;  // NVLink workspace
+  i32 relay_row, recv_row, max_tokens, xb;
+};
+static_assert(sizeof(goep_inn_dispatch_layout) == 72, "goep: goep_inn_dispatch_layout layout");
+
+#define GOEP_INN_STAGE_DISPATCH_NET 50
+#define GOEP_INN_STAGE_DISPATCH_READY 51
+#define GOEP_INN_STAGE_DISPATCH_NVL 52
+#define GOEP_INN_STAGE_DISPATCH_PUT 53
+
+// Dispatch's status words in out: status (the round's low 32 bits when
+// every wait succeeded), bad (a relayed row whose place lies outside the
+// receive region, or more relayed rows than the region holds: the row is
+// skipped and the host reports it).
+extern "C" {
+__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+    goep_internode_dispatch(const u8* x, const float* scales, const i64* ids, const float* weights, int num_tokens,
+                            int hidden, int k, int num_experts, int nodes, int p, int node, int local, int fp8,
+                            u64 round, const goep_inn_dispatch_layout* dlp, const i32* rank_prefix, const i32* relay_count, i32* scratch,
+                            u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
+                            const u32* wait_ids, i32* out);
+}
+
+extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* scales, const i64* ids,
+                                                   const float* weights, int num_tokens, int hidden, int k,
+                                                   int num_experts, int nodes, int p, int node, int local, int fp8,
+                                                   u64 round, const goep_inn_dispatch_layout* dlp,
+                                                   const i32* rank_prefix,
+                                                   const i32* relay_count, i32* scratch, u8* rdma, u8* nvl,
+                                                   const u64* peer_nvl, const goep_port_channel* ports,
+                                                   goep_watchdog* wd, const u32* wait_ids, i32* out) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+  const goep_inn_dispatch_layout dl = *dlp;
+  const int w = nodes * p, le = num_experts / w, xb = dl.xb, xw = xb / 4;
+  const int h = hidden;
+  __shared__ int rows_to[64];
+
+  // 1. Publish the receive bases (first row of each source rank here).
+  if (tid == 0) {
+    out[1] = 0;
+  }
+  for (int r = tid; r < w; r += nt) {
+    ((i32*)(nvl + dl.bases))[r] = r > 0 ? rank_prefix[r - 1] : 0;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    goep_fence_acq_rel_sys();
+    goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.ready), 1);
+  }
+
+  // 2. Pack. Thread n walks the tokens in order for destination node n:
+  // the token's row there (prefix over its tokens to n), target mask and
+  // per-target slots (index among its tokens to that rank); then the
+  // block copies the rows' payload, and thread n sends node n's rows.
+  if (tid < nodes) {
+    const int n = tid;
+    u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                                   : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+    int cnt = 0;
+    int slots[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int t = 0; t < num_tokens; ++t) {
+      u32 mask = 0;
+      for (int j = 0; j < k; ++j) {
+        const i64 e = ids[(i64)t * k + j];
+        if (e >= 0 && e < num_experts) {
+          const int r = (int)(e / le);
+          if (r / p == n) {
+            mask |= 1u << (r % p);
+          }
+        }
+      }
+      if (mask == 0) {
+        scratch[(i64)t * nodes + n] = -1;
+        continue;
+      }
+      scratch[(i64)t * nodes + n] = cnt;
+      i32* meta = (i32*)(region + (u64)cnt * dl.relay_row + xb + 12 * k);
+      meta[0] = t;
+      meta[1] = (i32)mask;
+      for (int l = 0; l < p; ++l) {
+        meta[2 + l] = (mask >> l & 1) ? slots[l]++ : -1;
+      }
+      ++cnt;
+    }
+    rows_to[n] = cnt;
+  }
+  __syncthreads();
+  for (int item = warp; item < num_tokens * nodes; item += warps) {
+    const int t = item / nodes, n = item % nodes;
+    const int row = scratch[item];
+    if (row < 0) {
+      continue;
+    }
+    u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                                   : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+    u32* dst = (u32*)(region + (u64)row * dl.relay_row);
+    if (fp8) {
+      const u32* src = (const u32*)(x + (u64)t * h);
+      for (int q = lane; q < h / 4; q += 32) {
+        dst[q] = src[q];
+      }
+      const u32* sc = (const u32*)(scales + (u64)t * (h / 128));
+      for (int q = lane; q < h / 128; q += 32) {
+        dst[h / 4 + q] = sc[q];
+      }
+    } else {
+      const u32* src = (const u32*)(x + (u64)t * xb);
+      for (int q = lane; q < xw; q += 32) {
+        dst[q] = src[q];
+      }
+    }
+    for (int j = lane; j < k; j += 32) {
+      const u64 e = (u64)ids[(i64)t * k + j];
+      dst[xw + 2 * j] = (u32)e;
+      dst[xw + 2 * j + 1] = (u32)(e >> 32);
+      dst[xw + 2 * k + j] = weights ? __float_as_uint(weights[(i64)t * k + j]) : 0u;
+    }
+  }
+  __syncthreads();
+  bool ok = true;
+  if (tid < nodes) {
+    if (tid == node) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.net_counters) + node, 1);
+    } else {
+      const goep_port_channel& ch = ports[tid];
+      const int cnt = rows_to[tid];
+      ok = (cnt == 0 || goep_pc_put(ch, dl.relay + (u64)node * dl.max_tokens * dl.relay_row,
+                                    dl.send + (u64)tid * dl.max_tokens * dl.relay_row, (u64)cnt * dl.relay_row,
+                                    GOEP_INN_STAGE_DISPATCH_PUT)) &&
+           goep_pc_atomic_add(ch, dl.net_counters + 8ull * node, 1, GOEP_INN_STAGE_DISPATCH_PUT);
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+
+  // 3. Forward: every source node's rows landed and every local rank's
+  // bases published; a warp per relayed row writes it to each target.
+  if (tid < nodes) {
+    ok = goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + tid, round, wd, wait_ids[tid],
+                          (u32)(tid * p + local), GOEP_INN_STAGE_DISPATCH_NET);
+  } else if (tid >= 64 && tid < 64 + p) {
+    const int l = tid - 64;
+    ok = goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
+                          (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_READY);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  const i64 capacity = (i64)w * dl.max_tokens;
+  for (int src = 0; src < nodes; ++src) {
+    const int rows = relay_count[src], src_rank = src * p + local;
+    if (rows < 0 || rows > dl.max_tokens) {
+      if (tid == 0) {
+        out[1] = 1;
+      }
+      continue;
+    }
+    for (int j = warp; j < rows; j += warps) {
+      const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+      const i32* meta = (const i32*)(row + xw + 3 * k);
+      const u32 mask = (u32)meta[1];
+      for (int l = 0; l < p; ++l) {
+        if ((mask >> l & 1) == 0) {
+          continue;
+        }
+        const int dst_rank = node * p + l;
+        const i32 slot = meta[2 + l];
+        const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+        const i64 pos = (i64)base + slot;
+        if (slot < 0 || base < 0 || pos >= capacity) {
+          if (lane == 0) {
+            out[1] = 1;
+          }
+          continue;
+        }
+        u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
+        for (int q = lane; q < xw; q += 32) {
+          rr[q] = row[q];
+        }
+        for (int jj = lane; jj < k; jj += 32) {
+          const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
+          const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
+          const u64 v = mine ? (u64)(e - (i64)dst_rank * le) : ~0ull;
+          rr[xw + 2 * jj] = (u32)v;
+          rr[xw + 2 * jj + 1] = (u32)(v >> 32);
+          rr[xw + 2 * k + jj] = mine ? row[xw + 2 * k + jj] : 0u;
+        }
+        if (lane == 0) {
+          rr[xw + 3 * k] = (u32)src_rank;
+          rr[xw + 3 * k + 1] = (u32)meta[0];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    goep_fence_acq_rel_sys();
+    for (int l = 0; l < p; ++l) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
+    }
+  }
+
+  // 4. Receive: every forwarder of the node has placed its rows.
+  if (tid < p) {
+    ok = goep_wait_ge_u64((const u64*)(nvl + dl.nvl_counters) + tid, round, wd, wait_ids[nodes + p + tid],
+                          (u32)(node * p + tid), GOEP_INN_STAGE_DISPATCH_NVL);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  if (tid == 0) {
+    __threadfence_system();
+    *(volatile i32*)out = (i32)(u32)round;
+  }
+}

@@ -78,9 +78,6 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	if nt.cfg.MaxTokens == 0 {
 		return nil, fail("no combine buffers: set NotifyConfig.MaxTokens")
 	}
-	if nt.kern != nil {
-		return nil, fail("no combine kernel yet: on a GPU (or the CPU emulation) only notify runs; the host backend runs the Go twin")
-	}
 	if nt.last == nil || !nt.dispatched || nt.combined {
 		return nil, fail("run a notify round and its dispatch first (one combine per round)")
 	}
@@ -106,7 +103,18 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	}
 	nt.combined = true
 	nt.combRound++
-	out, ok, bad := nt.combineTwin(in, opt, tokens, nt.combRound)
+	var out *CombineOutput
+	var ok bool
+	var bad error
+	if nt.kern != nil {
+		var err error
+		if out, ok, bad, err = nt.combineKernel(in, opt, tokens, nt.combRound); err != nil {
+			nt.err = fail("%w", err)
+			return nil, nt.err
+		}
+	} else {
+		out, ok, bad = nt.combineTwin(in, opt, tokens, nt.combRound)
+	}
 	if err := nt.twinFailed(fail, ok, bad); err != nil {
 		return nil, err
 	}

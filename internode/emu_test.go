@@ -50,6 +50,24 @@ func TestEmulatedDispatch(t *testing.T) {
 	}
 }
 
+// The combine kernel after notify and dispatch: 2 virtual nodes x 2 and
+// x 4 ranks, 4 rounds (BF16 and FP8 dispatch; with and without weights, 0,
+// 1 and 2 biases, BF16 and fp32 partials; outputs of magnitudes 2^-24..4
+// so that another order of additions or rounding shows), every rank's
+// result equal bit for bit to ReferenceCombine's.
+func TestEmulatedCombine(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) {
+			before := cpuemu.Launches(internode.KernelCombine)
+			checkCombineRounds(t, emuBackend, topo, int64(500+topo.World()))
+			if got, want := cpuemu.Launches(internode.KernelCombine)-before, int64(4*topo.World()); got != want {
+				t.Fatalf("%d emulated combine launches, want %d (one per rank and round)", got, want)
+			}
+		})
+	}
+}
+
 // A rank that never launches its round: the waits on it give up within the
 // watchdog's timeout and name it (or the forwarder stuck on it), and the
 // Notify refuses further rounds. The module is built first, so that no

@@ -44,6 +44,15 @@ func TestDispatchGPU(t *testing.T) {
 	}
 }
 
+// The combine kernel after notify and dispatch against ReferenceCombine,
+// bit for bit: 2 virtual nodes x 2 and x 4 ranks, 4 rounds.
+func TestCombineGPU(t *testing.T) {
+	skipNoGPU(t)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) { checkCombineRounds(t, cudaBackend, topo, 600+int64(topo.World())) })
+	}
+}
+
 // -internode.rounds N checked notify rounds on one setup (2 x 4 ranks):
 // counters and both parities of every buffer reused N times.
 func TestNotifyRepeatedGPU(t *testing.T) {

@@ -20,10 +20,11 @@ import (
 const (
 	KernelNotify   = "goep_internode_notify"
 	KernelDispatch = "goep_internode_dispatch"
+	KernelCombine  = "goep_internode_combine"
 )
 
 // Kernels are every kernel package internode launches (to preload).
-var Kernels = []string{KernelNotify, KernelDispatch}
+var Kernels = []string{KernelNotify, KernelDispatch, KernelCombine}
 
 func init() {
 	kernels.Register(kernels.Module{Name: "internode", File: "internode.cu", Kernels: Kernels})
@@ -61,8 +62,11 @@ type kernelState struct {
 	// Dispatch: the layout struct, inputs staged per round (x, scales,
 	// weights), the per (token, node) row scratch, dispatch's wait ids.
 	dlay, x, scales, weights, scratch, dwaits uintptr
-	outInts                                   int
-	stream                                    device.Stream
+	// Combine: biases staged per round, combine's wait ids (the output
+	// reuses x and weights).
+	bias0, bias1, cwaits uintptr
+	outInts              int
+	stream               device.Stream
 }
 
 // notifyOutInts is the length of the notify kernel's int32 output
@@ -98,12 +102,15 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oOut := take(4*ks.outInts + 8) // notify's output, then dispatch's status words
 	oIDs := take(8 * maxIDs)
 	m, h := nt.cfg.MaxTokens, s.Hidden
-	oDlay := take(72)
+	oDlay := take(dlayBytes)
 	oX := take(m * 2 * h) // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
 	oScales := take(m * 4 * (h / FP8Block))
 	oWeights := take(4 * maxIDs)
 	oScratch := take(4 * m * n)
 	oDwaits := take(4 * (n + 2*p))
+	oBias0 := take(m * 2 * h)
+	oBias1 := take(m * 2 * h)
+	oCwaits := take(4 * (p + n))
 	var err error
 	if ks.buf, err = nt.alloc(off); err != nil {
 		return err
@@ -113,13 +120,21 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(oPorts), base+uintptr(oPeers), base+uintptr(oWaits), base+uintptr(oOut), base+uintptr(oIDs)
 	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(oDlay), base+uintptr(oX), base+uintptr(oScales),
 		base+uintptr(oWeights), base+uintptr(oScratch), base+uintptr(oDwaits)
-	dw := append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...)
-	dwb := make([]byte, 4*len(dw))
-	for j, id := range dw {
-		binary.LittleEndian.PutUint32(dwb[4*j:], id)
-	}
-	if err := nt.dev.CopyIn(ks.dwaits, dwb); err != nil {
-		return err
+	ks.bias0, ks.bias1, ks.cwaits = base+uintptr(oBias0), base+uintptr(oBias1), base+uintptr(oCwaits)
+	for _, t := range []struct {
+		at  uintptr
+		ids []uint32
+	}{
+		{ks.dwaits, append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...)},
+		{ks.cwaits, append(append([]uint32(nil), nt.combReady...), nt.combNetWait...)},
+	} {
+		b := make([]byte, 4*len(t.ids))
+		for j, id := range t.ids {
+			binary.LittleEndian.PutUint32(b[4*j:], id)
+		}
+		if err := nt.dev.CopyIn(t.at, b); err != nil {
+			return err
+		}
 	}
 	tab := make([]byte, oOut)
 	for j, ch := range nt.port {
@@ -252,7 +267,7 @@ func int64Bytes(v []int64) []byte {
 // receive region (the twin stops at it); err is a launch or copy failure.
 func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (out *RankOutput, ok bool, bad, err error) {
 	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
-	w, n, p, k, h := s.World(), s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	n, p, k, h := s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
 	le := binary.LittleEndian
 	xBytes := 2 * h
 	if fp8 {
@@ -261,13 +276,17 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	nt.dispXBytes = xBytes // combine finds the relay rows' metadata after x
 
 	// Stage the layout and the inputs (the ids are notify's, already here).
-	lay := make([]byte, 72)
+	lay := make([]byte, dlayBytes)
 	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
 		le.PutUint64(lay[8*j:], uint64(v))
 	}
 	for j, v := range []int{dl.relayRow, dl.recvRow, dl.maxTokens, xBytes} {
 		le.PutUint32(lay[56+4*j:], uint32(v))
 	}
+	for j, v := range []int{dl.combCounters, dl.combRecv, dl.combSend, dl.combReady} {
+		le.PutUint64(lay[72+8*j:], uint64(v))
+	}
+	le.PutUint32(lay[104:], uint32(dl.partialRow))
 	var xb, scb []byte
 	if fp8 {
 		xb = append([]byte(nil), in.XFP8...)
@@ -307,8 +326,7 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 		fp8Arg = 1
 	}
 	// Offsets of notify's outputs that dispatch reads on the device.
-	relayOff := 4 * (2 + w + n + s.Experts + w)
-	prefixOff := relayOff + 4*(n+n*p+s.LocalExperts())
+	relayOff, prefixOff := s.notifyOffsets()
 	a, i := s.Node(nt.rank), s.Local(nt.rank)
 	args := device.NewArgs(26).Ptr(ks.x).Ptr(ks.scales).Ptr(ks.ids).Ptr(weights).I32Int(tokens).I32Int(h).I32Int(k).
 		I32Int(s.Experts).I32Int(n).I32Int(p).I32Int(a).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlay).
@@ -354,6 +372,110 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 		return nil, true, nil, err
 	}
 	nt.readRecv(out, rows, in.Weights != nil, fp8, xBytes)
+	return out, true, nil, nil
+}
+
+// dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
+const dlayBytes = 112
+
+// notifyOffsets are the byte offsets, in the notify kernel's output, of
+// the relay counts and the rank prefix that dispatch and combine read on
+// the device.
+func (s Shape) notifyOffsets() (relay, prefix int) {
+	w, n := s.World(), s.Nodes
+	relay = 4 * (2 + w + n + s.Experts + w)
+	return relay, relay + 4*(n+n*s.RanksPerNode+s.LocalExperts())
+}
+
+// combineKernel runs combine round c with the combine kernel: the twin's
+// steps (combine.go) on the same memory, with the expert outputs copied
+// into this rank's receive rows and the biases staged first, in stream
+// order. ok, bad and err as dispatchKernel's.
+func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int, c uint64) (out *CombineOutput, ok bool, bad, err error) {
+	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
+	n, p, k, h := s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	le := binary.LittleEndian
+	weights := in.Weights != nil
+	if res.Received > 0 {
+		img := make([]byte, res.Received*dl.recvRow)
+		for r := 0; r < res.Received; r++ {
+			row := img[r*dl.recvRow:]
+			for j := 0; j < h; j++ {
+				le.PutUint16(row[2*j:], in.Y[r*h+j])
+			}
+			if weights {
+				for j := 0; j < k; j++ {
+					le.PutUint32(row[2*h+4*j:], math.Float32bits(in.Weights[r*k+j]))
+				}
+			}
+		}
+		if err := nt.dev.CopyInAsync(nt.nvl.Ptr+uintptr(dl.recv), img, ks.stream); err != nil {
+			return nil, true, nil, err
+		}
+	}
+	var bias [2]uintptr
+	for j, b := range [][]uint16{in.Bias0, in.Bias1} {
+		if b == nil {
+			continue
+		}
+		bias[j] = []uintptr{ks.bias0, ks.bias1}[j]
+		if len(b) > 0 {
+			bb := make([]byte, 2*len(b))
+			for q, v := range b {
+				le.PutUint16(bb[2*q:], v)
+			}
+			if err := nt.dev.CopyInAsync(bias[j], bb, ks.stream); err != nil {
+				return nil, true, nil, err
+			}
+		}
+	}
+	b2i := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	relayOff, _ := s.notifyOffsets()
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(24).I32Int(tokens).I32Int(h).I32Int(k).I32Int(n).I32Int(p).I32Int(a).I32Int(i).
+		I32Int(b2i(weights)).I32Int(b2i(opt.Partial == PartialFP32)).U64(c).Ptr(ks.dlay).Ptr(ks.out + uintptr(relayOff)).
+		Ptr(ks.scratch).Ptr(bias[0]).Ptr(bias[1]).Ptr(ks.x).Ptr(ks.weights).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout())
+	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+		return nil, true, nil, err
+	}
+	if err := ks.stream.Synchronize(); err != nil {
+		return nil, true, nil, err
+	}
+	st := make([]byte, 8)
+	if err := nt.dev.CopyOut(st, ks.dout()); err != nil {
+		return nil, true, nil, err
+	}
+	if le.Uint32(st) != uint32(c) {
+		return nil, false, nil, nil
+	}
+	if le.Uint32(st[4:]) != 0 {
+		return nil, true, errors.New("a relayed token's row or partial slot lies outside its region: the kernel skipped it"), nil
+	}
+	out = &CombineOutput{}
+	out.X = make([]uint16, tokens*h)
+	xb := make([]byte, 2*tokens*h)
+	if err := nt.dev.CopyOut(xb, ks.x); err != nil {
+		return nil, true, nil, err
+	}
+	for j := range out.X {
+		out.X[j] = le.Uint16(xb[2*j:])
+	}
+	if weights {
+		out.Weights = make([]float32, tokens*k)
+		wb := make([]byte, 4*tokens*k)
+		if err := nt.dev.CopyOut(wb, ks.weights); err != nil {
+			return nil, true, nil, err
+		}
+		for j := range out.Weights {
+			out.Weights[j] = math.Float32frombits(le.Uint32(wb[4*j:]))
+		}
+	}
 	return out, true, nil, nil
 }
 

@@ -233,8 +233,11 @@ struct goep_inn_dispatch_layout {
   u64 net_counters, relay, send;         // RDMA buffer
   u64 nvl_counters, ready, bases, recv;  // NVLink workspace
   i32 relay_row, recv_row, max_tokens, xb;
+  u64 comb_counters, comb_recv, comb_send;  // RDMA buffer (combine)
+  u64 comb_ready;                           // NVLink workspace (combine)
+  i32 partial_row, reserved;
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 72, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 112, "goep: goep_inn_dispatch_layout layout");
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
@@ -442,6 +445,190 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   if (goep_block_any_failed(!ok)) {
     return;
   }
+  if (tid == 0) {
+    __threadfence_system();
+    *(volatile i32*)out = (i32)(u32)round;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Combine (see internode/combine.go for the same steps in Go). The expert
+// outputs (y BF16 [H], weights fp32 [K]) are already in this rank's
+// receive rows (the host copies them there in stream order before the
+// launch). Partial rows: x fp32 [H] for the own node and under fp32
+// partials, BF16 [H] otherwise, then weights fp32 [K]; stride rounded up
+// to 16 bytes. scratch[t][n] is dispatch's row of token t at node n (its
+// partial slot), -1 where t has no expert there.
+#define GOEP_INN_STAGE_COMBINE_READY 60
+#define GOEP_INN_STAGE_COMBINE_NET 61
+#define GOEP_INN_STAGE_COMBINE_PUT 62
+
+__device__ __forceinline__ int goep_inn_partial_xb(int n, int node, int fp32, int h) {
+  return (n == node || fp32) ? 4 * h : 2 * h;
+}
+__device__ __forceinline__ u64 goep_inn_partial_stride(int n, int node, int fp32, int h, int k) {
+  return ((u64)goep_inn_partial_xb(n, node, fp32, h) + 4ull * k + 15ull) & ~15ull;
+}
+
+extern "C" {
+__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+    goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node, int local, int weights,
+                           int fp32, u64 round, const goep_inn_dispatch_layout* dlp, const i32* relay_count,
+                           const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
+                           u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
+                           const u32* wait_ids, i32* out);
+}
+
+extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node,
+                                                  int local, int weights, int fp32, u64 round,
+                                                  const goep_inn_dispatch_layout* dlp, const i32* relay_count,
+                                                  const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x,
+                                                  float* out_w, u8* rdma, u8* nvl, const u64* peer_nvl,
+                                                  const goep_port_channel* ports, goep_watchdog* wd,
+                                                  const u32* wait_ids, i32* out) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+  const goep_inn_dispatch_layout dl = *dlp;
+  const int w = nodes * p, h = hidden, xw = dl.xb / 4;
+  const i64 capacity = (i64)w * dl.max_tokens;
+
+  // 1. This rank's expert outputs are in place (the copy before the
+  // launch): tell the node's forwarders.
+  if (tid == 0) {
+    out[1] = 0;
+    goep_fence_acq_rel_sys();
+    goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.comb_ready), 1);
+  }
+
+  // 2. As forwarder: every local rank's outputs are in place; a warp per
+  // relayed token sums its targets' rows from +0 in ascending local rank.
+  bool ok = true;
+  if (tid < p) {
+    ok = goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[tid] + dl.comb_ready), round, wd, wait_ids[tid],
+                          (u32)(node * p + tid), GOEP_INN_STAGE_COMBINE_READY);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  for (int src = 0; src < nodes; ++src) {
+    const int rows = relay_count[src], src_rank = src * p + local;
+    if (rows < 0 || rows > dl.max_tokens) {
+      if (tid == 0) {
+        out[1] = 1;
+      }
+      continue;
+    }
+    const u64 stride = goep_inn_partial_stride(src, node, fp32, h, k);
+    const int pxb = goep_inn_partial_xb(src, node, fp32, h);
+    u8* region = rdma + (src == node ? dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row
+                                     : dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row);
+    for (int j = warp; j < rows; j += warps) {
+      const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+      const i32* meta = (const i32*)(row + xw + 3 * k);
+      const u32 mask = (u32)meta[1];
+      bool in_range = true;
+      for (int l = 0; l < p; ++l) {
+        if (mask >> l & 1) {
+          const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+          const i64 pos = (i64)base + meta[2 + l];
+          in_range &= meta[2 + l] >= 0 && base >= 0 && pos < capacity;
+        }
+      }
+      if (!in_range) {
+        if (lane == 0) {
+          out[1] = 1;
+        }
+        continue;
+      }
+      u8* pr = region + (u64)j * stride;
+      for (int q = lane; q < h + k; q += 32) {
+        float acc = 0.0f;
+        for (int l = 0; l < p; ++l) {
+          if ((mask >> l & 1) == 0) {
+            continue;
+          }
+          const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+          const u8* rr = (const u8*)peer_nvl[l] + dl.recv + (u64)(base + meta[2 + l]) * dl.recv_row;
+          if (q < h) {
+            acc += goep_bf16_bits_to_f32(((const u16*)rr)[q]);
+          } else if (weights) {
+            acc += ((const float*)(rr + 2 * h))[q - h];
+          }
+        }
+        if (q >= h) {
+          ((float*)(pr + pxb))[q - h] = acc;
+        } else if (pxb == 4 * h) {
+          ((float*)pr)[q] = acc;
+        } else {
+          ((u16*)pr)[q] = goep_f32_to_bf16_bits(acc);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (tid < nodes) {
+    if (tid == node) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.comb_counters) + node, 1);
+    } else {
+      const goep_port_channel& ch = ports[tid];
+      const int rows = relay_count[tid];
+      const u64 stride = goep_inn_partial_stride(tid, node, fp32, h, k);
+      ok = (rows <= 0 || rows > dl.max_tokens ||
+            goep_pc_put(ch, dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row,
+                        dl.comb_send + (u64)tid * dl.max_tokens * dl.partial_row, (u64)rows * stride,
+                        GOEP_INN_STAGE_COMBINE_PUT)) &&
+           goep_pc_atomic_add(ch, dl.comb_counters + 8ull * node, 1, GOEP_INN_STAGE_COMBINE_PUT);
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+
+  // 3. As source: every node's partials landed; a warp per token sums them
+  // in ascending node from +0, adds bias0 then bias1, rounds once.
+  if (tid < nodes) {
+    ok = goep_wait_ge_u64((const u64*)(rdma + dl.comb_counters) + tid, round, wd, wait_ids[p + tid],
+                          (u32)(tid * p + local), GOEP_INN_STAGE_COMBINE_NET);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  for (int t = warp; t < num_tokens; t += warps) {
+    for (int q = lane; q < h + k; q += 32) {
+      float acc = 0.0f;
+      for (int n = 0; n < nodes; ++n) {
+        const i32 j = scratch[(i64)t * nodes + n];
+        if (j < 0) {
+          continue;
+        }
+        if (j >= dl.max_tokens) {
+          out[1] = 1;
+          continue;
+        }
+        const int pxb = goep_inn_partial_xb(n, node, fp32, h);
+        const u8* pr = rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
+                       (u64)j * goep_inn_partial_stride(n, node, fp32, h, k);
+        if (q >= h) {
+          acc += ((const float*)(pr + pxb))[q - h];
+        } else if (pxb == 4 * h) {
+          acc += ((const float*)pr)[q];
+        } else {
+          acc += goep_bf16_bits_to_f32(((const u16*)pr)[q]);
+        }
+      }
+      if (q < h) {
+        if (bias0) {
+          acc += goep_bf16_bits_to_f32(bias0[(i64)t * h + q]);
+        }
+        if (bias1) {
+          acc += goep_bf16_bits_to_f32(bias1[(i64)t * h + q]);
+        }
+        out_x[(i64)t * h + q] = goep_f32_to_bf16_bits(acc);
+      } else if (weights) {
+        out_w[(i64)t * k + (q - h)] = acc;
+      }
+    }
+  }
+  __syncthreads();
   if (tid == 0) {
     __threadfence_system();
     *(volatile i32*)out = (i32)(u32)round;

@@ -10,7 +10,8 @@ import (
 )
 
 // Combine's data path on the host backend (DESIGN.md, "Combine"): the Go
-// twin of the planned combine kernel, the reverse of Dispatch, on memory
+// twin of the combine kernel (kernels/internode.cu, launched instead where
+// kernels run: kernel.go), the reverse of Dispatch, on memory
 // NewNotify allocates next to dispatch's when NotifyConfig.MaxTokens > 0.
 //
 // Memory added after dispatch's (M = MaxTokens, partial rows padded to 16

@@ -9,7 +9,8 @@ import (
 )
 
 // Dispatch's data path on the host backend (DESIGN.md, "Dispatch"): the Go
-// twin of the planned dispatch kernel, on the memory NewNotify allocates
+// twin of the dispatch kernel (kernels/internode.cu, launched instead where
+// kernels run: kernel.go), on the memory NewNotify allocates
 // when NotifyConfig.MaxTokens > 0, following a notify round whose counts
 // it uses.
 //

@@ -15,11 +15,12 @@ import (
 
 // Notify, the first stage of internode dispatch: the count exchange
 // (DESIGN.md, "Notify"), on the host backend. It is the Go twin of the
-// planned notify kernel: it works on the same device memory with the same
+// notify kernel (kernels/internode.cu): it works on the same device memory with the same
 // protocol (per-round staging, port-channel puts and atomic adds across
 // nodes, stores plus a release add inside a node, waits bounded by the
 // communicator's watchdog), so that the GPU kernel can be checked against
-// it step by step. There is no GPU kernel yet: CUDA devices are refused.
+// it step by step. Where the kernels run (a GPU, or the CPU emulation),
+// Run launches goep_internode_notify instead (kernel.go).
 //
 // Memory of each rank (all counts int32, counters uint64):
 //

@@ -16,7 +16,7 @@ import (
 	"github.com/goep-dev/goep/internode"
 )
 
-var gpuRounds = flag.Int("internode.rounds", 0, "checked rounds of TestNotifyRepeatedGPU (0 skips it)")
+var gpuRounds = flag.Int("internode.rounds", 0, "checked rounds of TestNotifyRepeatedGPU and TestRoundsRepeatedGPU (0 skips them)")
 
 func skipNoGPU(t *testing.T) {
 	t.Helper()
@@ -61,6 +61,17 @@ func TestNotifyRepeatedGPU(t *testing.T) {
 		t.Skip("set -internode.rounds N to run N checked rounds")
 	}
 	checkNotifyRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, *gpuRounds, 300)
+}
+
+// -internode.rounds N checked rounds of notify, dispatch and combine on
+// one setup (2 x 4 ranks), cycling through BF16 / FP8 dispatch, weights or
+// none, 0..2 biases and both partial formats.
+func TestRoundsRepeatedGPU(t *testing.T) {
+	skipNoGPU(t)
+	if *gpuRounds <= 0 {
+		t.Skip("set -internode.rounds N to run N checked rounds")
+	}
+	checkRepeatedRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, *gpuRounds, 700)
 }
 
 // A rank that never launches: the kernels' waits give up within the

@@ -217,13 +217,17 @@ func TestCombineBadInput(t *testing.T) {
 // waiting for its partials, rank 0 names forwarder 2, stuck on it; later
 // calls are refused.
 func TestCombinePeerNeverArrives(t *testing.T) {
+	checkCombinePeerNeverArrives(t, hostBackend, 300*time.Millisecond)
+}
+
+func checkCombinePeerNeverArrives(t *testing.T, b backend, wait time.Duration) {
 	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
 	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 8}
 	const absent = 3
 	ids := []int64{0, 7, 2, 5, -1, 3}
 	x := internode.RankInput{X: make([]uint16, 3*s.Hidden), TopK: ids}
 	got := make([]error, topo.World())
-	errs := runNotifyRanks(t, topo, 300*time.Millisecond, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	errs := runNotifyRanksOn(t, b, topo, wait, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 47, MaxTokens: 3})
 		if err != nil {
 			return nil, err

@@ -68,15 +68,17 @@ func TestEmulatedCombine(t *testing.T) {
 	}
 }
 
-// A rank that never launches its round: the waits on it give up within the
-// watchdog's timeout and name it (or the forwarder stuck on it), and the
-// Notify refuses further rounds. The module is built first, so that no
+// A rank that never launches its notify, dispatch or combine: the kernels'
+// waits on it give up within the watchdog's timeout and name it (or the
+// forwarder stuck on it), and the Notify refuses further calls. The module is built first, so that no
 // rank's wait runs while another waits for g++.
-func TestEmulatedNotifyPeerNeverArrives(t *testing.T) {
+func TestEmulatedPeerNeverArrives(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
 	_, err := cpuemu.Unknown(internode.KernelNotify)
 	require.NoError(t, err)
-	checkNotifyPeerNeverArrives(t, emuBackend, time.Second)
+	t.Run("notify", func(t *testing.T) { checkNotifyPeerNeverArrives(t, emuBackend, time.Second) })
+	t.Run("dispatch", func(t *testing.T) { checkDispatchPeerNeverArrives(t, emuBackend, time.Second) })
+	t.Run("combine", func(t *testing.T) { checkCombinePeerNeverArrives(t, emuBackend, time.Second) })
 }
 
 // Every kernel of internode.cu runs in the emulation's tests.

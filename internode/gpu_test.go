@@ -76,7 +76,9 @@ func TestRoundsRepeatedGPU(t *testing.T) {
 
 // A rank that never launches: the kernels' waits give up within the
 // watchdog's timeout, naming it or the forwarder stuck on it.
-func TestNotifyPeerNeverArrivesGPU(t *testing.T) {
+func TestPeerNeverArrivesGPU(t *testing.T) {
 	skipNoGPU(t)
-	checkNotifyPeerNeverArrives(t, cudaBackend, 2*time.Second)
+	t.Run("notify", func(t *testing.T) { checkNotifyPeerNeverArrives(t, cudaBackend, 2*time.Second) })
+	t.Run("dispatch", func(t *testing.T) { checkDispatchPeerNeverArrives(t, cudaBackend, 2*time.Second) })
+	t.Run("combine", func(t *testing.T) { checkCombinePeerNeverArrives(t, cudaBackend, 2*time.Second) })
 }

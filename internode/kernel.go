@@ -196,6 +196,12 @@ func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool,
 	args := device.NewArgs(17).Ptr(ks.ids).I32Int(len(ids) / s.TopK).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
 		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).U64(e).I32Int(nt.cfg.Alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out)
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.out, 0, 4, ks.stream); err != nil {
+		return nil, true, err
+	}
 	if err := nt.dev.Launch(KernelNotify, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
 		return nil, true, err
 	}
@@ -332,6 +338,12 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 		I32Int(s.Experts).I32Int(n).I32Int(p).I32Int(a).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlay).
 		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout())
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, ks.stream); err != nil {
+		return nil, true, nil, err
+	}
 	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
 		return nil, true, nil, err
 	}
@@ -441,6 +453,12 @@ func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int,
 		I32Int(b2i(weights)).I32Int(b2i(opt.Partial == PartialFP32)).U64(c).Ptr(ks.dlay).Ptr(ks.out + uintptr(relayOff)).
 		Ptr(ks.scratch).Ptr(bias[0]).Ptr(bias[1]).Ptr(ks.x).Ptr(ks.weights).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout())
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, ks.stream); err != nil {
+		return nil, true, nil, err
+	}
 	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
 		return nil, true, nil, err
 	}

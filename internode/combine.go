@@ -10,7 +10,8 @@ import (
 )
 
 // Combine's data path on the host backend (DESIGN.md, "Combine"): the Go
-// twin of the planned combine kernel, the reverse of Dispatch, on memory
+// twin of the combine kernel (kernels/internode.cu, launched instead where
+// kernels run: kernel.go), the reverse of Dispatch, on memory
 // NewNotify allocates next to dispatch's when NotifyConfig.MaxTokens > 0.
 //
 // Memory added after dispatch's (M = MaxTokens, partial rows padded to 16
@@ -103,7 +104,18 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	}
 	nt.combined = true
 	nt.combRound++
-	out, ok, bad := nt.combineTwin(in, opt, tokens, nt.combRound)
+	var out *CombineOutput
+	var ok bool
+	var bad error
+	if nt.kern != nil {
+		var err error
+		if out, ok, bad, err = nt.combineKernel(in, opt, tokens, nt.combRound); err != nil {
+			nt.err = fail("%w", err)
+			return nil, nt.err
+		}
+	} else {
+		out, ok, bad = nt.combineTwin(in, opt, tokens, nt.combRound)
+	}
 	if err := nt.twinFailed(fail, ok, bad); err != nil {
 		return nil, err
 	}

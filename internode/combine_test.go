@@ -35,11 +35,11 @@ func bf16s(rng *rand.Rand, n int) []uint16 {
 
 func TestCombineOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
-		t.Run(topo.String(), func(t *testing.T) { checkCombineRounds(t, topo, int64(200+topo.World())) })
+		t.Run(topo.String(), func(t *testing.T) { checkCombineRounds(t, hostBackend, topo, int64(200+topo.World())) })
 	}
 }
 
-func checkCombineRounds(t *testing.T, topo internode.Topology, seed int64) {
+func checkCombineRounds(t *testing.T, b backend, topo internode.Topology, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	w := topo.World()
 	s := internode.Shape{Topology: topo, Hidden: 64 * topo.RanksPerNode, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
@@ -101,7 +101,7 @@ func checkCombineRounds(t *testing.T, topo internode.Topology, seed int64) {
 		got[e] = make([]*internode.CombineOutput, w)
 		gotDisp[e] = make([]*internode.RankOutput, w)
 	}
-	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 41, MaxTokens: maxTokens})
 		if err != nil {
 			return nil, err
@@ -217,13 +217,17 @@ func TestCombineBadInput(t *testing.T) {
 // waiting for its partials, rank 0 names forwarder 2, stuck on it; later
 // calls are refused.
 func TestCombinePeerNeverArrives(t *testing.T) {
+	checkCombinePeerNeverArrives(t, hostBackend, 300*time.Millisecond)
+}
+
+func checkCombinePeerNeverArrives(t *testing.T, b backend, wait time.Duration) {
 	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
 	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 8}
 	const absent = 3
 	ids := []int64{0, 7, 2, 5, -1, 3}
 	x := internode.RankInput{X: make([]uint16, 3*s.Hidden), TopK: ids}
 	got := make([]error, topo.World())
-	errs := runNotifyRanks(t, topo, 300*time.Millisecond, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	errs := runNotifyRanksOn(t, b, topo, wait, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 47, MaxTokens: 3})
 		if err != nil {
 			return nil, err

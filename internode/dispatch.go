@@ -9,7 +9,8 @@ import (
 )
 
 // Dispatch's data path on the host backend (DESIGN.md, "Dispatch"): the Go
-// twin of the planned dispatch kernel, on the memory NewNotify allocates
+// twin of the dispatch kernel (kernels/internode.cu, launched instead where
+// kernels run: kernel.go), on the memory NewNotify allocates
 // when NotifyConfig.MaxTokens > 0, following a notify round whose counts
 // it uses.
 //
@@ -175,7 +176,18 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	}
 	nt.dispatched = true
 	nt.dispRound++
-	out, ok, bad := nt.dispatchTwin(in, tokens, fp8, nt.dispRound)
+	var out *RankOutput
+	var ok bool
+	var bad error
+	if nt.kern != nil {
+		var err error
+		if out, ok, bad, err = nt.dispatchKernel(in, tokens, fp8, nt.dispRound); err != nil {
+			nt.err = fail("%w", err)
+			return nil, nt.err
+		}
+	} else {
+		out, ok, bad = nt.dispatchTwin(in, tokens, fp8, nt.dispRound)
+	}
 	if err := nt.twinFailed(fail, ok, bad); err != nil {
 		return nil, err
 	}
@@ -342,6 +354,18 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 			return nil, false, nil
 		}
 	}
+	rows := devapi.Bytes(nvl+uintptr(dl.recv), uint64(res.Received*dl.recvRow))
+	nt.readRecv(out, rows, in.Weights != nil, fp8, xBytes)
+	return out, true, nil
+}
+
+// readRecv fills out's rows, sources, prefixes and per-expert counts from
+// this rank's receive rows (a copy of the region on a GPU, the region
+// itself on the host backend) after a dispatch round.
+func (nt *Notify) readRecv(out *RankOutput, rows []byte, weights, fp8 bool, xBytes int) {
+	s, dl, res := nt.shape, nt.dl, nt.last
+	k, h := s.TopK, s.Hidden
+	le32 := binary.LittleEndian
 	n := res.Received
 	out.RankPrefix = append([]int32(nil), res.RankPrefix...)
 	out.NodePrefix = append([]int32(nil), res.NodePrefix...)
@@ -349,7 +373,7 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 	out.RecvSrcRank = make([]int32, n)
 	out.RecvSrcToken = make([]int32, n)
 	out.RecvTopK = make([]int64, n*k)
-	if in.Weights != nil {
+	if weights {
 		out.RecvWeights = make([]float32, n*k)
 	}
 	if fp8 {
@@ -359,7 +383,7 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 		out.RecvX = make([]uint16, n*h)
 	}
 	for r := 0; r < n; r++ {
-		rr := devapi.Bytes(nvl+uintptr(dl.recv+r*dl.recvRow), uint64(dl.recvRow))
+		rr := rows[r*dl.recvRow : (r+1)*dl.recvRow]
 		if fp8 {
 			copy(out.RecvXFP8[r*h:], rr[:h])
 			for j := 0; j < h/FP8Block; j++ {
@@ -379,5 +403,4 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 		out.RecvSrcRank[r] = int32(le32.Uint32(rr[xBytes+12*k:]))
 		out.RecvSrcToken[r] = int32(le32.Uint32(rr[xBytes+12*k+4:]))
 	}
-	return out, true, nil
 }

@@ -84,11 +84,11 @@ func comparable(o internode.RankOutput) internode.RankOutput {
 // round after round.
 func TestDispatchOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
-		t.Run(topo.String(), func(t *testing.T) { checkDispatchRounds(t, topo, int64(100+topo.World())) })
+		t.Run(topo.String(), func(t *testing.T) { checkDispatchRounds(t, hostBackend, topo, int64(100+topo.World())) })
 	}
 }
 
-func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
+func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	w := topo.World()
 	// Hidden 128 on 2 x 2, 256 on 2 x 4: rows of two widths.
@@ -118,7 +118,7 @@ func checkDispatchRounds(t *testing.T, topo internode.Topology, seed int64) {
 	for e := range got {
 		got[e] = make([]*internode.RankOutput, w)
 	}
-	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens})
 		if err != nil {
 			return nil, err
@@ -234,13 +234,17 @@ func TestDispatchBadInput(t *testing.T) {
 // it (rank 1: its rows over the network; rank 2: its receive bases), rank
 // 0 naming forwarder 1, stuck on it; later calls are refused.
 func TestDispatchPeerNeverArrives(t *testing.T) {
+	checkDispatchPeerNeverArrives(t, hostBackend, 300*time.Millisecond)
+}
+
+func checkDispatchPeerNeverArrives(t *testing.T, b backend, wait time.Duration) {
 	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
 	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 8}
 	const absent = 3
 	ids := []int64{0, 7, 2, 5, -1, 3}
 	x := internode.RankInput{X: make([]uint16, 3*s.Hidden), TopK: ids}
 	got := make([]error, topo.World())
-	errs := runNotifyRanks(t, topo, 300*time.Millisecond, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	errs := runNotifyRanksOn(t, b, topo, wait, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 31, MaxTokens: 3})
 		if err != nil {
 			return nil, err

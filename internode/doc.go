@@ -17,6 +17,9 @@
 // receivers), and so does combine's (combine.go: forwarders reduce their
 // node's rows in ascending local rank and put one partial per token back,
 // the source reduces the partials in ascending node, bit for bit the
-// reference's); the GPU kernels are planned in DESIGN.md and not built; the
-// Buffer runs only groups of one node.
+// reference's). On a GPU (or in the CPU emulation of CUDA sources) the
+// same three steps run as kernels of kernels/internode.cu (kernel.go) on
+// the same memory with the same protocol, one block per rank and step;
+// the twins stay the host backend's path and the protocol's reference.
+// The Buffer runs only groups of one node.
 package internode

@@ -15,11 +15,12 @@ import (
 
 // Notify, the first stage of internode dispatch: the count exchange
 // (DESIGN.md, "Notify"), on the host backend. It is the Go twin of the
-// planned notify kernel: it works on the same device memory with the same
+// notify kernel (kernels/internode.cu): it works on the same device memory with the same
 // protocol (per-round staging, port-channel puts and atomic adds across
 // nodes, stores plus a release add inside a node, waits bounded by the
 // communicator's watchdog), so that the GPU kernel can be checked against
-// it step by step. There is no GPU kernel yet: CUDA devices are refused.
+// it step by step. Where the kernels run (a GPU, or the CPU emulation),
+// Run launches goep_internode_notify instead (kernel.go).
 //
 // Memory of each rank (all counts int32, counters uint64):
 //
@@ -66,7 +67,10 @@ type NotifyConfig struct {
 	// MaxTokens, when > 0, sizes the dispatch buffers (relay rows,
 	// staging, receive rows: dispatch.go) for at most this many tokens per
 	// rank and round, so that Notify.Dispatch can follow each round; 0
-	// allocates notify's memory only.
+	// allocates notify's memory only. On a device that runs the kernels
+	// (a GPU, or the CPU emulation) it must be > 0: it also sizes the
+	// device copy of each round's top-k ids, and Run takes at most
+	// MaxTokens tokens there.
 	MaxTokens int
 }
 
@@ -129,6 +133,9 @@ type Notify struct {
 
 	rdma, nvl device.Buffer
 	proxy     *channels.Proxy
+	// kern is the kernels' state on a device that runs them (a GPU or the
+	// CPU emulation: kernel.go); nil on the host backend (Go twins).
+	kern *kernelState
 	// port[n]: device handle of the port channel to forwarder (n, i);
 	// zero for the own node.
 	port []devapi.PortChannel
@@ -207,9 +214,6 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		return nil, fail("%d ranks in the communicator, %v in the shape", comm.Size(), s.Topology)
 	}
 	dev := comm.Device()
-	if dev.Info().Kind != device.Host {
-		return nil, fail("no GPU kernel yet: the notify twin runs on the host backend only")
-	}
 	if cfg.Tag < 0 || cfg.Tag >= math.MaxInt32 {
 		return nil, fail("tag %d out of range", cfg.Tag)
 	}
@@ -335,6 +339,11 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 			nt.combReady[l] = comm.NewWaitID(fmt.Sprintf("internode combine: expert outputs of rank %d (node %d)", s.Rank(a, l), a))
 		}
 	}
+	if runsKernels(dev) {
+		if err := nt.setupKernels(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return nt, nil
 }
 
@@ -359,6 +368,10 @@ func (nt *Notify) free() error {
 			errs = append(errs, err)
 		}
 		nt.proxy = nil
+	}
+	if nt.kern != nil {
+		errs = append(errs, nt.kern.free(nt.dev))
+		nt.kern = nil
 	}
 	for _, b := range []*device.Buffer{&nt.rdma, &nt.nvl} {
 		if b.Ptr != 0 {
@@ -443,12 +456,25 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	if len(ids)%s.TopK != 0 || len(ids)/s.TopK > MaxTokens {
 		return nil, fail("%d top-k ids: want a multiple of top-k %d, at most %d tokens", len(ids), s.TopK, MaxTokens)
 	}
+	if nt.kern != nil && len(ids) > nt.kern.maxIDs {
+		return nil, fail("%d tokens: the kernels take at most NotifyConfig.MaxTokens = %d", len(ids)/s.TopK, nt.cfg.MaxTokens)
+	}
 	if err := nt.comm.Check(); err != nil {
 		nt.err = fail("%w", err)
 		return nil, nt.err
 	}
 	nt.round++
-	res, ok := nt.twin(ids, nt.round)
+	var res *NotifyResult
+	ok := true
+	if nt.kern != nil {
+		var err error
+		if res, ok, err = nt.notifyKernel(ids, nt.round); err != nil {
+			nt.err = fail("%w", err)
+			return nil, nt.err
+		}
+	} else {
+		res, ok = nt.twin(ids, nt.round)
+	}
 	if err := nt.twinFailed(fail, ok, nil); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/channeltest"
+	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internode"
 )
@@ -31,13 +32,50 @@ import (
 // fn has returned (a peer's late write may still land in its memory).
 func runNotifyRanks(t *testing.T, topo internode.Topology, wait time.Duration, fn func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error)) []error {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return runNotifyRanksOn(t, hostBackend, topo, wait, fn)
+}
+
+// backend selects what runs a test's ranks: the host backend (Go twins),
+// the CPU emulation of the real kernels, or CUDA GPUs (ranks spread over
+// the GPUs present, several to a GPU when there are fewer GPUs).
+type backend int
+
+const (
+	hostBackend backend = iota
+	emuBackend
+	cudaBackend
+)
+
+func (b backend) String() string { return [...]string{"host", "emu", "cuda"}[b] }
+
+// runLocal runs fn on w goroutine ranks of backend b, each with its own
+// in-process bootstrap and device.
+func runLocal(ctx context.Context, b backend, w int, fn func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error) []error {
+	cfg := bootstrap.Config{Timeout: time.Minute}
+	switch b {
+	case emuBackend:
+		return bootstrap.RunInProcess(ctx, w, cfg, func(ctx context.Context, bs bootstrap.Bootstrap) error {
+			dev, err := cpuemu.Open(bs.Rank(), cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
+			if err != nil {
+				return err
+			}
+			return errors.Join(fn(ctx, bs, dev), dev.Close())
+		})
+	case cudaBackend:
+		return channeltest.RunLocal(ctx, device.CUDA, w, cfg, fn)
+	}
+	return channeltest.RunLocal(ctx, device.Host, w, cfg, fn)
+}
+
+func runNotifyRanksOn(t *testing.T, b backend, topo internode.Topology, wait time.Duration, fn func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error)) []error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	w := topo.World()
 	var done, closed sync.WaitGroup
 	done.Add(w)
 	closed.Add(w)
-	return channeltest.RunLocal(ctx, device.Host, w, bootstrap.Config{Timeout: time.Minute},
+	return runLocal(ctx, b, w,
 		func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
 			c, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: wait},
 				Network: channels.NetworkConfig{VirtualNodes: topo.Nodes, Sockets: 2, ChunkBytes: 16 << 10}})
@@ -59,10 +97,13 @@ func runNotifyRanks(t *testing.T, topo internode.Topology, wait time.Duration, f
 		})
 }
 
+// maxNotifyTokens bounds notifyIDs' tokens per rank.
+const maxNotifyTokens = 39
+
 // notifyIDs draws one rank's top-k ids: valid experts, -1 and ids outside
 // [-1, E) mixed in; rank zeroRank gets no tokens.
 func notifyIDs(rng *rand.Rand, s internode.Shape, rank, zeroRank int) []int64 {
-	t := rng.Intn(40)
+	t := rng.Intn(maxNotifyTokens + 1)
 	if rank == zeroRank {
 		t = 0
 	}
@@ -128,7 +169,7 @@ func wantNotify(t *testing.T, s internode.Shape, ids [][]int64, alignment int) [
 // nodes of 2 and of 4 ranks.
 func TestNotifyCountsOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
-		t.Run(topo.String(), func(t *testing.T) { checkNotifyRounds(t, topo, 4, int64(topo.World())) })
+		t.Run(topo.String(), func(t *testing.T) { checkNotifyRounds(t, hostBackend, topo, 4, int64(topo.World())) })
 	}
 }
 
@@ -145,14 +186,14 @@ func TestNotifySlowReaders(t *testing.T) {
 		}
 	})
 	defer internode.SetNotifyTestHook(nil)
-	checkNotifyRounds(t, topo, 6, 77)
+	checkNotifyRounds(t, hostBackend, topo, 6, 77)
 }
 
 // checkNotifyRounds runs rounds notify rounds on one setup (counters
 // advance by round; both staging parities are reused): random routings
 // (one rank with T = 0 each), the last round with no tokens anywhere, and
 // compares every rank's result with the reference's.
-func checkNotifyRounds(t *testing.T, topo internode.Topology, rounds int, seed int64) {
+func checkNotifyRounds(t *testing.T, b backend, topo internode.Topology, rounds int, seed int64) {
 	rng := rand.New(rand.NewSource(seed))
 	w := topo.World()
 	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
@@ -171,8 +212,12 @@ func checkNotifyRounds(t *testing.T, topo internode.Topology, rounds int, seed i
 	for e := range got {
 		got[e] = make([]*internode.NotifyResult, w)
 	}
-	errs := runNotifyRanks(t, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 5, Alignment: align})
+	cfg := internode.NotifyConfig{Tag: 5, Alignment: align}
+	if b != hostBackend {
+		cfg.MaxTokens = maxNotifyTokens // the kernels stage the ids in memory sized by it
+	}
+	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -208,6 +253,10 @@ func checkNotifyRounds(t *testing.T, topo internode.Topology, rounds int, seed i
 // the (short) timeout with an error naming it, the others with a timeout
 // naming the rank they waited on, and the Notify refuses further rounds.
 func TestNotifyPeerNeverArrives(t *testing.T) {
+	checkNotifyPeerNeverArrives(t, hostBackend, 300*time.Millisecond)
+}
+
+func checkNotifyPeerNeverArrives(t *testing.T, b backend, wait time.Duration) {
 	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
 	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 8}
 	const absent = 3
@@ -215,8 +264,12 @@ func TestNotifyPeerNeverArrives(t *testing.T) {
 	var mu sync.Mutex
 	got := map[int]error{}
 	start := time.Now()
-	errs := runNotifyRanks(t, topo, 300*time.Millisecond, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 9})
+	cfg := internode.NotifyConfig{Tag: 9}
+	if b != hostBackend {
+		cfg.MaxTokens = 4
+	}
+	errs := runNotifyRanksOn(t, b, topo, wait, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, cfg)
 		if err != nil || c.Rank() == absent {
 			return nt, err
 		}

@@ -19,7 +19,7 @@ func needCompiler(t *testing.T) {
 // emulated are the modules the emulated tests run; each must build, and
 // none may hold inline PTX the emulation does not translate.
 var emulated = []string{"layout.cu", "ep_convert.cu", "intranode.cu", "lowlatency.cu", "coll_ll.cu", "coll_bulk.cu", "coll_util.cu",
-	"channel_kernels.cu", "port_kernels.cu", "proxy_kernels.cu", "plan_exec.cu", "doctor.cu"}
+	"channel_kernels.cu", "port_kernels.cu", "proxy_kernels.cu", "plan_exec.cu", "doctor.cu", "internode.cu"}
 
 func TestEveryEmulatedModuleBuilds(t *testing.T) {
 	needCompiler(t)

@@ -1,0 +1,502 @@
+package internode
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/internal/checked"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/kernels"
+)
+
+// Kernel names in kernels/internode.cu (module "internode"). The host
+// backend runs the Go twins (notify.go, dispatch.go, combine.go) instead:
+// they are not launched through device.Launch because they work on the
+// Notify's Go state, and they stay the protocol's reference.
+const (
+	KernelNotify   = "goep_internode_notify"
+	KernelDispatch = "goep_internode_dispatch"
+	KernelCombine  = "goep_internode_combine"
+)
+
+// Kernels are every kernel package internode launches (to preload).
+var Kernels = []string{KernelNotify, KernelDispatch, KernelCombine}
+
+func init() {
+	kernels.Register(kernels.Module{Name: "internode", File: "internode.cu", Kernels: Kernels})
+}
+
+// notifyThreads is the notify kernel's block (one block): at least 64
+// (N and P threads do per-peer work), small enough that emulated ranks,
+// whose threads are OS threads, stay cheap.
+const notifyThreads = 128
+
+// runsKernels says whether dev runs goep's CUDA kernels themselves: a GPU,
+// or the CPU emulation of the CUDA sources (internal/cpuemu, which loads
+// sources as the user-kernel path does). The plain host backend runs the
+// Go twins.
+func runsKernels(dev device.Device) bool {
+	if dev.Info().Kind == device.CUDA {
+		return true
+	}
+	_, emulated := dev.(interface {
+		LoadSource(file, src string) ([]string, error)
+	})
+	return emulated
+}
+
+// kernelState is what the kernels need besides the two regions: device
+// tables (port channels, peer workspaces, wait ids), the notify output and
+// the staged top-k ids, all in one allocation made at setup (nothing is
+// allocated per round: ranks sharing a GPU must not allocate while a peer
+// spins), and the stream the launches go to.
+type kernelState struct {
+	buf                      device.Buffer
+	ports, peers, waits, out uintptr
+	ids                      uintptr
+	maxIDs                   int // top-k ids the ids region holds
+	// Dispatch: the layout struct, inputs staged per round (x, scales,
+	// weights), the per (token, node) row scratch, dispatch's wait ids.
+	dlay, x, scales, weights, scratch, dwaits uintptr
+	// Combine: biases staged per round, combine's wait ids (the output
+	// reuses x and weights).
+	bias0, bias1, cwaits uintptr
+	outInts              int
+	stream               device.Stream
+}
+
+// notifyOutInts is the length of the notify kernel's int32 output
+// (internode.cu: status, invalid, per rank, node, expert, from rank,
+// relay, relay targets, local experts, rank prefix).
+func (s Shape) notifyOutInts() int {
+	w, n := s.World(), s.Nodes
+	return 2 + w + n + s.Experts + w + n + n*s.RanksPerNode + s.LocalExperts() + w
+}
+
+// setupKernels allocates and fills the kernels' tables, preloads the
+// module (CUDA: loading code waits for every kernel in the context, so it
+// must happen before any rank can spin), checks the one-block launch
+// against the spin budget of ranks sharing a GPU, and meets the other
+// ranks once more so that none launches before every rank has preloaded.
+func (nt *Notify) setupKernels(ctx context.Context) error {
+	s := nt.shape
+	if nt.cfg.MaxTokens <= 0 {
+		return errors.New("a GPU (or the CPU emulation) needs NotifyConfig.MaxTokens > 0: the top-k ids are staged in device memory sized by it at setup")
+	}
+	n, p := s.Nodes, s.RanksPerNode
+	maxIDs, ok := checked.Mul(nt.cfg.MaxTokens, s.TopK)
+	if !ok {
+		return fmt.Errorf("%d tokens x top-k %d overflow", nt.cfg.MaxTokens, s.TopK)
+	}
+	ks := &kernelState{maxIDs: maxIDs, outInts: s.notifyOutInts()}
+	portsBytes := n * devapi.PortChannelSize
+	off := 0
+	take := func(b int) int { o := off; off += int(align16(int64(b))); return o }
+	oPorts := take(portsBytes)
+	oPeers := take(8 * p)
+	oWaits := take(4 * (n + p))
+	oOut := take(4*ks.outInts + 8) // notify's output, then dispatch's status words
+	oIDs := take(8 * maxIDs)
+	m, h := nt.cfg.MaxTokens, s.Hidden
+	oDlay := take(dlayBytes)
+	oX := take(m * 2 * h) // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
+	oScales := take(m * 4 * (h / FP8Block))
+	oWeights := take(4 * maxIDs)
+	oScratch := take(4 * m * n)
+	oDwaits := take(4 * (n + 2*p))
+	oBias0 := take(m * 2 * h)
+	oBias1 := take(m * 2 * h)
+	oCwaits := take(4 * (p + n))
+	var err error
+	if ks.buf, err = nt.alloc(off); err != nil {
+		return err
+	}
+	nt.kern = ks
+	base := ks.buf.Ptr
+	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(oPorts), base+uintptr(oPeers), base+uintptr(oWaits), base+uintptr(oOut), base+uintptr(oIDs)
+	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(oDlay), base+uintptr(oX), base+uintptr(oScales),
+		base+uintptr(oWeights), base+uintptr(oScratch), base+uintptr(oDwaits)
+	ks.bias0, ks.bias1, ks.cwaits = base+uintptr(oBias0), base+uintptr(oBias1), base+uintptr(oCwaits)
+	for _, t := range []struct {
+		at  uintptr
+		ids []uint32
+	}{
+		{ks.dwaits, append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...)},
+		{ks.cwaits, append(append([]uint32(nil), nt.combReady...), nt.combNetWait...)},
+	} {
+		b := make([]byte, 4*len(t.ids))
+		for j, id := range t.ids {
+			binary.LittleEndian.PutUint32(b[4*j:], id)
+		}
+		if err := nt.dev.CopyIn(t.at, b); err != nil {
+			return err
+		}
+	}
+	tab := make([]byte, oOut)
+	for j, ch := range nt.port {
+		if j != s.Node(nt.rank) {
+			ch.Encode(tab[oPorts+j*devapi.PortChannelSize:])
+		}
+	}
+	for l, v := range nt.peerNVL {
+		binary.LittleEndian.PutUint64(tab[oPeers+8*l:], uint64(v))
+	}
+	for j, id := range append(append([]uint32(nil), nt.netWait...), nt.nvlWait...) {
+		binary.LittleEndian.PutUint32(tab[oWaits+4*j:], id)
+	}
+	if err := nt.dev.CopyIn(base, tab); err != nil {
+		return err
+	}
+	if ks.stream, err = nt.dev.NewStream(); err != nil {
+		return err
+	}
+	if nt.dev.Info().Kind == device.CUDA {
+		if err := nt.dev.Preload(Kernels...); err != nil {
+			return err
+		}
+	}
+	if _, err := nt.comm.Placement(ctx); err != nil {
+		return err
+	}
+	if err := nt.comm.CheckSpinLaunch("internode notify", 1); err != nil {
+		return err
+	}
+	return nt.comm.Barrier(ctx)
+}
+
+func (ks *kernelState) free(dev device.Device) error {
+	var errs []error
+	if ks.stream != nil {
+		errs = append(errs, ks.stream.Close())
+		ks.stream = nil
+	}
+	if ks.buf.Ptr != 0 {
+		errs = append(errs, dev.Free(ks.buf))
+		ks.buf = device.Buffer{}
+	}
+	return errors.Join(errs...)
+}
+
+// notifyKernel runs round e with the notify kernel: the twin's steps
+// (notify.go) on the same memory. ok is false when a wait gave up (the
+// watchdog holds the record); err is a launch or copy failure.
+func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool, err error) {
+	s := nt.shape
+	ks := nt.kern
+	if len(ids) > 0 {
+		if err := nt.dev.CopyInAsync(ks.ids, int64Bytes(ids), ks.stream); err != nil {
+			return nil, true, err
+		}
+	}
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(17).Ptr(ks.ids).I32Int(len(ids) / s.TopK).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
+		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).U64(e).I32Int(nt.cfg.Alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out)
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.out, 0, 4, ks.stream); err != nil {
+		return nil, true, err
+	}
+	if err := nt.dev.Launch(KernelNotify, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+		return nil, true, err
+	}
+	if err := ks.stream.Synchronize(); err != nil {
+		return nil, true, err
+	}
+	raw := make([]byte, 4*ks.outInts)
+	if err := nt.dev.CopyOut(raw, ks.out); err != nil {
+		return nil, true, err
+	}
+	out := make([]int32, ks.outInts)
+	for j := range out {
+		out[j] = int32(binary.LittleEndian.Uint32(raw[4*j:]))
+	}
+	if uint32(out[0]) != uint32(e) {
+		return nil, false, nil
+	}
+	w, n, p, le := s.World(), s.Nodes, s.RanksPerNode, s.LocalExperts()
+	next := func(k int) []int32 { v := append([]int32(nil), out[:k]...); out = out[k:]; return v }
+	out = out[1:]
+	res := &NotifyResult{Layout: Layout{Tokens: len(ids) / s.TopK}}
+	res.Layout.Invalid = int(next(1)[0])
+	res.Layout.TokensPerRank = next(w)
+	res.Layout.TokensPerNode = next(n)
+	res.Layout.TokensPerExpert = next(s.Experts)
+	res.FromRank = next(w)
+	res.Relay = next(n)
+	res.RelayTargets = next(n * p)
+	perExpert := next(le)
+	_ = next(w) // the device's rank prefix (for the dispatch kernel); the host's below is the result
+
+	// What the twin derives on the host, from the kernel's counts.
+	res.ViaForwarder = make([]int32, p)
+	res.RankPrefix = make([]int32, w)
+	res.NodePrefix = make([]int32, n)
+	var total int64
+	for r, c := range res.FromRank {
+		res.ViaForwarder[s.Local(r)] += c
+		total += int64(c)
+		res.RankPrefix[r] = int32(total)
+		res.NodePrefix[s.Node(r)] = int32(total)
+	}
+	res.Received = int(total)
+	res.RelayPrefix = make([]int32, n)
+	var sum int32
+	for j, c := range res.Relay {
+		sum += c
+		res.RelayPrefix[j] = sum
+	}
+	res.TokensPerLocalExpert = make([]int, le)
+	for x, c := range perExpert {
+		res.TokensPerLocalExpert[x] = int(c)
+	}
+	return res, true, nil
+}
+
+func int64Bytes(v []int64) []byte {
+	b := make([]byte, 8*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint64(b[8*j:], uint64(x))
+	}
+	return b
+}
+
+// dispatchKernel runs dispatch round d with the dispatch kernel: the
+// twin's steps (dispatch.go) on the same memory, with the inputs staged in
+// device memory first. ok is false when a wait gave up; bad reports a
+// relayed row the kernel skipped because its place lies outside the
+// receive region (the twin stops at it); err is a launch or copy failure.
+func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (out *RankOutput, ok bool, bad, err error) {
+	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
+	n, p, k, h := s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	le := binary.LittleEndian
+	xBytes := 2 * h
+	if fp8 {
+		xBytes = h + 4*(h/FP8Block)
+	}
+	nt.dispXBytes = xBytes // combine finds the relay rows' metadata after x
+
+	// Stage the layout and the inputs (the ids are notify's, already here).
+	lay := make([]byte, dlayBytes)
+	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
+		le.PutUint64(lay[8*j:], uint64(v))
+	}
+	for j, v := range []int{dl.relayRow, dl.recvRow, dl.maxTokens, xBytes} {
+		le.PutUint32(lay[56+4*j:], uint32(v))
+	}
+	for j, v := range []int{dl.combCounters, dl.combRecv, dl.combSend, dl.combReady} {
+		le.PutUint64(lay[72+8*j:], uint64(v))
+	}
+	le.PutUint32(lay[104:], uint32(dl.partialRow))
+	var xb, scb []byte
+	if fp8 {
+		xb = append([]byte(nil), in.XFP8...)
+		scb = make([]byte, 4*len(in.Scales))
+		for j, v := range in.Scales {
+			le.PutUint32(scb[4*j:], math.Float32bits(v))
+		}
+	} else {
+		xb = make([]byte, 2*len(in.X))
+		for j, v := range in.X {
+			le.PutUint16(xb[2*j:], v)
+		}
+	}
+	var wb []byte
+	if in.Weights != nil {
+		wb = make([]byte, 4*len(in.Weights))
+		for j, v := range in.Weights {
+			le.PutUint32(wb[4*j:], math.Float32bits(v))
+		}
+	}
+	for _, c := range []struct {
+		dst uintptr
+		b   []byte
+	}{{ks.dlay, lay}, {ks.x, xb}, {ks.scales, scb}, {ks.weights, wb}} {
+		if len(c.b) > 0 {
+			if err := nt.dev.CopyInAsync(c.dst, c.b, ks.stream); err != nil {
+				return nil, true, nil, err
+			}
+		}
+	}
+	weights := ks.weights
+	if in.Weights == nil {
+		weights = 0
+	}
+	fp8Arg := 0
+	if fp8 {
+		fp8Arg = 1
+	}
+	// Offsets of notify's outputs that dispatch reads on the device.
+	relayOff, prefixOff := s.notifyOffsets()
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(26).Ptr(ks.x).Ptr(ks.scales).Ptr(ks.ids).Ptr(weights).I32Int(tokens).I32Int(h).I32Int(k).
+		I32Int(s.Experts).I32Int(n).I32Int(p).I32Int(a).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlay).
+		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout())
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, ks.stream); err != nil {
+		return nil, true, nil, err
+	}
+	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+		return nil, true, nil, err
+	}
+	if err := ks.stream.Synchronize(); err != nil {
+		return nil, true, nil, err
+	}
+	st := make([]byte, 8)
+	if err := nt.dev.CopyOut(st, ks.dout()); err != nil {
+		return nil, true, nil, err
+	}
+	if le.Uint32(st) != uint32(d) {
+		return nil, false, nil, nil
+	}
+	if le.Uint32(st[4:]) != 0 {
+		return nil, true, errors.New("a relayed row's place lies outside the receive region (or more rows were relayed than the relay region holds): the kernel skipped it"), nil
+	}
+
+	// Read back what the twin reads in place: the relay rows' metadata
+	// (Relayed) and the receive rows.
+	out = &RankOutput{}
+	for src := 0; src < n; src++ {
+		rows := int(res.Relay[src])
+		if rows == 0 {
+			continue
+		}
+		b := make([]byte, rows*dl.relayRow)
+		if err := nt.dev.CopyOut(b, nt.rdma.Ptr+uintptr(dl.relay+src*dl.maxTokens*dl.relayRow)); err != nil {
+			return nil, true, nil, err
+		}
+		for j := 0; j < rows; j++ {
+			o := j*dl.relayRow + xBytes + 12*k
+			out.Relayed = append(out.Relayed, Relay{SrcRank: int32(s.Rank(src, i)), SrcToken: int32(le.Uint32(b[o:])),
+				Targets: uint8(le.Uint32(b[o+4:]))})
+		}
+	}
+	rows := make([]byte, res.Received*dl.recvRow)
+	if err := nt.dev.CopyOut(rows, nt.nvl.Ptr+uintptr(dl.recv)); err != nil {
+		return nil, true, nil, err
+	}
+	nt.readRecv(out, rows, in.Weights != nil, fp8, xBytes)
+	return out, true, nil, nil
+}
+
+// dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
+const dlayBytes = 112
+
+// notifyOffsets are the byte offsets, in the notify kernel's output, of
+// the relay counts and the rank prefix that dispatch and combine read on
+// the device.
+func (s Shape) notifyOffsets() (relay, prefix int) {
+	w, n := s.World(), s.Nodes
+	relay = 4 * (2 + w + n + s.Experts + w)
+	return relay, relay + 4*(n+n*s.RanksPerNode+s.LocalExperts())
+}
+
+// combineKernel runs combine round c with the combine kernel: the twin's
+// steps (combine.go) on the same memory, with the expert outputs copied
+// into this rank's receive rows and the biases staged first, in stream
+// order. ok, bad and err as dispatchKernel's.
+func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int, c uint64) (out *CombineOutput, ok bool, bad, err error) {
+	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
+	n, p, k, h := s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	le := binary.LittleEndian
+	weights := in.Weights != nil
+	if res.Received > 0 {
+		img := make([]byte, res.Received*dl.recvRow)
+		for r := 0; r < res.Received; r++ {
+			row := img[r*dl.recvRow:]
+			for j := 0; j < h; j++ {
+				le.PutUint16(row[2*j:], in.Y[r*h+j])
+			}
+			if weights {
+				for j := 0; j < k; j++ {
+					le.PutUint32(row[2*h+4*j:], math.Float32bits(in.Weights[r*k+j]))
+				}
+			}
+		}
+		if err := nt.dev.CopyInAsync(nt.nvl.Ptr+uintptr(dl.recv), img, ks.stream); err != nil {
+			return nil, true, nil, err
+		}
+	}
+	var bias [2]uintptr
+	for j, b := range [][]uint16{in.Bias0, in.Bias1} {
+		if b == nil {
+			continue
+		}
+		bias[j] = []uintptr{ks.bias0, ks.bias1}[j]
+		if len(b) > 0 {
+			bb := make([]byte, 2*len(b))
+			for q, v := range b {
+				le.PutUint16(bb[2*q:], v)
+			}
+			if err := nt.dev.CopyInAsync(bias[j], bb, ks.stream); err != nil {
+				return nil, true, nil, err
+			}
+		}
+	}
+	b2i := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	relayOff, _ := s.notifyOffsets()
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(24).I32Int(tokens).I32Int(h).I32Int(k).I32Int(n).I32Int(p).I32Int(a).I32Int(i).
+		I32Int(b2i(weights)).I32Int(b2i(opt.Partial == PartialFP32)).U64(c).Ptr(ks.dlay).Ptr(ks.out + uintptr(relayOff)).
+		Ptr(ks.scratch).Ptr(bias[0]).Ptr(bias[1]).Ptr(ks.x).Ptr(ks.weights).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout())
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, ks.stream); err != nil {
+		return nil, true, nil, err
+	}
+	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+		return nil, true, nil, err
+	}
+	if err := ks.stream.Synchronize(); err != nil {
+		return nil, true, nil, err
+	}
+	st := make([]byte, 8)
+	if err := nt.dev.CopyOut(st, ks.dout()); err != nil {
+		return nil, true, nil, err
+	}
+	if le.Uint32(st) != uint32(c) {
+		return nil, false, nil, nil
+	}
+	if le.Uint32(st[4:]) != 0 {
+		return nil, true, errors.New("a relayed token's row or partial slot lies outside its region: the kernel skipped it"), nil
+	}
+	out = &CombineOutput{}
+	out.X = make([]uint16, tokens*h)
+	xb := make([]byte, 2*tokens*h)
+	if err := nt.dev.CopyOut(xb, ks.x); err != nil {
+		return nil, true, nil, err
+	}
+	for j := range out.X {
+		out.X[j] = le.Uint16(xb[2*j:])
+	}
+	if weights {
+		out.Weights = make([]float32, tokens*k)
+		wb := make([]byte, 4*tokens*k)
+		if err := nt.dev.CopyOut(wb, ks.weights); err != nil {
+			return nil, true, nil, err
+		}
+		for j := range out.Weights {
+			out.Weights[j] = math.Float32frombits(le.Uint32(wb[4*j:]))
+		}
+	}
+	return out, true, nil, nil
+}
+
+// dout is dispatch's status words (status, bad): after notify's output,
+// which dispatch reads.
+func (ks *kernelState) dout() uintptr { return ks.out + uintptr(4*ks.outInts) }

@@ -1,0 +1,636 @@
+// internode.cu: internode (network between nodes, NVLink inside) kernels.
+//
+// The plain-Go semantics are internode.ReferenceLayout / ReferenceDispatch;
+// the Go twins (the host backend's path and the reference for the
+// protocol) are internode/notify.go, dispatch.go and combine.go; the
+// launcher, which validates every argument before a launch, is in package
+// internode; the protocol is internode/DESIGN.md ("GPU protocol").
+//
+// Notify's memory (byte offsets, computed here from the shape exactly as
+// internode.Shape's rdmaRecv / rdmaSend / nvlRecv do; B = P + 1 + P*LE):
+//   RDMA buffer (reached across nodes only by port channels):
+//     u64 net counters [N]                 counter a: blocks landed from node a
+//     i32 recv [2][N][B]                   parity, source node, count block
+//     i32 send [2][N][B]                   parity, destination node, count block
+//   NVLink workspace (mapped by the node's ranks):
+//     u64 counters [P]                     counter f: blocks from forwarder f
+//     i32 recv [2][P][N][1 + LE]           parity, forwarder, source node
+//
+// Out (int32, this rank's, read by the host after the launch): status (the
+// round's low 32 bits, written last when every wait succeeded), invalid,
+// tokens per rank [W], per node [N], per expert [E], received per source
+// rank [W], relay per source node [N], relay per (source node, local
+// target) [N*P], per local expert (aligned) [LE], inclusive rank prefix [W].
+#include "channel_device.cuh"
+
+#define GOEP_INN_NOTIFY_MAX_THREADS 1024
+
+// Stages of the waits (internode's stageNotify* constants).
+#define GOEP_INN_STAGE_NOTIFY_NET 40
+#define GOEP_INN_STAGE_NOTIFY_NVL 41
+#define GOEP_INN_STAGE_NOTIFY_PUT 42
+
+// Reduction with relaxed semantics at system scope; after a
+// fence.acq_rel.sys of the same thread it is a release pattern.
+__device__ __forceinline__ void goep_inn_red_add_relaxed_sys_u64(u64* p, u64 v) {
+  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+struct goep_inn_notify_shape {
+  int nodes, p, le, node, local;
+  __device__ __forceinline__ int blk() const { return p + 1 + p * le; }
+  __device__ __forceinline__ u64 rdma_recv(int par, int a) const {
+    return 8ull * nodes + ((u64)(par * nodes + a) * blk()) * 4ull;
+  }
+  __device__ __forceinline__ u64 rdma_send(int par, int n) const {
+    return 8ull * nodes + ((u64)((2 + par) * nodes + n) * blk()) * 4ull;
+  }
+  __device__ __forceinline__ u64 nvl_recv(int par, int f, int a) const {
+    return 8ull * p + ((u64)((par * p + f) * nodes + a) * (1 + le)) * 4ull;
+  }
+};
+
+extern "C" {
+__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+    goep_internode_notify(const i64* ids, int num_tokens, int k, int num_experts, int nodes, int p, int node,
+                          int local, u64 round, int alignment, u8* rdma, u8* nvl, const u64* peer_nvl,
+                          const goep_port_channel* ports, goep_watchdog* wd, const u32* wait_ids, i32* out);
+}
+
+// Notify round e (see internode/notify.go for the same steps in Go). One
+// block; every thread takes part in every step, threads below N or P do
+// the per-peer work.
+extern "C" __global__ void goep_internode_notify(const i64* ids, int num_tokens, int k, int num_experts, int nodes,
+                                                 int p, int node, int local, u64 round, int alignment, u8* rdma,
+                                                 u8* nvl, const u64* peer_nvl, const goep_port_channel* ports,
+                                                 goep_watchdog* wd, const u32* wait_ids, i32* out) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int w = nodes * p, le = num_experts / w;
+  const goep_inn_notify_shape s{nodes, p, le, node, local};
+  const int blk = s.blk(), par = (int)(round & 1);
+  i32* status = out;
+  i32* invalid = out + 1;
+  i32* per_rank = out + 2;
+  i32* per_node = per_rank + w;
+  i32* per_expert = per_node + nodes;
+  i32* from_rank = per_expert + num_experts;
+  i32* relay = from_rank + w;
+  i32* relay_targets = relay + nodes;
+  i32* local_expert = relay_targets + nodes * p;
+  i32* rank_prefix = local_expert + le;
+
+  // 1. Layout: zero the counts, then one thread per token counts each rank
+  // and node once (an earlier id of the token on the same rank or node
+  // already counted it) and every valid expert.
+  for (int j = tid; j < 2 + w + nodes + num_experts; j += nt) {
+    out[j] = 0;
+  }
+  __syncthreads();
+  for (int t = tid; t < num_tokens; t += nt) {
+    const i64* row = ids + (i64)t * k;
+    for (int j = 0; j < k; ++j) {
+      const i64 x = row[j];
+      if (x < 0 || x >= num_experts) {
+        if (x != -1) {
+          atomicAdd(invalid, 1);
+        }
+        continue;
+      }
+      const int r = (int)(x / le), n = r / p;
+      bool seen_rank = false, seen_node = false;
+      for (int q = 0; q < j; ++q) {
+        const i64 y = row[q];
+        if (y < 0 || y >= num_experts) {
+          continue;
+        }
+        const int ry = (int)(y / le);
+        seen_rank |= ry == r;
+        seen_node |= ry / p == n;
+      }
+      atomicAdd(per_expert + x, 1);
+      if (!seen_rank) {
+        atomicAdd(per_rank + r, 1);
+      }
+      if (!seen_node) {
+        atomicAdd(per_node + n, 1);
+      }
+    }
+  }
+  __syncthreads();
+
+  // 2. Stage one block per node (the own node's straight into the own
+  // receive block), then push a put and an atomic add per other node, one
+  // thread per channel: the FIFO push fences, so the block's staging
+  // (ordered by the barrier) is what the put moves, and the transport
+  // applies the add after the put.
+  for (int j = tid; j < nodes * blk; j += nt) {
+    const int n = j / blk, q = j % blk;
+    const i32 v = q < p ? per_rank[n * p + q] : q == p ? per_node[n] : per_expert[n * p * le + (q - p - 1)];
+    ((i32*)(rdma + s.rdma_send(par, n)))[q] = v;
+    if (n == node) {
+      ((i32*)(rdma + s.rdma_recv(par, node)))[q] = v;
+    }
+  }
+  __syncthreads();
+  bool ok = true;
+  if (tid < nodes) {
+    if (tid == node) {
+      // Read back by this block only, after the barrier below; a relaxed
+      // add keeps the counter's meaning (blocks landed) uniform.
+      goep_inn_red_add_relaxed_sys_u64((u64*)rdma + node, 1);
+    } else {
+      const goep_port_channel& ch = ports[tid];
+      ok = goep_pc_put(ch, s.rdma_recv(par, node), s.rdma_send(par, tid), 4ull * blk, GOEP_INN_STAGE_NOTIFY_PUT) &&
+           goep_pc_atomic_add(ch, 8ull * node, 1, GOEP_INN_STAGE_NOTIFY_PUT);
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+
+  // 3. As forwarder: wait for every source node's block, then hand each
+  // local rank l, per source node, the count for l and l's per-expert
+  // counts, and release-add l's counter for this forwarder.
+  if (tid < nodes) {
+    ok = goep_wait_ge_u64((const u64*)rdma + tid, round, wd, wait_ids[tid], (u32)(tid * p + local),
+                          GOEP_INN_STAGE_NOTIFY_NET);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  const int fw = 1 + le;
+  for (int j = tid; j < p * nodes * fw; j += nt) {
+    const int l = j / (nodes * fw), a = j / fw % nodes, q = j % fw;
+    const i32* rb = (const i32*)(rdma + s.rdma_recv(par, a));
+    i32* dst = (i32*)((u8*)peer_nvl[l] + s.nvl_recv(par, local, a));
+    dst[q] = q == 0 ? rb[l] : rb[p + 1 + l * le + (q - 1)];
+  }
+  for (int j = tid; j < nodes * p; j += nt) {
+    const i32* rb = (const i32*)(rdma + s.rdma_recv(par, j / p));
+    relay_targets[j] = rb[j % p];
+    if (j % p == 0) {
+      relay[j / p] = rb[p];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    goep_fence_acq_rel_sys();
+    for (int l = 0; l < p; ++l) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)peer_nvl[l] + local, 1);
+    }
+  }
+
+  // 4. As receiver: wait for every forwarder of the node, then read.
+  if (tid < p) {
+    ok = goep_wait_ge_u64((const u64*)nvl + tid, round, wd, wait_ids[nodes + tid], (u32)(node * p + tid),
+                          GOEP_INN_STAGE_NOTIFY_NVL);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  for (int j = tid; j < p * nodes; j += nt) {
+    const int f = j / nodes, a = j % nodes;
+    from_rank[a * p + f] = *(const i32*)(nvl + s.nvl_recv(par, f, a));
+  }
+  for (int x = tid; x < le; x += nt) {
+    i32 sum = 0;
+    for (int f = 0; f < p; ++f) {
+      for (int a = 0; a < nodes; ++a) {
+        sum += ((const i32*)(nvl + s.nvl_recv(par, f, a)))[1 + x];
+      }
+    }
+    if (alignment > 1) {
+      sum = (i32)(((i64)sum + alignment - 1) / alignment * alignment);
+    }
+    local_expert[x] = sum;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // The host refuses a total above int32 from its own int64 sum of
+    // from_rank; the prefix here wraps like it would.
+    u32 acc = 0;
+    for (int r = 0; r < w; ++r) {
+      acc += (u32)from_rank[r];
+      rank_prefix[r] = (i32)acc;
+    }
+    __threadfence_system();
+    *(volatile i32*)status = (i32)(u32)round;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Dispatch (see internode/dispatch.go for the same steps in Go). Every row
+// is 4-byte aligned (x is 2H or H + 4H/128 bytes, H a multiple of 8 or
+// 128), so rows move as 32-bit words and int64 ids as two words.
+//
+// Relay row: x [xb], ids i64 [K], weights f32 [K], source token i32,
+// target mask u32, slot per target local rank i32 [P]. Receive row: x
+// [xb], local ids i64 [K], weights f32 [K], source rank i32, source token
+// i32.
+// The regions' offsets, written by the host at setup (internode's
+// dispatchLayout; xb is the round's x bytes, written before each launch).
+struct goep_inn_dispatch_layout {
+  u64 net_counters, relay, send;         // RDMA buffer
+  u64 nvl_counters, ready, bases, recv;  // NVLink workspace
+  i32 relay_row, recv_row, max_tokens, xb;
+  u64 comb_counters, comb_recv, comb_send;  // RDMA buffer (combine)
+  u64 comb_ready;                           // NVLink workspace (combine)
+  i32 partial_row, reserved;
+};
+static_assert(sizeof(goep_inn_dispatch_layout) == 112, "goep: goep_inn_dispatch_layout layout");
+
+#define GOEP_INN_STAGE_DISPATCH_NET 50
+#define GOEP_INN_STAGE_DISPATCH_READY 51
+#define GOEP_INN_STAGE_DISPATCH_NVL 52
+#define GOEP_INN_STAGE_DISPATCH_PUT 53
+
+// Dispatch's status words in out: status (the round's low 32 bits when
+// every wait succeeded), bad (a relayed row whose place lies outside the
+// receive region, or more relayed rows than the region holds: the row is
+// skipped and the host reports it).
+extern "C" {
+__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+    goep_internode_dispatch(const u8* x, const float* scales, const i64* ids, const float* weights, int num_tokens,
+                            int hidden, int k, int num_experts, int nodes, int p, int node, int local, int fp8,
+                            u64 round, const goep_inn_dispatch_layout* dlp, const i32* rank_prefix, const i32* relay_count, i32* scratch,
+                            u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
+                            const u32* wait_ids, i32* out);
+}
+
+extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* scales, const i64* ids,
+                                                   const float* weights, int num_tokens, int hidden, int k,
+                                                   int num_experts, int nodes, int p, int node, int local, int fp8,
+                                                   u64 round, const goep_inn_dispatch_layout* dlp,
+                                                   const i32* rank_prefix,
+                                                   const i32* relay_count, i32* scratch, u8* rdma, u8* nvl,
+                                                   const u64* peer_nvl, const goep_port_channel* ports,
+                                                   goep_watchdog* wd, const u32* wait_ids, i32* out) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+  const goep_inn_dispatch_layout dl = *dlp;
+  const int w = nodes * p, le = num_experts / w, xb = dl.xb, xw = xb / 4;
+  const int h = hidden;
+  __shared__ int rows_to[64];
+
+  // 1. Publish the receive bases (first row of each source rank here).
+  if (tid == 0) {
+    out[1] = 0;
+  }
+  for (int r = tid; r < w; r += nt) {
+    ((i32*)(nvl + dl.bases))[r] = r > 0 ? rank_prefix[r - 1] : 0;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    goep_fence_acq_rel_sys();
+    goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.ready), 1);
+  }
+
+  // 2. Pack. Thread n walks the tokens in order for destination node n:
+  // the token's row there (prefix over its tokens to n), target mask and
+  // per-target slots (index among its tokens to that rank); then the
+  // block copies the rows' payload, and thread n sends node n's rows.
+  if (tid < nodes) {
+    const int n = tid;
+    u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                                   : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+    int cnt = 0;
+    int slots[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int t = 0; t < num_tokens; ++t) {
+      u32 mask = 0;
+      for (int j = 0; j < k; ++j) {
+        const i64 e = ids[(i64)t * k + j];
+        if (e >= 0 && e < num_experts) {
+          const int r = (int)(e / le);
+          if (r / p == n) {
+            mask |= 1u << (r % p);
+          }
+        }
+      }
+      if (mask == 0) {
+        scratch[(i64)t * nodes + n] = -1;
+        continue;
+      }
+      scratch[(i64)t * nodes + n] = cnt;
+      i32* meta = (i32*)(region + (u64)cnt * dl.relay_row + xb + 12 * k);
+      meta[0] = t;
+      meta[1] = (i32)mask;
+      for (int l = 0; l < p; ++l) {
+        meta[2 + l] = (mask >> l & 1) ? slots[l]++ : -1;
+      }
+      ++cnt;
+    }
+    rows_to[n] = cnt;
+  }
+  __syncthreads();
+  for (int item = warp; item < num_tokens * nodes; item += warps) {
+    const int t = item / nodes, n = item % nodes;
+    const int row = scratch[item];
+    if (row < 0) {
+      continue;
+    }
+    u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                                   : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+    u32* dst = (u32*)(region + (u64)row * dl.relay_row);
+    if (fp8) {
+      const u32* src = (const u32*)(x + (u64)t * h);
+      for (int q = lane; q < h / 4; q += 32) {
+        dst[q] = src[q];
+      }
+      const u32* sc = (const u32*)(scales + (u64)t * (h / 128));
+      for (int q = lane; q < h / 128; q += 32) {
+        dst[h / 4 + q] = sc[q];
+      }
+    } else {
+      const u32* src = (const u32*)(x + (u64)t * xb);
+      for (int q = lane; q < xw; q += 32) {
+        dst[q] = src[q];
+      }
+    }
+    for (int j = lane; j < k; j += 32) {
+      const u64 e = (u64)ids[(i64)t * k + j];
+      dst[xw + 2 * j] = (u32)e;
+      dst[xw + 2 * j + 1] = (u32)(e >> 32);
+      dst[xw + 2 * k + j] = weights ? __float_as_uint(weights[(i64)t * k + j]) : 0u;
+    }
+  }
+  __syncthreads();
+  bool ok = true;
+  if (tid < nodes) {
+    if (tid == node) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.net_counters) + node, 1);
+    } else {
+      const goep_port_channel& ch = ports[tid];
+      const int cnt = rows_to[tid];
+      ok = (cnt == 0 || goep_pc_put(ch, dl.relay + (u64)node * dl.max_tokens * dl.relay_row,
+                                    dl.send + (u64)tid * dl.max_tokens * dl.relay_row, (u64)cnt * dl.relay_row,
+                                    GOEP_INN_STAGE_DISPATCH_PUT)) &&
+           goep_pc_atomic_add(ch, dl.net_counters + 8ull * node, 1, GOEP_INN_STAGE_DISPATCH_PUT);
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+
+  // 3. Forward: every source node's rows landed and every local rank's
+  // bases published; a warp per relayed row writes it to each target.
+  if (tid < nodes) {
+    ok = goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + tid, round, wd, wait_ids[tid],
+                          (u32)(tid * p + local), GOEP_INN_STAGE_DISPATCH_NET);
+  } else if (tid >= 64 && tid < 64 + p) {
+    const int l = tid - 64;
+    ok = goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
+                          (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_READY);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  const i64 capacity = (i64)w * dl.max_tokens;
+  for (int src = 0; src < nodes; ++src) {
+    const int rows = relay_count[src], src_rank = src * p + local;
+    if (rows < 0 || rows > dl.max_tokens) {
+      if (tid == 0) {
+        out[1] = 1;
+      }
+      continue;
+    }
+    for (int j = warp; j < rows; j += warps) {
+      const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+      const i32* meta = (const i32*)(row + xw + 3 * k);
+      const u32 mask = (u32)meta[1];
+      for (int l = 0; l < p; ++l) {
+        if ((mask >> l & 1) == 0) {
+          continue;
+        }
+        const int dst_rank = node * p + l;
+        const i32 slot = meta[2 + l];
+        const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+        const i64 pos = (i64)base + slot;
+        if (slot < 0 || base < 0 || pos >= capacity) {
+          if (lane == 0) {
+            out[1] = 1;
+          }
+          continue;
+        }
+        u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
+        for (int q = lane; q < xw; q += 32) {
+          rr[q] = row[q];
+        }
+        for (int jj = lane; jj < k; jj += 32) {
+          const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
+          const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
+          const u64 v = mine ? (u64)(e - (i64)dst_rank * le) : ~0ull;
+          rr[xw + 2 * jj] = (u32)v;
+          rr[xw + 2 * jj + 1] = (u32)(v >> 32);
+          rr[xw + 2 * k + jj] = mine ? row[xw + 2 * k + jj] : 0u;
+        }
+        if (lane == 0) {
+          rr[xw + 3 * k] = (u32)src_rank;
+          rr[xw + 3 * k + 1] = (u32)meta[0];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    goep_fence_acq_rel_sys();
+    for (int l = 0; l < p; ++l) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
+    }
+  }
+
+  // 4. Receive: every forwarder of the node has placed its rows.
+  if (tid < p) {
+    ok = goep_wait_ge_u64((const u64*)(nvl + dl.nvl_counters) + tid, round, wd, wait_ids[nodes + p + tid],
+                          (u32)(node * p + tid), GOEP_INN_STAGE_DISPATCH_NVL);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  if (tid == 0) {
+    __threadfence_system();
+    *(volatile i32*)out = (i32)(u32)round;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Combine (see internode/combine.go for the same steps in Go). The expert
+// outputs (y BF16 [H], weights fp32 [K]) are already in this rank's
+// receive rows (the host copies them there in stream order before the
+// launch). Partial rows: x fp32 [H] for the own node and under fp32
+// partials, BF16 [H] otherwise, then weights fp32 [K]; stride rounded up
+// to 16 bytes. scratch[t][n] is dispatch's row of token t at node n (its
+// partial slot), -1 where t has no expert there.
+#define GOEP_INN_STAGE_COMBINE_READY 60
+#define GOEP_INN_STAGE_COMBINE_NET 61
+#define GOEP_INN_STAGE_COMBINE_PUT 62
+
+__device__ __forceinline__ int goep_inn_partial_xb(int n, int node, int fp32, int h) {
+  return (n == node || fp32) ? 4 * h : 2 * h;
+}
+__device__ __forceinline__ u64 goep_inn_partial_stride(int n, int node, int fp32, int h, int k) {
+  return ((u64)goep_inn_partial_xb(n, node, fp32, h) + 4ull * k + 15ull) & ~15ull;
+}
+
+extern "C" {
+__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+    goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node, int local, int weights,
+                           int fp32, u64 round, const goep_inn_dispatch_layout* dlp, const i32* relay_count,
+                           const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
+                           u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
+                           const u32* wait_ids, i32* out);
+}
+
+extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node,
+                                                  int local, int weights, int fp32, u64 round,
+                                                  const goep_inn_dispatch_layout* dlp, const i32* relay_count,
+                                                  const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x,
+                                                  float* out_w, u8* rdma, u8* nvl, const u64* peer_nvl,
+                                                  const goep_port_channel* ports, goep_watchdog* wd,
+                                                  const u32* wait_ids, i32* out) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+  const goep_inn_dispatch_layout dl = *dlp;
+  const int w = nodes * p, h = hidden, xw = dl.xb / 4;
+  const i64 capacity = (i64)w * dl.max_tokens;
+
+  // 1. This rank's expert outputs are in place (the copy before the
+  // launch): tell the node's forwarders.
+  if (tid == 0) {
+    out[1] = 0;
+    goep_fence_acq_rel_sys();
+    goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.comb_ready), 1);
+  }
+
+  // 2. As forwarder: every local rank's outputs are in place; a warp per
+  // relayed token sums its targets' rows from +0 in ascending local rank.
+  bool ok = true;
+  if (tid < p) {
+    ok = goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[tid] + dl.comb_ready), round, wd, wait_ids[tid],
+                          (u32)(node * p + tid), GOEP_INN_STAGE_COMBINE_READY);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  for (int src = 0; src < nodes; ++src) {
+    const int rows = relay_count[src], src_rank = src * p + local;
+    if (rows < 0 || rows > dl.max_tokens) {
+      if (tid == 0) {
+        out[1] = 1;
+      }
+      continue;
+    }
+    const u64 stride = goep_inn_partial_stride(src, node, fp32, h, k);
+    const int pxb = goep_inn_partial_xb(src, node, fp32, h);
+    u8* region = rdma + (src == node ? dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row
+                                     : dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row);
+    for (int j = warp; j < rows; j += warps) {
+      const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+      const i32* meta = (const i32*)(row + xw + 3 * k);
+      const u32 mask = (u32)meta[1];
+      bool in_range = true;
+      for (int l = 0; l < p; ++l) {
+        if (mask >> l & 1) {
+          const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+          const i64 pos = (i64)base + meta[2 + l];
+          in_range &= meta[2 + l] >= 0 && base >= 0 && pos < capacity;
+        }
+      }
+      if (!in_range) {
+        if (lane == 0) {
+          out[1] = 1;
+        }
+        continue;
+      }
+      u8* pr = region + (u64)j * stride;
+      for (int q = lane; q < h + k; q += 32) {
+        float acc = 0.0f;
+        for (int l = 0; l < p; ++l) {
+          if ((mask >> l & 1) == 0) {
+            continue;
+          }
+          const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+          const u8* rr = (const u8*)peer_nvl[l] + dl.recv + (u64)(base + meta[2 + l]) * dl.recv_row;
+          if (q < h) {
+            acc += goep_bf16_bits_to_f32(((const u16*)rr)[q]);
+          } else if (weights) {
+            acc += ((const float*)(rr + 2 * h))[q - h];
+          }
+        }
+        if (q >= h) {
+          ((float*)(pr + pxb))[q - h] = acc;
+        } else if (pxb == 4 * h) {
+          ((float*)pr)[q] = acc;
+        } else {
+          ((u16*)pr)[q] = goep_f32_to_bf16_bits(acc);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (tid < nodes) {
+    if (tid == node) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.comb_counters) + node, 1);
+    } else {
+      const goep_port_channel& ch = ports[tid];
+      const int rows = relay_count[tid];
+      const u64 stride = goep_inn_partial_stride(tid, node, fp32, h, k);
+      ok = (rows <= 0 || rows > dl.max_tokens ||
+            goep_pc_put(ch, dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row,
+                        dl.comb_send + (u64)tid * dl.max_tokens * dl.partial_row, (u64)rows * stride,
+                        GOEP_INN_STAGE_COMBINE_PUT)) &&
+           goep_pc_atomic_add(ch, dl.comb_counters + 8ull * node, 1, GOEP_INN_STAGE_COMBINE_PUT);
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+
+  // 3. As source: every node's partials landed; a warp per token sums them
+  // in ascending node from +0, adds bias0 then bias1, rounds once.
+  if (tid < nodes) {
+    ok = goep_wait_ge_u64((const u64*)(rdma + dl.comb_counters) + tid, round, wd, wait_ids[p + tid],
+                          (u32)(tid * p + local), GOEP_INN_STAGE_COMBINE_NET);
+  }
+  if (goep_block_any_failed(!ok)) {
+    return;
+  }
+  for (int t = warp; t < num_tokens; t += warps) {
+    for (int q = lane; q < h + k; q += 32) {
+      float acc = 0.0f;
+      for (int n = 0; n < nodes; ++n) {
+        const i32 j = scratch[(i64)t * nodes + n];
+        if (j < 0) {
+          continue;
+        }
+        if (j >= dl.max_tokens) {
+          out[1] = 1;
+          continue;
+        }
+        const int pxb = goep_inn_partial_xb(n, node, fp32, h);
+        const u8* pr = rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
+                       (u64)j * goep_inn_partial_stride(n, node, fp32, h, k);
+        if (q >= h) {
+          acc += ((const float*)(pr + pxb))[q - h];
+        } else if (pxb == 4 * h) {
+          acc += ((const float*)pr)[q];
+        } else {
+          acc += goep_bf16_bits_to_f32(((const u16*)pr)[q]);
+        }
+      }
+      if (q < h) {
+        if (bias0) {
+          acc += goep_bf16_bits_to_f32(bias0[(i64)t * h + q]);
+        }
+        if (bias1) {
+          acc += goep_bf16_bits_to_f32(bias1[(i64)t * h + q]);
+        }
+        out_x[(i64)t * h + q] = goep_f32_to_bf16_bits(acc);
+      } else if (weights) {
+        out_w[(i64)t * k + (q - h)] = acc;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence_system();
+    *(volatile i32*)out = (i32)(u32)round;
+  }
+}

@@ -86,6 +86,15 @@ func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Conf
 		slots: make([]*Handle, b.HandleSlots()), poison: poisonViews()}, nil
 }
 
+// Mode is the protocol the Buffer runs: ModeIntranode or ModeInternode
+// ("" for a nil Buffer).
+func (b *Buffer) Mode() Mode {
+	if b == nil {
+		return ""
+	}
+	return b.b.Mode()
+}
+
 // Rank is this rank (0 for a nil Buffer).
 func (b *Buffer) Rank() int {
 	if b == nil {

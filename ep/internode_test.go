@@ -20,6 +20,7 @@ import (
 
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
+	"github.com/goep-dev/goep/internal/apicheck"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -465,5 +466,30 @@ func TestInternodeRefusedGPU(t *testing.T) {
 	for i, err := range errs {
 		require.Error(t, err, "rank %d", i)
 		require.True(t, strings.Contains(err.Error(), "internode mode") && strings.Contains(err.Error(), "host backend"), "rank %d: %v", i, err)
+	}
+}
+
+// 1 (issue 18). An internode Buffer after Close: every exported method of
+// it, of a handle it returned and of its events answers without a panic,
+// and calls are refused with ErrClosed.
+func TestInternodeAPIAfterClose(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 2, Experts: 8}
+	r := newRig(t, ep.Host, 4, ep.Config{MaxTokens: 4, Hidden: 128, TopK: 2, Experts: 8, VirtualNodes: 2, Timeout: 10 * time.Second})
+	rng := rand.New(rand.NewPCG(3, 4))
+	ir := newInterRound(rng, s, []int{4, 2, 3, 1}, routeRandom, false, false, nil)
+	res, _ := interDispatch(t, r, s, ir, nil, "dispatch")
+	ctx := context.Background()
+	require.NoError(t, r.close())
+	for i, b := range r.bufs {
+		for _, v := range []any{b, res[i].Handle, res[i].Done} {
+			for _, f := range apicheck.Call(v, apicheck.Options{}) {
+				t.Errorf("rank %d: %v", i, f)
+			}
+		}
+		_, err := b.Dispatch(ctx, ir.args(t, r, i, s))
+		require.ErrorIs(t, err, ep.ErrClosed)
+		_, err = b.Combine(ctx, ep.CombineArgs{Handle: res[i].Handle})
+		require.Error(t, err)
 	}
 }

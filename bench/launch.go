@@ -61,16 +61,16 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if why, ok := oneProcessOnly[rest[0]]; ok {
 		return fmt.Errorf("%s runs in one process (%s); run `ep-bench %s` without launch", rest[0], why, rest[0])
 	}
-	bound, what := launchBound(*maxRanks)
-	if *n > bound {
-		return fmt.Errorf("-n %d: at most %d ranks here (%s); --max-ranks raises the bound", *n, bound, what)
-	}
 	var env []string
 	if *nodes != 0 {
 		if _, err := internode.VirtualNodes(*n, *nodes); err != nil {
 			return fmt.Errorf("--nodes: %w", err)
 		}
 		env = append(env, fmt.Sprintf("%s=%d", internode.VirtualNodesEnv, *nodes))
+	}
+	bound, what := launchBound(*maxRanks)
+	if *n > bound {
+		return fmt.Errorf("-n %d: at most %d ranks here (%s); --max-ranks raises the bound", *n, bound, what)
 	}
 	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace, MaxN: bound, Env: env})
 }

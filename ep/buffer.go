@@ -66,7 +66,8 @@ type Buffer struct {
 }
 
 // NewBuffer builds rank bs.Rank()'s Buffer on dev for a group of bs.Size()
-// ranks (1..8 GPUs of one node, or host-backend goroutine ranks). Every
+// ranks (1..8 GPUs of one node, or host-backend goroutine ranks; ranks on
+// several nodes, or Config.VirtualNodes, run the internode mode: Mode). Every
 // rank calls it at the same time with the same Config. All memory is
 // allocated here: no call on the Buffer allocates device memory. dev and bs
 // stay the caller's; close the Buffer first. A bootstrap timeout or ctx

@@ -33,6 +33,7 @@ type inOpts struct {
 	tuneSMs               []int
 	tuneWarmup, tuneIters int
 	ranks                 int
+	nodes                 int // internode: virtual nodes (0: from the environment)
 	timeout               time.Duration
 	jsonPath, plotPrefix  string
 	progress              *progress // nil: quiet

@@ -11,6 +11,7 @@ import (
 
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internal/spawn"
+	"github.com/goep-dev/goep/internode"
 )
 
 func init() {
@@ -31,8 +32,9 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	n := fs.Int("n", 0, "number of ranks (one process per GPU; rank i uses GPU i)")
 	grace := fs.Duration("grace", 5*time.Second, "how long ranks get to stop after one fails, before they are killed")
 	maxRanks := fs.Int("max-ranks", 0, "the most ranks -n may ask for (0: one per GPU, or one per CPU core without GPUs)")
+	nodes := fs.Int("nodes", 0, "split the ranks into this many virtual nodes (sets "+internode.VirtualNodesEnv+" in every rank: cross-node traffic goes over the network transport, and ep Buffers run internode); must divide -n")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ep-bench launch -n N [--grace 5s] -- <ep-bench command> [flags]")
+		fmt.Fprintln(stderr, "usage: ep-bench launch -n N [--nodes K] [--grace 5s] -- <ep-bench command> [flags]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -59,11 +61,18 @@ func runLaunch(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if why, ok := oneProcessOnly[rest[0]]; ok {
 		return fmt.Errorf("%s runs in one process (%s); run `ep-bench %s` without launch", rest[0], why, rest[0])
 	}
+	var env []string
+	if *nodes != 0 {
+		if _, err := internode.VirtualNodes(*n, *nodes); err != nil {
+			return fmt.Errorf("--nodes: %w", err)
+		}
+		env = append(env, fmt.Sprintf("%s=%d", internode.VirtualNodesEnv, *nodes))
+	}
 	bound, what := launchBound(*maxRanks)
 	if *n > bound {
 		return fmt.Errorf("-n %d: at most %d ranks here (%s); --max-ranks raises the bound", *n, bound, what)
 	}
-	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace, MaxN: bound})
+	return spawn.Run(ctx, spawn.Options{N: *n, Args: rest, Stdout: stdout, Stderr: stderr, GracePeriod: *grace, MaxN: bound, Env: env})
 }
 
 // maxLaunchRanks is the hard ceiling of -n, whatever --max-ranks says.

@@ -65,6 +65,7 @@ type Buffer struct {
 	stream   device.Stream
 	waitID   uint32
 	work     intranode.Workspace
+	inter    *interState // the internode mode's state (nil in intranode)
 	slotPlan handleSlot
 	outPlan  layoutPlace
 
@@ -92,6 +93,10 @@ const (
 	tagConfig = 1
 	tagReady  = 2
 	tagClose  = 3
+	// tagBarrier and tagClosed: the internode mode's host barrier, and its
+	// meeting after the Notify is closed.
+	tagBarrier = 4
+	tagClosed  = 5
 )
 
 func (b *Buffer) tag(kind int) int { return tagBase | b.cfg.Tag<<8 | kind }
@@ -116,7 +121,7 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if err != nil {
 		return nil, fmt.Errorf("buffer: rank %d: %w", bs.Rank(), err)
 	}
-	// One place picks the mode: today every group is one node's.
+	// The mode is picked below, once the communicator knows the nodes.
 	b := &Buffer{mode: Intranode, cfg: cfg, hint: hint, rank: bs.Rank(), ranks: bs.Size(), user: dev, dev: newAccounting(dev), bs: bs,
 		ctx: cudaContext(dev)}
 	if dev.Info().Kind == device.CUDA && b.ctx == nil {
@@ -135,12 +140,38 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if err := b.checkConfigs(ctx); err != nil {
 		return nil, err
 	}
-	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout}}); err != nil {
+	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout},
+		Network: channels.NetworkConfig{VirtualNodes: cfg.VirtualNodes}}); err != nil {
 		return nil, b.errorf("%w", err)
 	}
-	b.waitID = b.comm.NewWaitID(fmt.Sprintf("ep buffer %d intranode kernels", cfg.Tag))
+	// One place picks the mode: one node (a host, or no virtual split) runs
+	// intranode, several run internode.
+	topo, err := b.topology(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if topo.Nodes > 1 {
+		b.mode = Internode
+		if b.hint, err = internodeSizeHints(cfg, topo); err != nil {
+			return nil, b.errorf("%w", err)
+		}
+		ic := intranode.Config{Ranks: b.ranks, MaxTokens: cfg.MaxTokens, Hidden: cfg.Hidden, TopK: cfg.TopK, LocalExperts: cfg.Experts / b.ranks, FP8: cfg.FP8}
+		b.slotPlan, b.outPlan = slotLayout(ic), layoutOutputs(ic)
+	} else if hint.Nodes > 1 {
+		return nil, b.errorf("the configuration asks for %d virtual nodes, the communicator found one node", hint.Nodes)
+	}
+	b.waitID = b.comm.NewWaitID(fmt.Sprintf("ep buffer %d %s kernels", cfg.Tag, b.mode))
 	if err := b.placeLaunches(ctx); err != nil {
 		return nil, err
+	}
+	if b.mode == Internode {
+		if err := b.newInternode(ctx, topo); err != nil {
+			return nil, err
+		}
+		if _, err := b.exchangeAll(ctx, tagReady, nil); err != nil {
+			return nil, b.errorf("meeting the peers: %w", timeoutError(err))
+		}
+		return b, nil
 	}
 	if err := b.preload(); err != nil {
 		return nil, err
@@ -166,8 +197,8 @@ func (b *Buffer) errorf(format string, a ...any) error {
 // peer's (sameConfig).
 func (b *Buffer) checkConfigs(ctx context.Context) error {
 	c := b.cfg
-	mine := fmt.Sprintf("tokens=%d hidden=%d topk=%d experts=%d fp8=%v workspace=%d tag=%d",
-		c.MaxTokens, c.Hidden, c.TopK, c.Experts, c.FP8, b.hint.Workspace, c.Tag)
+	mine := fmt.Sprintf("tokens=%d hidden=%d topk=%d experts=%d fp8=%v workspace=%d tag=%d nodes=%dx%d",
+		c.MaxTokens, c.Hidden, c.TopK, c.Experts, c.FP8, b.hint.Workspace, c.Tag, b.hint.Nodes, b.hint.RanksPerNode)
 	if err := sameConfig(ctx, b.bs, b.rank, b.ranks, b.tag(tagConfig), "Buffer config", mine); err != nil {
 		return b.errorf("%w", err)
 	}
@@ -293,12 +324,16 @@ func (b *Buffer) exchange(ctx context.Context) error {
 // Mode is the protocol a Buffer runs its calls with.
 type Mode string
 
-// Modes. Internode (network + NVLink forwarding) and low-latency decode
-// come next, as siblings of package intranode.
+// Modes. Low-latency decode is its own Buffer (LowLatency).
 const (
 	// Intranode: every rank of the group on one node, over NVLink (or
 	// host memory on the host backend).
 	Intranode Mode = "intranode"
+	// Internode: ranks on several nodes (hosts, or virtual nodes of one
+	// host: Config.VirtualNodes, $GOEP_VIRTUAL_NODES), package internode's
+	// protocol: network between nodes, NVLink forwarding inside. Host
+	// backend only until its GPU kernels land.
+	Internode Mode = "internode"
 )
 
 // Mode is the protocol this Buffer runs (chosen by New from the group).
@@ -545,6 +580,9 @@ func (b *Buffer) Barrier(s device.Stream) error {
 	if err := b.Usable(); err != nil {
 		return err
 	}
+	if b.mode == Internode {
+		return b.barrierInternode(s)
+	}
 	if b.sems == nil {
 		return nil
 	}
@@ -616,6 +654,8 @@ func (b *Buffer) describe(err error) error {
 		stage = "intranode " + intranode.StageName(te.Stage)
 	case te.Stage == StageBarrier:
 		stage = "device barrier"
+	case b.mode == Internode:
+		stage = fmt.Sprintf("internode stage %d", te.Stage)
 	}
 	return b.errorf("%s timed out waiting on rank %d; the buffer is unusable until Close: %w", stage, te.Peer, err)
 }
@@ -662,6 +702,14 @@ func (b *Buffer) Close(ctx context.Context) error {
 	if _, err := b.exchangeAll(ctx, tagClose, nil); err != nil {
 		errs = append(errs, b.errorf("close: meeting the peers: %w", timeoutError(err)))
 	}
+	if b.inter != nil {
+		// The Notify's proxy drains over the peers' connections: nobody
+		// closes its communicator before every rank has closed its Notify.
+		errs = append(errs, b.closeInternode())
+		if _, err := b.exchangeAll(ctx, tagClosed, nil); err != nil {
+			errs = append(errs, b.errorf("close: meeting the peers after the internode close: %w", timeoutError(err)))
+		}
+	}
 	errs = append(errs, b.free())
 	return errors.Join(errs...)
 }
@@ -697,6 +745,7 @@ func (b *Buffer) free() error {
 	if mapped.Dev != 0 {
 		errs = append(errs, b.dev.FreeHostMapped(mapped))
 	}
+	errs = append(errs, b.closeInternode()) // New's cleanup: Close has done it
 	if b.comm != nil {
 		errs = append(errs, b.comm.Close()) // peers' mappings, semaphores, watchdog
 	}

@@ -93,6 +93,9 @@ func (b *Buffer) Dispatch(ctx context.Context, c DispatchCall) (DispatchOutcome,
 	if c.ExpertAlignment < 0 || c.ExpertAlignment > intranode.MaxExpertAlignment {
 		return out, b.errorf("%s: expert alignment %d: want 0..%d", op, c.ExpertAlignment, intranode.MaxExpertAlignment)
 	}
+	if b.mode == Internode {
+		return b.dispatchInternode(ctx, c)
+	}
 	s, l := c.Stream, b.hint.Layout
 	slot := b.slot(c.Slot, c.Tokens)
 	if c.WorstCase {
@@ -183,6 +186,9 @@ func (b *Buffer) Combine(c CombineCall) error {
 	if c.Slot < 0 || c.Slot >= b.cfg.handles() {
 		return b.errorf("%s: handle slot %d of %d", op, c.Slot, b.cfg.handles())
 	}
+	if b.mode == Internode {
+		return b.combineInternode(c)
+	}
 	y := c.X
 	if y == 0 { // no rows: the kernel reads none, but wants a pointer
 		y = b.work.Recv().X
@@ -238,8 +244,17 @@ func (b *Buffer) RecvViews(slot int) Recv {
 	if !b.isOpen() || slot < 0 || slot >= b.cfg.handles() {
 		return Recv{}
 	}
-	v := b.work.Recv()
 	s := b.slot(slot, 0)
+	if b.mode == Internode {
+		l := b.hint.Recv
+		r := Recv{X: b.recvPtr(l.X), SrcToken: b.recvPtr(l.SrcToken), TopK: b.recvPtr(l.TopK), Weights: b.recvPtr(l.Weights),
+			NumRecv: s.handle.NumRecv, RankPrefix: s.handle.RankPrefix, ExpertCounts: s.expertCounts}
+		if b.cfg.FP8 {
+			r.Scales = b.recvPtr(l.Scales)
+		}
+		return r
+	}
+	v := b.work.Recv()
 	return Recv{X: v.X, Scales: v.Scales, SrcToken: v.SrcToken, TopK: v.TopK, Weights: v.Weights,
 		NumRecv: s.handle.NumRecv, RankPrefix: s.handle.RankPrefix, ExpertCounts: s.expertCounts}
 }
@@ -249,6 +264,9 @@ func (b *Buffer) RecvViews(slot int) Recv {
 func (b *Buffer) CombineInput() (x, weights uintptr) {
 	if !b.isOpen() {
 		return 0, 0
+	}
+	if b.mode == Internode {
+		return b.recvPtr(b.hint.Recv.CombineX), b.recvPtr(b.hint.Recv.CombineWeights)
 	}
 	v := b.work.CombineInput()
 	return v.X, v.Weights

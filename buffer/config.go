@@ -2,8 +2,10 @@ package buffer
 
 import (
 	"fmt"
+	"os"
 	"time"
 
+	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/intranode"
 	"github.com/goep-dev/goep/routing"
 )
@@ -48,6 +50,12 @@ type Config struct {
 	// give them different tags, 0..MaxTag. Buffers built one after the
 	// other in the same order on every rank may share a tag.
 	Tag int
+	// VirtualNodes splits the ranks of one host into this many nodes of
+	// consecutive ranks (it must divide the ranks), whose traffic to each
+	// other goes over the network transport: the Buffer then runs the
+	// internode mode on one host. 0 means $GOEP_VIRTUAL_NODES, else none (a
+	// node is a host); 1 is one node. Every rank must pass the same.
+	VirtualNodes int
 }
 
 // DefaultHandles is the number of handle slots when Config.Handles is 0:
@@ -130,8 +138,16 @@ type SizeHint struct {
 	// count, invalid-id counts and per-local-expert counts.
 	HostMapped int
 	// Device is the sum of the device allocations above. The communicator
-	// adds a little more (watchdog, semaphore tokens; see Buffer.Memory).
+	// adds a little more (watchdog, semaphore tokens; see Buffer.Memory),
+	// and in the internode mode its notify, relay and staging regions
+	// (RDMA buffer and NVLink workspace, sized by package internode).
 	Device int
+	// Nodes and RanksPerNode are the split the Buffer is sized for: one
+	// node (intranode) or several (internode).
+	Nodes, RanksPerNode int
+	// Recv places the internode mode's receive and combine input regions
+	// in Workspace (zero in the intranode mode, whose Layout places them).
+	Recv RecvLayout
 }
 
 // regionAlign keeps the Buffer's own sub-allocations apart on cache lines.
@@ -186,8 +202,43 @@ func layoutOutputs(ic intranode.Config) layoutPlace {
 
 // SizeHints computes what a Buffer of c takes on each of ranks ranks, and
 // checks c: experts divisible by ranks, hidden a multiple of what the
-// kernels need, the layout fitting Config.WorkspaceBytes.
+// kernels need, the layout fitting Config.WorkspaceBytes. Virtual nodes
+// (Config.VirtualNodes or $GOEP_VIRTUAL_NODES) and groups of more ranks
+// than one node holds (intranode.MaxRanks) are sized for the internode
+// mode; a group spread over hosts is sized again by New once it has
+// learnt the hosts.
 func SizeHints(c Config, ranks int) (SizeHint, error) {
+	topo, err := c.virtualTopology(ranks)
+	if err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: %w", err)
+	}
+	if topo.Nodes > 1 || ranks > intranode.MaxRanks {
+		if topo.Nodes == 1 { // several hosts, whose split New learns
+			topo = internode.Topology{Nodes: ranks, RanksPerNode: 1}
+		}
+		return internodeSizeHints(c, topo)
+	}
+	return intranodeSizeHints(c, ranks)
+}
+
+// virtualTopology is the split of ranks into virtual nodes that c (or the
+// environment) asks for: one node when none.
+func (c Config) virtualTopology(ranks int) (internode.Topology, error) {
+	switch {
+	case c.VirtualNodes < 0:
+		return internode.Topology{}, fmt.Errorf("virtual nodes %d: want 0 (from $%s) or a count that divides %d ranks", c.VirtualNodes, internode.VirtualNodesEnv, ranks)
+	case c.VirtualNodes > 0:
+		t, err := internode.VirtualNodes(ranks, c.VirtualNodes)
+		if err != nil {
+			return t, fmt.Errorf("Config.VirtualNodes: %w", err)
+		}
+		return t, nil
+	}
+	return internode.ParseVirtualNodes(os.Getenv(internode.VirtualNodesEnv), ranks)
+}
+
+// intranodeSizeHints sizes the intranode mode.
+func intranodeSizeHints(c Config, ranks int) (SizeHint, error) {
 	ic, err := c.intranode(ranks)
 	if err != nil {
 		return SizeHint{}, fmt.Errorf("buffer: %w", err)
@@ -214,5 +265,6 @@ func SizeHints(c Config, ranks int) (SizeHint, error) {
 	h.IDScratch = 8 * c.MaxTokens * c.TopK
 	h.HostMapped = mappedExpertCounts + 4*ic.LocalExperts
 	h.Device = h.Workspace + h.PeerTable + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.Barrier + h.IDScratch
+	h.Nodes, h.RanksPerNode = 1, ranks
 	return h, nil
 }

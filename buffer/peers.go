@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/goep-dev/goep/channels"
@@ -51,10 +52,34 @@ func sameConfig(ctx context.Context, bs bootstrap.Bootstrap, rank, ranks, tag in
 	}
 	for r, t := range theirs {
 		if t != nil && string(t) != mine {
-			return fmt.Errorf("rank %d's %s (%s) differs from this rank's (%s)", r, what, t, mine)
+			return fmt.Errorf("rank %d's %s (%s) differs from this rank's (%s)%s", r, what, t, mine, differing(string(t), mine))
 		}
 	}
 	return nil
+}
+
+// differing names the fields of two "name=value ..." strings that differ
+// (", fields: a, b"), or nothing when they are not in that form.
+func differing(a, b string) string {
+	fa, fb := strings.Fields(a), strings.Fields(b)
+	if len(fa) != len(fb) {
+		return ""
+	}
+	var names []string
+	for i := range fa {
+		na, _, oka := strings.Cut(fa[i], "=")
+		nb, _, okb := strings.Cut(fb[i], "=")
+		if !oka || !okb || na != nb {
+			return ""
+		}
+		if fa[i] != fb[i] {
+			names = append(names, na)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	return ", fields: " + strings.Join(names, ", ")
 }
 
 // exchangeWorkspaces registers ws with comm, opens every peer's (each

@@ -66,7 +66,8 @@ type Buffer struct {
 }
 
 // NewBuffer builds rank bs.Rank()'s Buffer on dev for a group of bs.Size()
-// ranks (1..8 GPUs of one node, or host-backend goroutine ranks). Every
+// ranks (1..8 GPUs of one node, or host-backend goroutine ranks; ranks on
+// several nodes, or Config.VirtualNodes, run the internode mode: Mode). Every
 // rank calls it at the same time with the same Config. All memory is
 // allocated here: no call on the Buffer allocates device memory. dev and bs
 // stay the caller's; close the Buffer first. A bootstrap timeout or ctx
@@ -84,6 +85,15 @@ func NewBuffer(ctx context.Context, bs bootstrap.Bootstrap, dev Device, cfg Conf
 	}
 	return &Buffer{b: b, cfg: cfg, rank: b.Rank(), ranks: b.Ranks(),
 		slots: make([]*Handle, b.HandleSlots()), poison: poisonViews()}, nil
+}
+
+// Mode is the protocol the Buffer runs: ModeIntranode or ModeInternode
+// ("" for a nil Buffer).
+func (b *Buffer) Mode() Mode {
+	if b == nil {
+		return ""
+	}
+	return b.b.Mode()
 }
 
 // Rank is this rank (0 for a nil Buffer).

@@ -49,7 +49,24 @@ type Config struct {
 	Dispatch, Combine LaunchConfig
 	// Layout sizes the dispatch-layout kernel (zero: its defaults).
 	Layout routing.LayoutConfig
+	// VirtualNodes splits the ranks of one host into this many nodes of
+	// consecutive ranks (it must divide the ranks), whose traffic to each
+	// other goes over the network transport: the Buffer then runs the
+	// internode mode (Buffer.Mode). 0 means $GOEP_VIRTUAL_NODES, else none
+	// (a node is a host); 1 is one node. Every rank passes the same.
+	VirtualNodes int
 }
+
+// Mode is the protocol a Buffer runs, picked by NewBuffer from the group.
+type Mode = buffer.Mode
+
+// Modes.
+const (
+	// ModeIntranode: every rank on one node.
+	ModeIntranode = buffer.Intranode
+	// ModeInternode: ranks on several nodes (or virtual nodes).
+	ModeInternode = buffer.Internode
+)
 
 // LaunchConfig sizes a dispatch or combine launch: SMs (blocks, one per
 // SM, capped at the GPU's SM count; 0: the default), Threads per block (a
@@ -94,7 +111,7 @@ func DefaultLaunch(ranks int, op Op) LaunchConfig { return buffer.DefaultLaunch(
 func (c Config) buffer() buffer.Config {
 	return buffer.Config{MaxTokens: c.MaxTokens, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts, FP8: c.FP8,
 		Handles: c.Handles, Events: c.Events, WorkspaceBytes: c.WorkspaceBytes, Timeout: c.Timeout, Tag: c.Tag,
-		Dispatch: c.Dispatch, Combine: c.Combine}
+		Dispatch: c.Dispatch, Combine: c.Combine, VirtualNodes: c.VirtualNodes}
 }
 
 // SizeHint is what a Buffer takes on each rank: the NVLink workspace and
@@ -117,8 +134,12 @@ func SizeHints(c Config, ranks int) (SizeHint, error) {
 	if _, err := c.Combine.Resolve(ranks, OpCombine); err != nil {
 		return h, fmt.Errorf("ep: %w", err)
 	}
-	if _, err := routing.PlanLayout(routing.Shape{Tokens: c.MaxTokens, K: c.TopK, Experts: c.Experts, Ranks: ranks}, 0, c.Layout); err != nil {
-		return h, fmt.Errorf("ep: %w", err)
+	// Layout's kernel takes up to routing.MaxRanks ranks; a larger
+	// (internode) group can still dispatch, and Layout refuses.
+	if ranks <= routing.MaxRanks {
+		if _, err := routing.PlanLayout(routing.Shape{Tokens: c.MaxTokens, K: c.TopK, Experts: c.Experts, Ranks: ranks}, 0, c.Layout); err != nil {
+			return h, fmt.Errorf("ep: %w", err)
+		}
 	}
 	return h, nil
 }

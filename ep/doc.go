@@ -47,6 +47,20 @@
 // Combine always takes a Handle and never waits on the host. Layout runs
 // DeepEP's get_dispatch_layout for the engine (Dispatch does not need it).
 //
+// The Buffer picks its protocol from the group (Buffer.Mode): ranks of one
+// node run intranode (NVLink, or host memory on the host backend); ranks
+// on several nodes (hosts, or k virtual nodes of one host: Config.VirtualNodes
+// or $GOEP_VIRTUAL_NODES) run internode (package internode: each token
+// crosses the network once per destination node, to the rank with its
+// source's local index, which forwards it over NVLink), with the same
+// calls, handles and views. Internode combine reduces each node's rows
+// first and sends one BF16 partial per (token, node), so its sums are
+// grouped by node (DeepEP's choice). Internode runs on the host backend only
+// until its GPU kernels land (NewBuffer refuses CUDA devices then), and
+// there a cached dispatch exchanges the counts again, and a combine of a
+// handle other than the last dispatch's replays that dispatch's route
+// first (package buffer's internode.go says why).
+//
 // The low-latency (decode) mode is a separate Buffer, LowLatencyBuffer
 // (NewLowLatencyBuffer, ep/lowlatency.go, protocol in package lowlatency):
 // fixed-shape expert-major (or rank-major) outputs, two alternating buffer

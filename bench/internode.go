@@ -1,0 +1,547 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"sync"
+
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/ep"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internode"
+	"github.com/goep-dev/goep/routing"
+)
+
+func init() {
+	register("internode", "check internode dispatch/combine (virtual nodes: --nodes) through the ep API against the reference, then time them; network and NVLink bytes apart, as DeepEP reports", runInternode)
+}
+
+// `ep-bench internode`: the ranks split into nodes (--nodes k virtual
+// nodes of this host, or the hosts of a launch), so the Buffer runs the
+// internode mode. Checks first (non-cached and cached dispatch byte for
+// byte against internode.ReferenceDispatch, combine bit for bit against
+// internode.ReferenceCombine), then timings. Bytes per call come from the
+// reference's Traffic: network (rows that cross between nodes) and NVLink
+// (rows between two ranks of a node), and DeepEP's own figures (RDMA send
+// and NVL receive, which count a rank's traffic with itself).
+
+// interOutcome is one rank's result, gathered on rank 0.
+type interOutcome struct {
+	Device  string        `json:"device"`
+	Mode    string        `json:"mode"`
+	Memory  ep.Memory     `json:"buffer_memory"`
+	Checks  []check       `json:"checks"`
+	Figures []interFigure `json:"figures"`
+	Err     string        `json:"error,omitempty"`
+}
+
+func (o interOutcome) failure() string      { return o.Err }
+func (o *interOutcome) setFailure(m string) { o.Err = m }
+
+// interFigure is one timed quantity on one rank with its bytes per link.
+type interFigure struct {
+	Key     inKey   `json:"key"`
+	US      float64 `json:"us"`
+	Traffic interBytes
+}
+
+// interBytes are one call's payload bytes on one rank (internode.Traffic).
+type interBytes struct {
+	Network    int64 `json:"network_bytes"`    // dispatch: sent to other nodes; combine: partials sent
+	NVLink     int64 `json:"nvlink_bytes"`     // dispatch: received from another rank's forwarding; combine: sent to a forwarder
+	DeepEPRDMA int64 `json:"deepep_rdma_send"` // every (token, node) pair, own node included
+	DeepEPNVL  int64 `json:"deepep_nvl_recv"`  // every row received (dispatch) or reduced (combine)
+}
+
+func dispatchBytes(t internode.Traffic) interBytes {
+	return interBytes{Network: t.NetworkSend.Bytes, NVLink: t.NVLinkRecv.Bytes, DeepEPRDMA: t.RDMASend.Bytes, DeepEPNVL: t.NVLRecv.Bytes}
+}
+
+func combineBytes(t internode.Traffic) interBytes {
+	return interBytes{Network: t.NetworkSend.Bytes, NVLink: t.NVLinkSend.Bytes, DeepEPRDMA: t.RDMASend.Bytes, DeepEPNVL: t.NVLRecv.Bytes}
+}
+
+func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("internode", stderr)
+	var o inOpts
+	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present; internode runs on the host backend only until its GPU kernels land)")
+	tokens := fs.String("tokens", "4096", "tokens per rank, a comma-separated list (a sweep)")
+	fs.IntVar(&o.hidden, "hidden", 7168, "hidden size")
+	fs.IntVar(&o.topk, "topk", 8, "experts per token")
+	fs.IntVar(&o.experts, "experts", 256, "experts in all")
+	fs.IntVar(&o.masked, "masked", 0, "random (token, slot) entries set to -1")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the routing (top-k of |randn|+1 scores, as DeepEP's test) and the data")
+	fs.BoolVar(&o.fp8, "fp8", false, "also dispatch FP8 rows (float32 scale per 128 elements)")
+	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 50, iters: 50, hostWarmup: 2, hostIters: 5})
+	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks when run without a launcher (default: every GPU up to 8, or 4 host ranks); more ranks than GPUs share them")
+	fs.IntVar(&o.nodes, "nodes", 0, "virtual nodes of this host the ranks split into (must divide the ranks; 0: $GOEP_VIRTUAL_NODES, else 2 for goroutine ranks; a launch's hosts are nodes of their own)")
+	gpus := addGPUsFlag(fs)
+	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
+	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
+	kind, set, err := parseBackend(fs, args, backend, gpus)
+	if err != nil {
+		return err
+	}
+	o.kind = kind
+	hostTiming(kind, set)
+	if o.tokens, err = parseIntList(*tokens); err != nil {
+		return fmt.Errorf("--tokens: %w", err)
+	}
+	o.tuneIters, o.sms, o.tuneSMs = 2, []int{0}, nil
+	if err := o.validate(); err != nil {
+		return err
+	}
+	if o.nodes < 0 {
+		return fmt.Errorf("--nodes %d: want a count that divides the ranks", o.nodes)
+	}
+	o.progress = newProgress(stderr)
+	env, err := launcherEnv("internode", o.kind)
+	if err != nil {
+		return err
+	}
+	if env.Size > 1 {
+		return internodeProcess(ctx, env, o, stdout)
+	}
+	n, err := goroutineRanks("internode", o.kind, o.ranks, 8, 2)
+	if err != nil {
+		return err
+	}
+	if o.nodes == 0 {
+		// Goroutine ranks share one host: without a split they would be
+		// one node, which is the intranode subcommand's work.
+		if t, err := internode.ParseVirtualNodes(envVirtualNodes(), n); err != nil {
+			return err
+		} else if o.nodes = t.Nodes; o.nodes == 1 {
+			o.nodes = 2
+		}
+	}
+	if _, err := internode.VirtualNodes(n, o.nodes); err != nil {
+		return fmt.Errorf("--nodes: %w", err)
+	}
+	if _, err := ep.SizeHints(o.interConfig(n), n); err != nil {
+		return err
+	}
+	boots, err := bootstrap.NewInProcess(n, bootstrap.Config{})
+	if err != nil {
+		return err
+	}
+	o.progress.printf("%d goroutine ranks in %d virtual nodes, %s backend: setting up buffers", n, o.nodes, o.kind)
+	cache := &interCache{o: o, ranks: n, nodes: o.nodes}
+	outs := make([]interOutcome, n)
+	errs := onGoroutineRanks(o.kind, boots, func(r int, dev device.Device) error {
+		outs[r] = internodeRank(ctx, boots[r], dev, o, cache, r == 0)
+		if outs[r].Err != "" {
+			return errors.New(outs[r].Err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil && outs[r].Err == "" {
+			outs[r].Err = err.Error()
+		}
+	}
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
+	return reportInternode(stdout, o, n, fmt.Sprintf("goroutines, %d virtual nodes", o.nodes), outs)
+}
+
+// envVirtualNodes is $GOEP_VIRTUAL_NODES.
+func envVirtualNodes() string { return os.Getenv(internode.VirtualNodesEnv) }
+
+// interConfig is the Buffer configuration for ranks ranks.
+func (o inOpts) interConfig(ranks int) ep.Config {
+	c := o.config(ranks)
+	c.VirtualNodes = o.nodes
+	return c
+}
+
+// internodeProcess runs this process's rank of a launched job: the nodes
+// are the hosts, or --nodes (launch --nodes) virtual nodes of one.
+func internodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdout io.Writer) (err error) {
+	if _, err := ep.SizeHints(o.interConfig(env.Size), env.Size); err != nil {
+		return err
+	}
+	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, bs.Close()) }()
+	dev, err := openProcessDevice(o.kind, env.LocalRank)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, dev.Close()) }()
+	nodes := o.nodes
+	if nodes == 0 {
+		t, err := internode.ParseVirtualNodes(envVirtualNodes(), env.Size)
+		if err != nil {
+			return err
+		}
+		nodes = t.Nodes
+	}
+	mine := internodeRank(ctx, bs, dev, o, &interCache{o: o, ranks: env.Size, nodes: nodes}, env.Rank == 0)
+	if err := interrupted(ctx); err != nil {
+		return err
+	}
+	outs, root, err := gatherOutcomes(ctx, bs, stdout, mine)
+	if !root || err != nil {
+		return err
+	}
+	return reportInternode(stdout, o, env.Size, "processes", outs)
+}
+
+// interShared is every rank's input at one token count and the reference
+// results, computed once per process.
+type interShared struct {
+	tokens   int
+	shape    internode.Shape
+	in, in8  []internode.RankInput
+	ref      []internode.RankOutput
+	ref8     []internode.RankOutput
+	comb     []internode.CombineOutput
+	bf16Tr   []internode.Traffic
+	fp8Tr    []internode.Traffic
+	combTr   []internode.Traffic
+	topology internode.Topology
+}
+
+type interCache struct {
+	o            inOpts
+	ranks, nodes int
+	mu           sync.Mutex
+	cur          *interShared
+	err          error
+}
+
+func (c *interCache) get(ctx context.Context, tokens int) (*interShared, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil && c.cur.tokens == tokens {
+		return c.cur, c.err
+	}
+	c.cur = nil
+	c.cur, c.err = prepareInterInputs(ctx, c.o, c.ranks, c.nodes, tokens)
+	return c.cur, c.err
+}
+
+// prepareInterInputs draws the inputs as the intranode subcommand does
+// (the same routing and rows for the same seed) and computes the internode
+// reference's dispatch and combine (BF16 partials, as the Buffer sends
+// them) and their traffic.
+func prepareInterInputs(ctx context.Context, o inOpts, ranks, nodes, tokens int) (*interShared, error) {
+	topo, err := internode.VirtualNodes(ranks, nodes)
+	if err != nil {
+		return nil, err
+	}
+	sh := &interShared{tokens: tokens, topology: topo, shape: internode.Shape{Topology: topo, Hidden: o.hidden, TopK: o.topk, Experts: o.experts},
+		in: make([]internode.RankInput, ranks)}
+	for r := range ranks {
+		if err := interrupted(ctx); err != nil {
+			return nil, err
+		}
+		rt, err := routing.Generate(routing.Shape{Tokens: tokens, K: o.topk, Experts: o.experts, Ranks: ranks},
+			routing.GenOptions{Seed: rankSeed(o.seed, r), Masked: o.masked})
+		if err != nil {
+			return nil, err
+		}
+		rng := rand.New(rand.NewPCG(o.seed, uint64(r)))
+		sh.in[r] = internode.RankInput{TopK: rt.Idx, X: randomBF16(rng, tokens*o.hidden), Weights: randomF32(rng, tokens*o.topk)}
+	}
+	if sh.ref, err = internode.ReferenceDispatch(sh.shape, sh.in, 0); err != nil {
+		return nil, err
+	}
+	cins := make([]internode.CombineInput, ranks)
+	toks := make([]int, ranks)
+	for r := range ranks {
+		cins[r] = internode.CombineInput{Y: sh.ref[r].RecvX, Weights: sh.ref[r].RecvWeights}
+		toks[r] = tokens
+		sh.bf16Tr = append(sh.bf16Tr, sh.ref[r].Traffic)
+	}
+	if sh.comb, err = internode.ReferenceCombine(sh.shape, toks, sh.ref, cins, internode.CombineOptions{Partial: internode.PartialBF16}); err != nil {
+		return nil, err
+	}
+	for r := range ranks {
+		sh.combTr = append(sh.combTr, sh.comb[r].Traffic)
+	}
+	if o.fp8 {
+		sh.in8 = make([]internode.RankInput, ranks)
+		for r := range ranks {
+			rng := rand.New(rand.NewPCG(o.seed+1, uint64(r)))
+			q := make([]uint8, tokens*o.hidden)
+			for i := range q {
+				q[i] = uint8(rng.Uint32()) & 0x7e // finite E4M3
+			}
+			sh.in8[r] = internode.RankInput{TopK: sh.in[r].TopK, XFP8: q, Scales: randomF32(rng, tokens*o.hidden/128)}
+		}
+		if sh.ref8, err = internode.ReferenceDispatch(sh.shape, sh.in8, 0); err != nil {
+			return nil, err
+		}
+		for r := range ranks {
+			sh.fp8Tr = append(sh.fp8Tr, sh.ref8[r].Traffic)
+		}
+	}
+	return sh, nil
+}
+
+// internodeRank checks and times on one rank (the intranode subcommand's
+// rank state and helpers, with internode's reference).
+func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, o inOpts, cache *interCache, lead bool) (out interOutcome) {
+	out.Device = deviceLabel(dev.Info().Name, dev.Info().SMs)
+	r := &inRank{ctx: ctx, o: o, bs: bs, dev: dev, rank: bs.Rank(), ranks: bs.Size(), lead: lead, rep: &report{}}
+	var figs []interFigure
+	var err error
+	defer func() {
+		out.Checks, out.Figures = r.rep.Checks, figs
+		if err != nil {
+			out.Err = err.Error()
+		}
+	}()
+	if r.buf, err = ep.NewBuffer(ctx, bs, dev, o.interConfig(r.ranks)); err != nil {
+		return out
+	}
+	out.Mode, out.Memory = string(r.buf.Mode()), r.buf.Memory()
+	defer func() {
+		if cerr := r.buf.Close(ctx); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if r.buf.Mode() != ep.ModeInternode {
+		err = fmt.Errorf("rank %d: the Buffer runs %s, not internode: the ranks are on one node (give --nodes)", r.rank, r.buf.Mode())
+		return out
+	}
+	if r.st, err = dev.NewStream(); err != nil {
+		return out
+	}
+	defer r.st.Close()
+	defer r.freeAll()
+	for i, t := range o.tokens {
+		r.step = fmt.Sprintf("T=%d (%d/%d)", t, i+1, len(o.tokens))
+		r.progress("routing, data and the reference results")
+		sh, gerr := cache.get(ctx, t)
+		if err = r.agree("inputs", gerr); err != nil {
+			return out
+		}
+		var f []interFigure
+		if f, err = r.runInterTokens(sh); err != nil {
+			return out
+		}
+		figs = append(figs, f...)
+		r.freeAll()
+	}
+	return out
+}
+
+// runInterTokens checks, then times, at one token count.
+func (r *inRank) runInterTokens(sh *interShared) ([]interFigure, error) {
+	ctx, o, t := r.ctx, r.o, sh.tokens
+	r.progress("checking internode dispatch (non-cached, cached) and combine against the reference")
+	in, err := r.uploadInputs(&inShared{tokens: t, in: sh.in, in8: sh.in8})
+	if err = r.agree("upload", err); err != nil {
+		return nil, err
+	}
+	want, wantC := sh.ref[r.rank], sh.comb[r.rank]
+	var res ep.DispatchResult
+	err = func() error {
+		var err error
+		if res, err = r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, TopK: in.ids, Weights: in.w, Stream: r.st}); err != nil {
+			return err
+		}
+		if err := r.checkDispatch("bf16 non-cached dispatch", res, want.RankOutput, false, true); err != nil {
+			return err
+		}
+		if err := r.dev.MemsetAsync(res.RecvX.Ptr, 0xEE, res.RecvX.Bytes(), r.st); err != nil {
+			return err
+		}
+		c, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: res.Handle, Stream: r.st})
+		if err != nil {
+			return err
+		}
+		if err := r.checkDispatch("bf16 cached dispatch", c, want.RankOutput, false, false); err != nil {
+			return err
+		}
+		comb, err := r.buf.Combine(ctx, ep.CombineArgs{X: res.RecvX, Weights: res.RecvWeights, Handle: res.Handle, Stream: r.st})
+		if err != nil {
+			return err
+		}
+		return r.checkCombine("combine", comb, wantC.CombineOutput)
+	}()
+	if err = r.agree("bf16 checks", err); err != nil {
+		return nil, err
+	}
+	h := res.Handle
+	defer h.Release()
+	r.rep.ok("checks", fmt.Sprintf("T=%d bf16", t), "internode dispatch (non-cached, cached) byte-exact, combine (BF16 partials) bit-exact; rank 0 received %d rows", res.NumRecv)
+
+	var figs []interFigure
+	timeOne := func(k inKey, b interBytes, call func() error) error {
+		us, _, err := r.timeCalls(o.warmup, o.iters, call)
+		if err = r.agree(fmt.Sprintf("T=%d %s %s %s", k.Tokens, k.Op, k.Dtype, k.Mode), err); err != nil {
+			return err
+		}
+		figs = append(figs, interFigure{Key: k, US: us, Traffic: b})
+		r.progress("%s %s %s: %.1f us, network %s, NVLink %s (rank 0)", k.Op, k.Dtype, k.Mode, us, rateOf(b.Network, us), rateOf(b.NVLink, us))
+		return nil
+	}
+	r.progress("bf16 checks passed; timing")
+	bd, bc := dispatchBytes(sh.bf16Tr[r.rank]), combineBytes(sh.combTr[r.rank])
+	steps := []struct {
+		k    inKey
+		b    interBytes
+		call func() error
+	}{
+		{inKey{Tokens: t, Op: "dispatch", Dtype: "bf16", Mode: "cached"}, bd, func() error {
+			_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: h, Stream: r.st, Done: nil})
+			return err
+		}},
+		{inKey{Tokens: t, Op: "combine", Dtype: "bf16", Mode: "events"}, bc, func() error {
+			_, err := r.buf.Combine(ctx, ep.CombineArgs{X: res.RecvX, Weights: res.RecvWeights, Handle: h, Stream: r.st})
+			return err
+		}},
+		{inKey{Tokens: t, Op: "notify+dispatch", Dtype: "bf16", Mode: "full"}, bd, func() error {
+			d, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, TopK: in.ids, Weights: in.w, Stream: r.st})
+			d.Handle.Release()
+			return err
+		}},
+	}
+	for _, s := range steps {
+		if err := timeOne(s.k, s.b, s.call); err != nil {
+			return nil, err
+		}
+	}
+	if !o.fp8 {
+		return figs, nil
+	}
+	var res8 ep.DispatchResult
+	err = func() error {
+		var err error
+		if res8, err = r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x8, Scales: in.scales, TopK: in.ids, Stream: r.st}); err != nil {
+			return err
+		}
+		if err := r.checkDispatch("fp8 non-cached dispatch", res8, sh.ref8[r.rank].RankOutput, true, true); err != nil {
+			return err
+		}
+		c, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x8, Scales: in.scales, Handle: res8.Handle, Stream: r.st})
+		if err != nil {
+			return err
+		}
+		return r.checkDispatch("fp8 cached dispatch", c, sh.ref8[r.rank].RankOutput, true, false)
+	}()
+	if err = r.agree("fp8 checks", err); err != nil {
+		return nil, err
+	}
+	defer res8.Handle.Release()
+	r.rep.ok("checks", fmt.Sprintf("T=%d fp8", t), "internode dispatch (non-cached, cached) byte-exact, scales included")
+	err = timeOne(inKey{Tokens: t, Op: "dispatch", Dtype: "fp8", Mode: "cached"}, dispatchBytes(sh.fp8Tr[r.rank]), func() error {
+		_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x8, Scales: in.scales, Handle: res8.Handle, Stream: r.st})
+		return err
+	})
+	return figs, err
+}
+
+func rateOf(bytes int64, us float64) string {
+	if bytes == 0 || us <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f GB/s", float64(bytes)/us/1e3)
+}
+
+// interRow is one line of the table and of the JSON report: rank 0's
+// figure, and the slowest rank.
+type interRow struct {
+	inKey
+	US      float64    `json:"us"`
+	MaxUS   float64    `json:"max_us"`
+	Traffic interBytes `json:"rank0_bytes"`
+	NetGBps float64    `json:"network_gbps"`
+	NVLGBps float64    `json:"nvlink_gbps"`
+	// DeepEP's figures of rank 0 (RDMA send, NVL receive bytes per us).
+	RDMAGBps float64 `json:"deepep_rdma_gbps"`
+	NVLRGBps float64 `json:"deepep_nvl_gbps"`
+}
+
+type interReport struct {
+	Ranks   int        `json:"ranks"`
+	As      string     `json:"ranks_as"`
+	Backend string     `json:"backend"`
+	Device  string     `json:"device"`
+	Mode    string     `json:"mode"`
+	Hidden  int        `json:"hidden"`
+	TopK    int        `json:"topk"`
+	Experts int        `json:"experts"`
+	Seed    uint64     `json:"seed"`
+	Warmup  int        `json:"warmup"`
+	Iters   int        `json:"iters"`
+	Memory  ep.Memory  `json:"buffer_memory"`
+	Checks  []check    `json:"checks"`
+	Rows    []interRow `json:"results"`
+	Errors  []string   `json:"errors,omitempty"`
+}
+
+func reportInternode(stdout io.Writer, o inOpts, n int, as string, outs []interOutcome) error {
+	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
+		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks}
+	for r, oc := range outs {
+		if oc.Err != "" {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("rank %d: %s", r, oc.Err))
+		}
+	}
+	per := func(b int64, us float64) float64 {
+		if us <= 0 {
+			return 0
+		}
+		return float64(b) / us / 1e3
+	}
+	for i, f := range outs[0].Figures {
+		row := interRow{inKey: f.Key, US: f.US, MaxUS: f.US, Traffic: f.Traffic, NetGBps: per(f.Traffic.Network, f.US),
+			NVLGBps: per(f.Traffic.NVLink, f.US), RDMAGBps: per(f.Traffic.DeepEPRDMA, f.US), NVLRGBps: per(f.Traffic.DeepEPNVL, f.US)}
+		for _, oc := range outs[1:] {
+			if i < len(oc.Figures) && oc.Figures[i].Key == f.Key {
+				row.MaxUS = max(row.MaxUS, oc.Figures[i].US)
+			}
+		}
+		rep.Rows = append(rep.Rows, row)
+	}
+	printInternode(stdout, o, rep)
+	var errs []error
+	if o.jsonPath != "" {
+		errs = append(errs, writeJSON(o.jsonPath, rep))
+	}
+	if len(rep.Errors) > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d ranks failed:\n  %s", len(rep.Errors), n, strings.Join(rep.Errors, "\n  ")))
+	}
+	return errors.Join(errs...)
+}
+
+func printInternode(w io.Writer, o inOpts, rep interReport) {
+	fmt.Fprintf(w, "internode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
+		rep.Ranks, rep.As, rep.Backend, rep.Device, o.hidden, o.topk, o.experts, o.seed, o.masked)
+	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events; bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
+		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",
+		o.warmup, o.iters-1, o.iters)
+	if o.kind == device.Host {
+		fmt.Fprintln(w, "note: host backend: the network leg is TCP on loopback and every step runs on the CPU; the figures show that timing works, not what a GPU and NIC do")
+	}
+	(&report{Checks: rep.Checks}).print(w)
+	for _, e := range rep.Errors {
+		fmt.Fprintf(w, "FAIL %s\n", e)
+	}
+	if len(rep.Rows) > 0 {
+		fmt.Fprintln(w, "TIMINGS (rank 0)")
+		tw := newTable(w)
+		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
+		for _, r := range rep.Rows {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
+				float64(r.Traffic.Network)/1e6, r.NetGBps, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
+		}
+		tw.Flush()
+	}
+	if len(rep.Errors) == 0 {
+		fmt.Fprintln(w, "internode: all checks passed")
+	}
+}

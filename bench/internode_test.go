@@ -1,0 +1,66 @@
+package bench
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// `ep-bench internode` on the host backend: 4 goroutine ranks in 2 virtual
+// nodes, checks (against internode's reference) and timings with bytes per
+// link, and its bad flags.
+func TestInternodeOnHost(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "inter.json")
+	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "0,40", "--fp8", "--masked", "5", "--json", js},
+		quickIntranode...)
+	code, stdout, stderr := run(t, args...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	for _, want := range []string{"internode: 4 ranks (goroutines, 2 virtual nodes), host backend", "T=40 bf16", "byte-exact",
+		"combine (BF16 partials) bit-exact", "T=40 fp8", "TIMINGS", "network GB/s", "NVLink GB/s", "internode: all checks passed"} {
+		assert.Contains(t, stdout, want)
+	}
+	var rep interReport
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Empty(t, rep.Errors)
+	require.Equal(t, "internode", rep.Mode)
+	require.Len(t, rep.Checks, 2*2)
+	// Per token count: bf16 cached, combine, full; fp8 cached.
+	require.Len(t, rep.Rows, 2*4)
+	for _, r := range rep.Rows {
+		require.Positive(t, r.US, "%+v", r)
+		require.GreaterOrEqual(t, r.MaxUS, r.US)
+		tr := r.Traffic
+		if r.Tokens == 0 {
+			require.Zero(t, tr, "%+v", r)
+			continue
+		}
+		// 40 tokens of top-4 over 2 nodes: rank 0 sends rows to the other
+		// node and receives rows forwarded by its node peer; DeepEP's
+		// figures include its own traffic, so they are at least as large.
+		require.Positive(t, tr.Network, "%+v", r)
+		require.Positive(t, tr.NVLink, "%+v", r)
+		require.GreaterOrEqual(t, tr.DeepEPRDMA, tr.Network, "%+v", r)
+		require.GreaterOrEqual(t, tr.DeepEPNVL, tr.NVLink, "%+v", r)
+		row := int64(512) // BF16 rows of hidden 256; combine partials are BF16 too
+		if r.Dtype == "fp8" {
+			row = 256 + 8
+		}
+		require.Zero(t, tr.Network%row, "%+v: whole rows", r)
+		require.Zero(t, tr.NVLink%row, "%+v: whole rows", r)
+		require.InDelta(t, float64(tr.Network)/r.US/1e3, r.NetGBps, 1e-9)
+		require.InDelta(t, float64(tr.NVLink)/r.US/1e3, r.NVLGBps, 1e-9)
+	}
+
+	code, _, stderr = run(t, "internode", "--backend", "host", "--ranks", "4", "--nodes", "3", "--tokens", "4", "--hidden", "128", "--topk", "2", "--experts", "8")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "3 virtual nodes do not divide 4 ranks")
+	code, _, stderr = run(t, "launch", "-n", "4", "--nodes", "3", "--", "internode")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "3 virtual nodes do not divide 4 ranks")
+}

@@ -1,0 +1,495 @@
+package ep_test
+
+// The internode mode through the ep API on the host backend: goroutine
+// ranks split into virtual nodes (Config.VirtualNodes), so every
+// cross-node row travels over port channels on the TCP transport. Results
+// are compared with package internode's plain-Go reference
+// (ReferenceDispatch, ReferenceCombine), which shares no code with the
+// Notify twins the Buffer runs.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/ep"
+	"github.com/goep-dev/goep/internal/apicheck"
+	"github.com/goep-dev/goep/internode"
+)
+
+// interRouting kinds: random ids with -1 and ids outside [-1, E) mixed in,
+// every id one expert, and routings that leave expert 0 and rank 1 empty.
+const (
+	routeRandom = iota
+	routeOneExpert
+	routeSkipExpert
+)
+
+func interIDs(rng *rand.Rand, s internode.Shape, tokens, kind int) []int64 {
+	ids := make([]int64, tokens*s.TopK)
+	for j := range ids {
+		switch kind {
+		case routeOneExpert:
+			ids[j] = int64(s.Experts - 1)
+			if j%s.TopK != 0 {
+				ids[j] = -1 // one expert per token, the rest none
+			}
+		case routeSkipExpert:
+			// Nothing for expert 0 nor for the experts of rank 1.
+			le := int64(s.LocalExperts())
+			e := 1 + rng.Int64N(int64(s.Experts-1))
+			if e/le == 1 {
+				e = -1
+			}
+			ids[j] = e
+		default:
+			switch x := rng.IntN(16); {
+			case x == 0:
+				ids[j] = -1
+			case x == 1:
+				ids[j] = int64(s.Experts + rng.IntN(3))
+			case x == 2:
+				ids[j] = -2 - int64(rng.IntN(3))
+			default:
+				ids[j] = rng.Int64N(int64(s.Experts))
+			}
+		}
+	}
+	return ids
+}
+
+// interRound is one round's inputs on every rank.
+type interRound struct {
+	fp8, weights, worst bool
+	align               int
+	in                  []internode.RankInput
+}
+
+func (ir interRound) args(t testing.TB, r *rig, rank int, s internode.Shape) ep.DispatchArgs {
+	d := r.devs[rank]
+	in := ir.in[rank]
+	n := len(in.TopK) / s.TopK
+	a := ep.DispatchArgs{TopK: ep.NewTensor(toDev(t, d, in.TopK), ep.I64, n, s.TopK), ExpertAlignment: ir.align,
+		WorstCase: ir.worst, Stream: r.streams[rank]}
+	if ir.fp8 {
+		a.X = ep.NewTensor(toDev(t, d, in.XFP8), ep.FP8E4M3, n, s.Hidden)
+		a.Scales = ep.NewTensor(toDev(t, d, in.Scales), ep.F32, n, s.Hidden/128)
+	} else {
+		a.X = ep.NewTensor(toDev(t, d, in.X), ep.BF16, n, s.Hidden)
+	}
+	if ir.weights {
+		a.Weights = ep.NewTensor(toDev(t, d, in.Weights), ep.F32, n, s.TopK)
+	}
+	return a
+}
+
+func newInterRound(rng *rand.Rand, s internode.Shape, tokens []int, kind int, fp8, weights bool, ids [][]int64) interRound {
+	ir := interRound{fp8: fp8, weights: weights, in: make([]internode.RankInput, s.World())}
+	for r := range ir.in {
+		n := tokens[r]
+		in := internode.RankInput{}
+		if ids != nil {
+			in.TopK = ids[r]
+		} else {
+			in.TopK = interIDs(rng, s, n, kind)
+		}
+		if fp8 {
+			in.XFP8, in.Scales = randFP8(rng, n*s.Hidden), randF32(rng, n*s.Hidden/128)
+		} else {
+			in.X = randBF16(rng, n*s.Hidden)
+		}
+		if weights {
+			in.Weights = randF32(rng, n*s.TopK)
+		}
+		ir.in[r] = in
+	}
+	return ir
+}
+
+// checkInterDispatch compares one rank's dispatch result with the
+// reference's output for that rank.
+func checkInterDispatch(t *testing.T, r *rig, rank int, s internode.Shape, ir interRound, res ep.DispatchResult, want internode.RankOutput, cached bool, what string) {
+	t.Helper()
+	d := r.devs[rank]
+	require.NoError(t, r.streams[rank].Synchronize())
+	n, k, h := want.Received(), s.TopK, s.Hidden
+	what = fmt.Sprintf("%s: rank %d", what, rank)
+	if ir.worst || cached && res.NumRecv < 0 {
+		require.Equal(t, -1, res.NumRecv, what)
+		require.Equal(t, r.bufs[rank].MaxRecv(), res.RecvX.Rows(), "%s: worst-case views", what)
+		sameSlice(t, []int32{int32(n)}, fromDev[int32](t, d, res.RecvCount.Ptr, 1), "%s: received count on the device", what)
+		ids := fromDev[int64](t, d, res.RecvTopK.Ptr, r.bufs[rank].MaxRecv()*k)
+		for i, v := range ids[n*k:] {
+			require.Equal(t, int64(-1), v, "%s: top-k id %d past the received rows", what, n*k+i)
+		}
+	} else {
+		require.Equal(t, n, res.NumRecv, what)
+	}
+	if !cached {
+		if ir.worst {
+			sameSlice(t, toInts(toI32s(want.TokensPerLocalExpert)), toInts(fromDev[int32](t, d, res.TokensPerExpertDevice.Ptr, s.LocalExperts())),
+				"%s: tokens per expert on the device", what)
+		} else {
+			sameSlice(t, want.TokensPerLocalExpert, res.TokensPerExpert, "%s: tokens per expert", what)
+		}
+	}
+	sameSlice(t, want.RankPrefix, fromDev[int32](t, d, res.RankPrefix.Ptr, s.World()), "%s: rank prefix", what)
+	sameSlice(t, want.RecvTopK, fromDev[int64](t, d, res.RecvTopK.Ptr, n*k), "%s: top-k ids", what)
+	sameSlice(t, want.RecvSrcToken, fromDev[int32](t, d, res.RecvSrcToken.Ptr, n), "%s: source tokens", what)
+	if ir.fp8 {
+		sameSlice(t, want.RecvXFP8, fromDev[uint8](t, d, res.RecvX.Ptr, n*h), "%s: fp8 rows", what)
+		sameFloats(t, want.RecvScales, fromDev[float32](t, d, res.RecvScales.Ptr, n*h/128), "%s: scales", what)
+	} else {
+		sameSlice(t, want.RecvX, fromDev[uint16](t, d, res.RecvX.Ptr, n*h), "%s: rows", what)
+	}
+	if ir.weights {
+		sameFloats(t, want.RecvWeights, fromDev[float32](t, d, res.RecvWeights.Ptr, n*k), "%s: weights", what)
+	} else {
+		require.False(t, res.RecvWeights.Present(), what)
+	}
+}
+
+func toI32s(v []int) []int32 {
+	out := make([]int32, len(v))
+	for i, x := range v {
+		out[i] = int32(x)
+	}
+	return out
+}
+
+// interDispatch runs one dispatch on every rank (cached with handles) and
+// checks it; it returns the results and the reference outputs.
+func interDispatch(t *testing.T, r *rig, s internode.Shape, ir interRound, handles []*ep.Handle, what string) ([]ep.DispatchResult, []internode.RankOutput) {
+	t.Helper()
+	want, err := internode.ReferenceDispatch(s, ir.in, ir.align)
+	require.NoError(t, err)
+	invalid := make([]int, s.World())
+	for rank, in := range ir.in {
+		ly, err := internode.ReferenceLayout(s, in.TopK)
+		require.NoError(t, err)
+		invalid[rank] = ly.Invalid
+	}
+	res := make([]ep.DispatchResult, s.World())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+		a := ir.args(t, r, i, s)
+		if handles != nil {
+			a.Handle, a.TopK, a.ExpertAlignment = handles[i], ep.Tensor{}, 0
+		}
+		var err error
+		res[i], err = b.Dispatch(ctx, a)
+		var inv *ep.InvalidIDsError
+		switch {
+		case handles == nil && !ir.worst && invalid[i] > 0:
+			if !errors.As(err, &inv) || inv.Count != invalid[i] {
+				return fmt.Errorf("want %d invalid ids reported, got %v", invalid[i], err)
+			}
+			return nil
+		case err != nil:
+			return err
+		}
+		if handles == nil && ir.worst {
+			if err := b.InvalidIDs(); invalid[i] > 0 && (!errors.As(err, &inv) || inv.Count != invalid[i]) {
+				return fmt.Errorf("want %d invalid ids from InvalidIDs, got %v", invalid[i], err)
+			}
+		}
+		return nil
+	}), what)
+	for i := range res {
+		checkInterDispatch(t, r, i, s, ir, res[i], want[i], handles != nil, what)
+	}
+	return res, want
+}
+
+// interCombine combines handles on every rank with random expert outputs
+// (and weights, biases) and compares with ReferenceCombine bit for bit.
+func interCombine(t *testing.T, r *rig, s internode.Shape, rng *rand.Rand, handles []*ep.Handle, dispatched []internode.RankOutput,
+	tokens []int, weights bool, biases int, inPlace bool, what string) {
+	t.Helper()
+	w, h, k := s.World(), s.Hidden, s.TopK
+	cin := make([]internode.CombineInput, w)
+	for d := range cin {
+		n := dispatched[d].Received()
+		cin[d].Y = randBF16(rng, n*h)
+		if weights {
+			cin[d].Weights = randF32(rng, n*k)
+		}
+		if biases > 0 {
+			cin[d].Bias0 = randBF16(rng, tokens[d]*h)
+		}
+		if biases > 1 {
+			cin[d].Bias1 = randBF16(rng, tokens[d]*h)
+		}
+	}
+	want, err := internode.ReferenceCombine(s, tokens, dispatched, cin, internode.CombineOptions{Partial: internode.PartialBF16})
+	require.NoError(t, err)
+	got := make([]ep.CombineResult, w)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+		d, n := r.devs[i], dispatched[i].Received()
+		a := ep.CombineArgs{Handle: handles[i], Stream: r.streams[i]}
+		if inPlace {
+			x, wt, err := b.CombineInput(handles[i])
+			if err != nil {
+				return err
+			}
+			if err := d.CopyIn(x.Ptr, bytesOf(cin[i].Y)); n > 0 && err != nil {
+				return err
+			}
+			a.X = x
+			if weights {
+				if err := d.CopyIn(wt.Ptr, bytesOf(cin[i].Weights)); n > 0 && err != nil {
+					return err
+				}
+				a.Weights = wt
+			}
+		} else {
+			// A worst-case handle's N is not known on the host: inputs
+			// have MaxRecv rows, of which the first N are read.
+			rows := n
+			if handles[i].NumRecv() < 0 {
+				rows = b.MaxRecv()
+			}
+			a.X = ep.NewTensor(toDev(t, d, append(append([]uint16(nil), cin[i].Y...), make([]uint16, (rows-n)*h)...)), ep.BF16, rows, h)
+			if weights {
+				a.Weights = ep.NewTensor(toDev(t, d, append(append([]float32(nil), cin[i].Weights...), make([]float32, (rows-n)*k)...)), ep.F32, rows, k)
+			}
+		}
+		for j, bias := range [][]uint16{cin[i].Bias0, cin[i].Bias1} {
+			if bias != nil {
+				a.Bias[j] = ep.NewTensor(toDev(t, d, bias), ep.BF16, tokens[i], h)
+			}
+		}
+		var err error
+		got[i], err = b.Combine(ctx, a)
+		return err
+	}), what)
+	for i := range got {
+		require.NoError(t, r.streams[i].Synchronize())
+		sameSlice(t, want[i].X, fromDev[uint16](t, r.devs[i], got[i].X.Ptr, tokens[i]*h), "%s: rank %d: combined rows", what, i)
+		if weights {
+			sameFloats(t, want[i].Weights, fromDev[float32](t, r.devs[i], got[i].Weights.Ptr, tokens[i]*k), "%s: rank %d: combined weights", what, i)
+		}
+	}
+}
+
+func handlesOf(res []ep.DispatchResult) []*ep.Handle {
+	h := make([]*ep.Handle, len(res))
+	for i, r := range res {
+		h[i] = r.Handle
+	}
+	return h
+}
+
+// TestInternodeHost: 2 virtual nodes x 2 and x 4 goroutine ranks; random
+// routings with -1 and out-of-range ids, a rank with T = 0, every token to
+// one expert, an expert and a rank that receive nothing, T = 0 everywhere;
+// BF16 with weights and FP8 with scales; non-cached (host wait and worst
+// case), cached, and combines of the last dispatch and of older ones.
+func TestInternodeHost(t *testing.T) {
+	for _, per := range []int{2, 4} {
+		topo := internode.Topology{Nodes: 2, RanksPerNode: per}
+		t.Run(fmt.Sprintf("2x%d", per), func(t *testing.T) {
+			w := topo.World()
+			s := internode.Shape{Topology: topo, Hidden: 128, TopK: 3, Experts: 2 * w}
+			cfg := ep.Config{MaxTokens: 20, Hidden: s.Hidden, TopK: s.TopK, Experts: s.Experts, FP8: true, Handles: 4,
+				Timeout: 20 * time.Second, VirtualNodes: topo.Nodes}
+			r := newRig(t, ep.Host, w, cfg)
+			for i, b := range r.bufs {
+				require.Equal(t, ep.ModeInternode, b.Mode(), "rank %d", i)
+				require.Equal(t, 2, b.SizeHint().Nodes)
+			}
+			rng := rand.New(rand.NewPCG(7, uint64(per)))
+			tokens := make([]int, w)
+			for i := range tokens {
+				tokens[i] = 1 + rng.IntN(cfg.MaxTokens)
+			}
+			tokens[1] = 0
+
+			// 1. BF16 with weights, random routing, alignment 4.
+			a := newInterRound(rng, s, tokens, routeRandom, false, true, nil)
+			a.align = 4
+			resA, wantA := interDispatch(t, r, s, a, nil, "bf16 dispatch")
+			// Cached, new rows, the same routing.
+			ids := make([][]int64, w)
+			for i := range ids {
+				ids[i] = a.in[i].TopK
+			}
+			a2 := newInterRound(rng, s, tokens, routeRandom, false, true, ids)
+			interDispatch(t, r, s, a2, handlesOf(resA), "bf16 cached dispatch")
+
+			// 2. FP8 without weights, every token to one expert.
+			f := newInterRound(rng, s, tokens, routeOneExpert, true, false, nil)
+			resF, wantF := interDispatch(t, r, s, f, nil, "fp8 dispatch, one expert")
+
+			// Combines: the FP8 handle's (the last dispatch), then the BF16
+			// one's (an older dispatch: replayed), twice, with weights and
+			// both biases, in place and not.
+			interCombine(t, r, s, rng, handlesOf(resF), wantF, tokens, false, 0, true, "combine of the last dispatch")
+			interCombine(t, r, s, rng, handlesOf(resA), wantA, tokens, true, 2, false, "combine of an older dispatch")
+			interCombine(t, r, s, rng, handlesOf(resA), wantA, tokens, true, 1, true, "second combine of one dispatch")
+
+			// 3. Worst case, an expert and a rank that receive nothing.
+			e := newInterRound(rng, s, tokens, routeSkipExpert, false, true, nil)
+			e.worst = true
+			resE, wantE := interDispatch(t, r, s, e, nil, "worst-case dispatch, empty expert and rank")
+			require.Zero(t, wantE[1].Received())
+			interDispatch(t, r, s, e, handlesOf(resE), "cached dispatch of a worst-case handle")
+			interCombine(t, r, s, rng, handlesOf(resE), wantE, tokens, true, 0, false, "combine of a worst-case handle")
+
+			// 4. No tokens anywhere.
+			zero := make([]int, w)
+			z := newInterRound(rng, s, zero, routeRandom, true, false, nil)
+			resZ, wantZ := interDispatch(t, r, s, z, nil, "T=0 everywhere")
+			interCombine(t, r, s, rng, handlesOf(resZ), wantZ, zero, false, 0, false, "combine of T=0")
+
+			for _, res := range [][]ep.DispatchResult{resA, resF, resE, resZ} {
+				for _, x := range res {
+					x.Handle.Release()
+				}
+			}
+			// The barrier meets every rank.
+			ctx := context.Background()
+			require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+				_, err := b.Barrier(ctx, r.streams[i], nil)
+				return err
+			}))
+		})
+	}
+}
+
+// TestInternodeBadConfig: virtual-node counts that do not divide the ranks
+// are refused by SizeHints and NewBuffer, and ranks that disagree on them
+// get an error naming the field and the rank.
+func TestInternodeBadConfig(t *testing.T) {
+	cfg := ep.Config{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 8, VirtualNodes: 3}
+	_, err := ep.SizeHints(cfg, 4)
+	require.ErrorContains(t, err, "3 virtual nodes do not divide 4 ranks")
+
+	t.Setenv(internode.VirtualNodesEnv, "x")
+	cfg.VirtualNodes = 0
+	_, err = ep.SizeHints(cfg, 4)
+	require.ErrorContains(t, err, internode.VirtualNodesEnv)
+	t.Setenv(internode.VirtualNodesEnv, "")
+
+	// Rank 1 asks for 2 virtual nodes, the others for none.
+	errs := runBuffers(t, 4, func(rank int) ep.Config {
+		c := ep.Config{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 8, Timeout: 5 * time.Second, VirtualNodes: 1}
+		if rank == 1 {
+			c.VirtualNodes = 2
+		}
+		return c
+	})
+	for rank, err := range errs {
+		require.Error(t, err, "rank %d", rank)
+		if rank != 1 {
+			require.ErrorContains(t, err, "rank 1", "rank %d", rank)
+		}
+		require.Regexp(t, "fields: .*nodes", err.Error(), "rank %d", rank)
+	}
+}
+
+// runBuffers builds a Buffer on each of ranks host ranks with cfg(rank)
+// and returns each rank's NewBuffer error (closing what was built).
+func runBuffers(t *testing.T, ranks int, cfg func(rank int) ep.Config) []error {
+	t.Helper()
+	r := &rig{bufs: make([]*ep.Buffer, ranks)}
+	boots := newBoots(t, ranks)
+	errs := make([]error, ranks)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = r.run(func(i int, _ *ep.Buffer) error {
+		d, err := ep.OpenDevice(ep.Host, i)
+		if err != nil {
+			errs[i] = err
+			return nil
+		}
+		defer d.Close()
+		b, err := ep.NewBuffer(ctx, boots[i], d, cfg(i))
+		errs[i] = err
+		if b != nil {
+			errs[i] = errors.Join(errors.New("built"), b.Close(ctx))
+		}
+		return nil
+	})
+	return errs
+}
+
+func newBoots(t *testing.T, ranks int) []bootstrap.Bootstrap {
+	t.Helper()
+	boots, err := bootstrap.NewInProcess(ranks, bootstrap.Config{Timeout: 30 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		for _, b := range boots {
+			_ = b.Close()
+		}
+	})
+	return boots
+}
+
+// TestInternodeRefusedGPU: on CUDA devices the internode mode is refused
+// with package internode's error (no GPU kernels yet), named with the
+// topology.
+func TestInternodeRefusedGPU(t *testing.T) {
+	n := gpuCount(t)
+	if n == 0 {
+		t.Skip("no GPU")
+	}
+	boots := newBoots(t, 2)
+	errs := make([]error, 2)
+	r := &rig{bufs: make([]*ep.Buffer, 2)}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_ = r.run(func(i int, _ *ep.Buffer) error {
+		d, err := ep.OpenDevice(ep.CUDA, i%n)
+		if err != nil {
+			errs[i] = err
+			return nil
+		}
+		defer d.Close()
+		b, err := ep.NewBuffer(ctx, boots[i], d, ep.Config{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 8, VirtualNodes: 2, Timeout: 5 * time.Second})
+		errs[i] = err
+		if b != nil {
+			errs[i] = errors.Join(errors.New("built"), b.Close(ctx))
+		}
+		return nil
+	})
+	for i, err := range errs {
+		require.Error(t, err, "rank %d", i)
+		require.True(t, strings.Contains(err.Error(), "internode mode") && strings.Contains(err.Error(), "host backend"), "rank %d: %v", i, err)
+	}
+}
+
+// 1 (issue 18). An internode Buffer after Close: every exported method of
+// it, of a handle it returned and of its events answers without a panic,
+// and calls are refused with ErrClosed.
+func TestInternodeAPIAfterClose(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 2, Experts: 8}
+	r := newRig(t, ep.Host, 4, ep.Config{MaxTokens: 4, Hidden: 128, TopK: 2, Experts: 8, VirtualNodes: 2, Timeout: 10 * time.Second})
+	rng := rand.New(rand.NewPCG(3, 4))
+	ir := newInterRound(rng, s, []int{4, 2, 3, 1}, routeRandom, false, false, nil)
+	res, _ := interDispatch(t, r, s, ir, nil, "dispatch")
+	ctx := context.Background()
+	require.NoError(t, r.close())
+	for i, b := range r.bufs {
+		for _, v := range []any{b, res[i].Handle, res[i].Done} {
+			for _, f := range apicheck.Call(v, apicheck.Options{}) {
+				t.Errorf("rank %d: %v", i, f)
+			}
+		}
+		_, err := b.Dispatch(ctx, ir.args(t, r, i, s))
+		require.ErrorIs(t, err, ep.ErrClosed)
+		_, err = b.Combine(ctx, ep.CombineArgs{Handle: res[i].Handle})
+		require.Error(t, err)
+	}
+}

@@ -17,8 +17,8 @@ import (
 // as host-backend twins working on Go slices (internode/DESIGN.md). The
 // Buffer reads its callers' device tensors, hands them over and writes the
 // results into its own receive region, whose views package ep returns as
-// in the intranode mode. CUDA devices are refused by package internode
-// until its kernels land; New passes that error on with the topology.
+// in the intranode mode. CUDA devices are refused here (newInternode)
+// until the Buffer hands package internode device pointers.
 //
 // What package internode's API does not offer yet, and how the Buffer
 // makes up for it (the GPU kernels will want the same two things):
@@ -166,6 +166,14 @@ func (b *Buffer) topology(ctx context.Context) (internode.Topology, error) {
 // (with its dispatch and combine regions) and the receive region.
 func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	c := b.cfg
+	// Package internode runs its kernels on GPUs now, but its calls take
+	// host slices and the Buffer meets its peers on the host between steps:
+	// a GPU Buffer would be correct but slow, and not graph-safe. Refused
+	// until the Buffer hands internode device pointers.
+	if k := b.user.Info().Kind; k != device.Host {
+		return b.errorf("internode mode (%v, %s device): the Buffer drives internode on the host backend only "+
+			"(the GPU kernels exist in package internode; the Buffer's device-pointer path does not yet)", t, k)
+	}
 	shape := internode.Shape{Topology: t, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts}
 	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens})
 	if err != nil {

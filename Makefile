@@ -11,7 +11,7 @@ BENCH_ARGS ?= intranode
 export NCCL_NVLS_ENABLE := 0
 
 # Packages whose test binaries hold GPU tests (they skip without a GPU).
-GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./routing ./bench ./channels ./intranode ./lowlatency ./ep ./buffer ./collectives ./collectives/plan/gpu ./collectives/plan/dsl
+GPU_TEST_PKGS := ./internal/cuda ./internal/device ./kernels ./routing ./bench ./channels ./intranode ./lowlatency ./ep ./buffer ./collectives ./collectives/plan/gpu ./collectives/plan/dsl ./internode
 
 .PHONY: all build test vet run device-bin nccl-shim clean
 

@@ -102,8 +102,8 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oOut := take(4*ks.outInts + 8) // notify's output, then dispatch's status words
 	oIDs := take(8 * maxIDs)
 	m, h := nt.cfg.MaxTokens, s.Hidden
-	oDlay := take(dlayBytes)
-	oX := take(m * 2 * h) // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
+	oDlay := take(2 * dlayBytes) // the layout for BF16 rows, then for FP8 rows
+	oX := take(m * 2 * h)        // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
 	oScales := take(m * 4 * (h / FP8Block))
 	oWeights := take(4 * maxIDs)
 	oScratch := take(4 * m * n)
@@ -133,6 +133,11 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 			binary.LittleEndian.PutUint32(b[4*j:], id)
 		}
 		if err := nt.dev.CopyIn(t.at, b); err != nil {
+			return err
+		}
+	}
+	for j, fp8 := range []bool{false, true} {
+		if err := nt.dev.CopyIn(ks.dlay+uintptr(j*dlayBytes), nt.dl.encode(s, fp8)); err != nil {
 			return err
 		}
 	}
@@ -192,17 +197,7 @@ func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool,
 			return nil, true, err
 		}
 	}
-	a, i := s.Node(nt.rank), s.Local(nt.rank)
-	args := device.NewArgs(17).Ptr(ks.ids).I32Int(len(ids) / s.TopK).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
-		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).U64(e).I32Int(nt.cfg.Alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
-		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out)
-	// Clear the status words in stream order: a kernel that gives up
-	// leaves them clear (dispatch and combine share theirs, and both count
-	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.out, 0, 4, ks.stream); err != nil {
-		return nil, true, err
-	}
-	if err := nt.dev.Launch(KernelNotify, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+	if err := nt.launchNotify(ks.stream, ks.ids, len(ids)/s.TopK, nt.cfg.Alignment, e, DeviceNotify{}); err != nil {
 		return nil, true, err
 	}
 	if err := ks.stream.Synchronize(); err != nil {
@@ -258,6 +253,24 @@ func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool,
 	return res, true, nil
 }
 
+// launchNotify enqueues the notify kernel for round e on st, with the
+// device-pointer form's optional outputs in o (zero: none).
+func (nt *Notify) launchNotify(st device.Stream, ids uintptr, tokens, alignment int, e uint64, o DeviceNotify) error {
+	s, ks := nt.shape, nt.kern
+	a, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(23).Ptr(ids).I32Int(tokens).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
+		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).U64(e).I32Int(alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out).
+		Ptr(o.NumRecv).Ptr(o.RankPrefix).Ptr(o.ExpertCounts).Ptr(o.HostInvalid).Ptr(o.HostExpertCounts).Ptr(o.HostRecvCount)
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.out, 0, 4, st); err != nil {
+		return err
+	}
+	return nt.dev.Launch(KernelNotify, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
+}
+
 func int64Bytes(v []int64) []byte {
 	b := make([]byte, 8*len(v))
 	for j, x := range v {
@@ -273,7 +286,8 @@ func int64Bytes(v []int64) []byte {
 // receive region (the twin stops at it); err is a launch or copy failure.
 func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (out *RankOutput, ok bool, bad, err error) {
 	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
-	n, p, k, h := s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	n, k, h := s.Nodes, s.TopK, s.Hidden
+	i := s.Local(nt.rank)
 	le := binary.LittleEndian
 	xBytes := 2 * h
 	if fp8 {
@@ -281,18 +295,8 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	}
 	nt.dispXBytes = xBytes // combine finds the relay rows' metadata after x
 
-	// Stage the layout and the inputs (the ids are notify's, already here).
-	lay := make([]byte, dlayBytes)
-	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
-		le.PutUint64(lay[8*j:], uint64(v))
-	}
-	for j, v := range []int{dl.relayRow, dl.recvRow, dl.maxTokens, xBytes} {
-		le.PutUint32(lay[56+4*j:], uint32(v))
-	}
-	for j, v := range []int{dl.combCounters, dl.combRecv, dl.combSend, dl.combReady} {
-		le.PutUint64(lay[72+8*j:], uint64(v))
-	}
-	le.PutUint32(lay[104:], uint32(dl.partialRow))
+	// Stage the inputs (the ids are notify's, already here; the layout
+	// tables were written at setup).
 	var xb, scb []byte
 	if fp8 {
 		xb = append([]byte(nil), in.XFP8...)
@@ -316,35 +320,21 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	for _, c := range []struct {
 		dst uintptr
 		b   []byte
-	}{{ks.dlay, lay}, {ks.x, xb}, {ks.scales, scb}, {ks.weights, wb}} {
+	}{{ks.x, xb}, {ks.scales, scb}, {ks.weights, wb}} {
 		if len(c.b) > 0 {
 			if err := nt.dev.CopyInAsync(c.dst, c.b, ks.stream); err != nil {
 				return nil, true, nil, err
 			}
 		}
 	}
-	weights := ks.weights
-	if in.Weights == nil {
-		weights = 0
-	}
-	fp8Arg := 0
+	dd := DeviceDispatch{X: ks.x, FP8: fp8, ScaleStrides: [2]int64{int64(h / FP8Block), 1}}
 	if fp8 {
-		fp8Arg = 1
+		dd.Scales = ks.scales
 	}
-	// Offsets of notify's outputs that dispatch reads on the device.
-	relayOff, prefixOff := s.notifyOffsets()
-	a, i := s.Node(nt.rank), s.Local(nt.rank)
-	args := device.NewArgs(26).Ptr(ks.x).Ptr(ks.scales).Ptr(ks.ids).Ptr(weights).I32Int(tokens).I32Int(h).I32Int(k).
-		I32Int(s.Experts).I32Int(n).I32Int(p).I32Int(a).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlay).
-		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
-		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout())
-	// Clear the status words in stream order: a kernel that gives up
-	// leaves them clear (dispatch and combine share theirs, and both count
-	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, ks.stream); err != nil {
-		return nil, true, nil, err
+	if in.Weights != nil {
+		dd.Weights = ks.weights
 	}
-	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+	if err := nt.launchDispatch(ks.stream, ks.ids, tokens, d, dd); err != nil {
 		return nil, true, nil, err
 	}
 	if err := ks.stream.Synchronize(); err != nil {
@@ -387,8 +377,70 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	return out, true, nil, nil
 }
 
+// launchDispatch enqueues the dispatch kernel for round d on st: ids are
+// notify's (tokens rows), the inputs and the optional unpacked outputs in
+// a (X zero: route only).
+func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d uint64, a DeviceDispatch) error {
+	s, ks := nt.shape, nt.kern
+	fp8Arg := 0
+	if a.FP8 {
+		fp8Arg = 1
+	}
+	// Offsets of notify's outputs that dispatch reads on the device.
+	relayOff, prefixOff := s.notifyOffsets()
+	node, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(33).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
+		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlayFor(a.FP8)).
+		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout()).
+		U64Int(int(a.ScaleStrides[0])).U64Int(int(a.ScaleStrides[1])).
+		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken)
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, st); err != nil {
+		return err
+	}
+	nt.dispXBytes = s.xBytes(a.FP8) // combine finds the relay rows' metadata after x
+	return nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
+}
+
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
 const dlayBytes = 112
+
+// dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
+func (ks *kernelState) dlayFor(fp8 bool) uintptr {
+	if fp8 {
+		return ks.dlay + dlayBytes
+	}
+	return ks.dlay
+}
+
+// xBytes is the x part of a relay row: BF16 2H, or FP8 H + 4H/128.
+func (s Shape) xBytes(fp8 bool) int {
+	if fp8 {
+		return s.Hidden + 4*(s.Hidden/FP8Block)
+	}
+	return 2 * s.Hidden
+}
+
+// encode is the goep_inn_dispatch_layout struct (internode.cu) for rows of
+// the given format.
+func (dl dispatchLayout) encode(s Shape, fp8 bool) []byte {
+	le := binary.LittleEndian
+	lay := make([]byte, dlayBytes)
+	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
+		le.PutUint64(lay[8*j:], uint64(v))
+	}
+	for j, v := range []int{dl.relayRow, dl.recvRow, dl.maxTokens, s.xBytes(fp8)} {
+		le.PutUint32(lay[56+4*j:], uint32(v))
+	}
+	for j, v := range []int{dl.combCounters, dl.combRecv, dl.combSend, dl.combReady} {
+		le.PutUint64(lay[72+8*j:], uint64(v))
+	}
+	le.PutUint32(lay[104:], uint32(dl.partialRow))
+	return lay
+}
 
 // notifyOffsets are the byte offsets, in the notify kernel's output, of
 // the relay counts and the rank prefix that dispatch and combine read on
@@ -404,8 +456,8 @@ func (s Shape) notifyOffsets() (relay, prefix int) {
 // into this rank's receive rows and the biases staged first, in stream
 // order. ok, bad and err as dispatchKernel's.
 func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int, c uint64) (out *CombineOutput, ok bool, bad, err error) {
-	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
-	n, p, k, h := s.Nodes, s.RanksPerNode, s.TopK, s.Hidden
+	dl, ks, res := nt.dl, nt.kern, nt.last
+	k, h := nt.shape.TopK, nt.shape.Hidden
 	le := binary.LittleEndian
 	weights := in.Weights != nil
 	if res.Received > 0 {
@@ -441,25 +493,13 @@ func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int,
 			}
 		}
 	}
-	b2i := func(v bool) int {
-		if v {
-			return 1
-		}
-		return 0
+	// The expert outputs are in the receive rows already (Y zero: the
+	// kernel copies nothing); weights says the rows carry weights.
+	dc := DeviceCombine{Bias0: bias[0], Bias1: bias[1], Out: ks.x, Partial: opt.Partial}
+	if weights {
+		dc.OutWeights = ks.weights
 	}
-	relayOff, _ := s.notifyOffsets()
-	a, i := s.Node(nt.rank), s.Local(nt.rank)
-	args := device.NewArgs(24).I32Int(tokens).I32Int(h).I32Int(k).I32Int(n).I32Int(p).I32Int(a).I32Int(i).
-		I32Int(b2i(weights)).I32Int(b2i(opt.Partial == PartialFP32)).U64(c).Ptr(ks.dlay).Ptr(ks.out + uintptr(relayOff)).
-		Ptr(ks.scratch).Ptr(bias[0]).Ptr(bias[1]).Ptr(ks.x).Ptr(ks.weights).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
-		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout())
-	// Clear the status words in stream order: a kernel that gives up
-	// leaves them clear (dispatch and combine share theirs, and both count
-	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, ks.stream); err != nil {
-		return nil, true, nil, err
-	}
-	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, ks.stream, args); err != nil {
+	if err := nt.launchCombine(ks.stream, tokens, c, weights, dc); err != nil {
 		return nil, true, nil, err
 	}
 	if err := ks.stream.Synchronize(); err != nil {
@@ -495,6 +535,33 @@ func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int,
 		}
 	}
 	return out, true, nil, nil
+}
+
+// launchCombine enqueues the combine kernel for round c on st; weights
+// says whether the receive rows carry weights (every rank the same); a.Y
+// non-zero makes the kernel copy the expert outputs into them first.
+func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights bool, a DeviceCombine) error {
+	s, ks := nt.shape, nt.kern
+	b2i := func(v bool) int {
+		if v {
+			return 1
+		}
+		return 0
+	}
+	relayOff, prefixOff := s.notifyOffsets()
+	node, i := s.Node(nt.rank), s.Local(nt.rank)
+	args := device.NewArgs(27).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
+		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).U64(c).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
+		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
+		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
+		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff))
+	// Clear the status words in stream order: a kernel that gives up
+	// leaves them clear (dispatch and combine share theirs, and both count
+	// rounds from 1).
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, st); err != nil {
+		return err
+	}
+	return nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
 }
 
 // dout is dispatch's status words (status, bad): after notify's output,

@@ -126,8 +126,11 @@ type Notify struct {
 	dispNetWait, dispNVLWait, readyWait []uint32
 	// Combine state (combine.go): rounds done, whether this round's ran,
 	// wait ids.
-	combRound              uint64
-	dispXBytes             int // x bytes of this round's relay rows
+	combRound  uint64
+	dispXBytes int // x bytes of this round's relay rows
+	// dev0 is the last round's ids when it was a device-pointer round
+	// (RunAsync: devptr.go).
+	dev0                   devRound
 	combined               bool
 	combNetWait, combReady []uint32
 
@@ -484,6 +487,7 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	}
 	nt.lastIDs = append(nt.lastIDs[:0], ids...)
 	nt.last = res
+	nt.dev0 = devRound{}
 	nt.dispatched = false
 	nt.combined = false
 	return res, nil

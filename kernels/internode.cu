@@ -54,7 +54,9 @@ extern "C" {
 __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
     goep_internode_notify(const i64* ids, int num_tokens, int k, int num_experts, int nodes, int p, int node,
                           int local, u64 round, int alignment, u8* rdma, u8* nvl, const u64* peer_nvl,
-                          const goep_port_channel* ports, goep_watchdog* wd, const u32* wait_ids, i32* out);
+                          const goep_port_channel* ports, goep_watchdog* wd, const u32* wait_ids, i32* out,
+                          i32* dev_num_recv, i32* dev_prefix, i32* dev_experts, i32* host_invalid,
+                          i32* host_experts, i32* host_recv);
 }
 
 // Notify round e (see internode/notify.go for the same steps in Go). One
@@ -63,7 +65,9 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
 extern "C" __global__ void goep_internode_notify(const i64* ids, int num_tokens, int k, int num_experts, int nodes,
                                                  int p, int node, int local, u64 round, int alignment, u8* rdma,
                                                  u8* nvl, const u64* peer_nvl, const goep_port_channel* ports,
-                                                 goep_watchdog* wd, const u32* wait_ids, i32* out) {
+                                                 goep_watchdog* wd, const u32* wait_ids, i32* out,
+                                                 i32* dev_num_recv, i32* dev_prefix, i32* dev_experts,
+                                                 i32* host_invalid, i32* host_experts, i32* host_recv) {
   const int tid = threadIdx.x, nt = blockDim.x;
   const int w = nodes * p, le = num_experts / w;
   const goep_inn_notify_shape s{nodes, p, le, node, local};
@@ -213,7 +217,37 @@ extern "C" __global__ void goep_internode_notify(const i64* ids, int num_tokens,
       acc += (u32)from_rank[r];
       rank_prefix[r] = (i32)acc;
     }
+  }
+  __syncthreads();
+  // The device-pointer form's copies (each optional): the caller's rank
+  // prefix, per-expert counts and received count on the device, and in
+  // host-mapped memory the invalid ids, per-expert counts and, last after
+  // a system fence, the received count the host polls for.
+  for (int r = tid; r < w; r += nt) {
+    if (dev_prefix) {
+      dev_prefix[r] = rank_prefix[r];
+    }
+  }
+  for (int x = tid; x < le; x += nt) {
+    if (dev_experts) {
+      dev_experts[x] = local_expert[x];
+    }
+    if (host_experts) {
+      ((volatile i32*)host_experts)[x] = local_expert[x];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    if (dev_num_recv) {
+      *dev_num_recv = rank_prefix[w - 1];
+    }
+    if (host_invalid) {
+      *(volatile i32*)host_invalid = *invalid;
+    }
     __threadfence_system();
+    if (host_recv) {
+      *(volatile i32*)host_recv = rank_prefix[w - 1];
+    }
     *(volatile i32*)status = (i32)(u32)round;
   }
 }
@@ -254,7 +288,8 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
                             int hidden, int k, int num_experts, int nodes, int p, int node, int local, int fp8,
                             u64 round, const goep_inn_dispatch_layout* dlp, const i32* rank_prefix, const i32* relay_count, i32* scratch,
                             u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
-                            const u32* wait_ids, i32* out);
+                            const u32* wait_ids, i32* out, i64 scale_st0, i64 scale_st1, u8* out_x,
+                            float* out_scales, i64* out_topk, float* out_weights, i32* out_src);
 }
 
 extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* scales, const i64* ids,
@@ -264,7 +299,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
                                                    const i32* rank_prefix,
                                                    const i32* relay_count, i32* scratch, u8* rdma, u8* nvl,
                                                    const u64* peer_nvl, const goep_port_channel* ports,
-                                                   goep_watchdog* wd, const u32* wait_ids, i32* out) {
+                                                   goep_watchdog* wd, const u32* wait_ids, i32* out,
+                                                   i64 scale_st0, i64 scale_st1, u8* out_x, float* out_scales,
+                                                   i64* out_topk, float* out_weights, i32* out_src) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
   const goep_inn_dispatch_layout dl = *dlp;
   const int w = nodes * p, le = num_experts / w, xb = dl.xb, xw = xb / 4;
@@ -330,14 +367,16 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
                                    : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
     u32* dst = (u32*)(region + (u64)row * dl.relay_row);
-    if (fp8) {
+    if (x == nullptr) {
+      // Route only (a replay for combine): the rows' payload is not read.
+    } else if (fp8) {
       const u32* src = (const u32*)(x + (u64)t * h);
       for (int q = lane; q < h / 4; q += 32) {
         dst[q] = src[q];
       }
-      const u32* sc = (const u32*)(scales + (u64)t * (h / 128));
+      // Scales at element strides (token, column).
       for (int q = lane; q < h / 128; q += 32) {
-        dst[h / 4 + q] = sc[q];
+        dst[h / 4 + q] = __float_as_uint(scales[(i64)t * scale_st0 + (i64)q * scale_st1]);
       }
     } else {
       const u32* src = (const u32*)(x + (u64)t * xb);
@@ -445,6 +484,42 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   if (goep_block_any_failed(!ok)) {
     return;
   }
+  // 5. The device-pointer form: unpack the received rows into the
+  // caller's separate regions (x, FP8 scales, local ids, weights, source
+  // token), a warp per row; the count is notify's, on the device.
+  if (out_x != nullptr) {
+    const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
+    for (i64 r = warp; r < n; r += warps) {
+      const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
+      if (fp8) {
+        u32* ox = (u32*)(out_x + (u64)r * h);
+        for (int q = lane; q < h / 4; q += 32) {
+          ox[q] = rr[q];
+        }
+        for (int q = lane; q < h / 128; q += 32) {
+          out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
+        }
+      } else {
+        u32* ox = (u32*)(out_x + (u64)r * 2 * h);
+        for (int q = lane; q < xw; q += 32) {
+          ox[q] = rr[q];
+        }
+      }
+      u32* ot = (u32*)(out_topk + r * k);
+      for (int q = lane; q < 2 * k; q += 32) {
+        ot[q] = rr[xw + q];
+      }
+      if (out_weights != nullptr) {
+        for (int q = lane; q < k; q += 32) {
+          out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
+        }
+      }
+      if (lane == 0) {
+        out_src[r] = (i32)rr[xw + 3 * k + 1];
+      }
+    }
+    __syncthreads();
+  }
   if (tid == 0) {
     __threadfence_system();
     *(volatile i32*)out = (i32)(u32)round;
@@ -476,7 +551,8 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
                            int fp32, u64 round, const goep_inn_dispatch_layout* dlp, const i32* relay_count,
                            const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
                            u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
-                           const u32* wait_ids, i32* out);
+                           const u32* wait_ids, i32* out, const u16* y_in, const float* w_in,
+                           const i32* rank_prefix);
 }
 
 extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node,
@@ -485,14 +561,35 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
                                                   const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x,
                                                   float* out_w, u8* rdma, u8* nvl, const u64* peer_nvl,
                                                   const goep_port_channel* ports, goep_watchdog* wd,
-                                                  const u32* wait_ids, i32* out) {
+                                                  const u32* wait_ids, i32* out, const u16* y_in,
+                                                  const float* w_in, const i32* rank_prefix) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
   const goep_inn_dispatch_layout dl = *dlp;
   const int w = nodes * p, h = hidden, xw = dl.xb / 4;
   const i64 capacity = (i64)w * dl.max_tokens;
 
-  // 1. This rank's expert outputs are in place (the copy before the
-  // launch): tell the node's forwarders.
+  // 1. The device-pointer form copies this rank's expert outputs (y BF16
+  // [n][H], weights fp32 [n][K], n = notify's received count, on the
+  // device) into its receive rows; the slice form's host copy did it
+  // before the launch. Every forwarder of the node finished writing these
+  // rows in dispatch (this rank waited for them), so nobody else touches
+  // them now. Then tell the node's forwarders.
+  if (y_in != nullptr) {
+    const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
+    for (i64 r = warp; r < n; r += warps) {
+      u32* rr = (u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
+      const u32* yr = (const u32*)(y_in + r * h);
+      for (int q = lane; q < h / 2; q += 32) {
+        rr[q] = yr[q];
+      }
+      if (w_in != nullptr) {
+        for (int q = lane; q < k; q += 32) {
+          rr[h / 2 + q] = __float_as_uint(w_in[r * k + q]);
+        }
+      }
+    }
+    __syncthreads();
+  }
   if (tid == 0) {
     out[1] = 0;
     goep_fence_acq_rel_sys();

@@ -1,0 +1,242 @@
+package internode
+
+import (
+	"fmt"
+
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// The device-pointer form of notify, dispatch and combine (where the
+// kernels run: a GPU, or the CPU emulation). The caller passes device
+// pointers and a stream; the kernels read the inputs and write the
+// outputs in place, nothing is copied through the host and no host
+// meeting separates the steps: on each rank the three launches are
+// ordered by its stream, and between ranks by the kernels' own counters
+// (the same protocol and memory as the slice form's, kernel.go). The host
+// learns the received count only when it asks for it in host-mapped
+// memory (DeviceNotify.HostRecvCount), as intranode's notify does.
+//
+// A launch failure makes the Notify refuse further calls. A wait that
+// gives up is not seen by these calls (they return once enqueued): it is
+// in the communicator's watchdog record (Communicator.Check), as for
+// every asynchronous channels kernel, and the status words the slice form
+// reads stay clear. A round's order: RunAsync, then DispatchAsync, then
+// at most one CombineAsync, on one stream or streams the caller orders.
+// Every rank makes the same calls with the same formats (BF16 or FP8,
+// weights or none, partial format), as for the slice form.
+
+// DeviceNotify is the device-pointer form's notify round. Pointers are
+// device addresses (the host-mapped ones: their device side); every
+// output is optional (0: not written).
+type DeviceNotify struct {
+	// TopK is int64 [Tokens][TopK], read by the notify kernel and again by
+	// the round's DispatchAsync (and a route-only replay): it must hold the
+	// same ids until that dispatch has run.
+	TopK   uintptr
+	Tokens int
+	// ExpertAlignment rounds the per-local-expert counts up (<= 1: none).
+	ExpertAlignment int
+	// Device outputs, int32: received count [1], rank prefix [World]
+	// (rows from sources 0..s), received top-k entries per local expert
+	// [LocalExperts] (aligned).
+	NumRecv, RankPrefix, ExpertCounts uintptr
+	// Host-mapped outputs, int32: this rank's invalid ids [1], per local
+	// expert counts [LocalExperts], and the received count [1], written
+	// last (after a system fence), for the host to poll.
+	HostInvalid, HostExpertCounts, HostRecvCount uintptr
+}
+
+// DeviceDispatch is the device-pointer form's dispatch of the last
+// notify round's tokens.
+type DeviceDispatch struct {
+	// X is BF16 [T][Hidden], or FP8 E4M3 bytes [T][Hidden] with Scales
+	// float32 at element strides ScaleStrides {token, column} (zero:
+	// row-major). X zero dispatches the route only (the relay rows and
+	// slots combine reads, no payload): then the Recv outputs must be zero.
+	X, Scales    uintptr
+	FP8          bool
+	ScaleStrides [2]int64
+	// Weights is float32 [T][TopK], optional (every rank the same).
+	Weights uintptr
+	// Receive outputs, [World*MaxTokens] rows of which the first N (the
+	// received count) are written, in ReferenceDispatch's order: x (BF16
+	// [Hidden] or FP8 bytes [Hidden]), FP8 scales float32 [Hidden/128],
+	// local top-k ids int64 [TopK] (-1 for other ranks' experts), weights
+	// float32 [TopK] (optional), source token int32. RecvX zero writes
+	// none of them.
+	RecvX, RecvScales, RecvTopK, RecvWeights, RecvSrcToken uintptr
+}
+
+// DeviceCombine is the device-pointer form's combine of the last
+// dispatch.
+type DeviceCombine struct {
+	// Y is BF16 [N][Hidden] and Weights float32 [N][TopK] (optional, every
+	// rank the same), N the received count, in dispatch's receive order;
+	// Y may be 0 only when nothing was received (N = 0).
+	Y, Weights uintptr
+	// Bias0, Bias1 are BF16 [T][Hidden], optional.
+	Bias0, Bias1 uintptr
+	// Out is BF16 [T][Hidden]; OutWeights float32 [T][TopK] (with Weights).
+	Out, OutWeights uintptr
+	Partial         Partial
+}
+
+// asyncReady checks what every device-pointer call needs.
+func (nt *Notify) asyncReady(st device.Stream) error {
+	if nt.err != nil {
+		return nt.err
+	}
+	if nt.kern == nil {
+		return fmt.Errorf("internode: rank %d: the device-pointer form needs a device that runs the kernels (a GPU or the CPU emulation); the host backend takes the slice form", nt.rank)
+	}
+	if st == nil {
+		return fmt.Errorf("internode: rank %d: nil stream", nt.rank)
+	}
+	return nil
+}
+
+func aligned4(ps ...uintptr) bool {
+	for _, p := range ps {
+		if p%4 != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// RunAsync enqueues one notify round on st: collective over every rank.
+func (nt *Notify) RunAsync(st device.Stream, a DeviceNotify) error {
+	if nt == nil {
+		return fmt.Errorf("internode: notify: nil")
+	}
+	if err := nt.asyncReady(st); err != nil {
+		return err
+	}
+	round := nt.round + 1
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("internode: rank %d: notify round %d: "+format, append([]any{nt.rank, round}, args...)...)
+	}
+	if a.Tokens < 0 || a.Tokens > nt.cfg.MaxTokens {
+		return fail("%d tokens: want 0..NotifyConfig.MaxTokens = %d", a.Tokens, nt.cfg.MaxTokens)
+	}
+	if a.Tokens > 0 && a.TopK == 0 {
+		return fail("no top-k ids for %d tokens", a.Tokens)
+	}
+	if a.ExpertAlignment < 0 || a.ExpertAlignment > MaxTokens {
+		return fail("expert alignment %d: want 0..%d", a.ExpertAlignment, MaxTokens)
+	}
+	if a.TopK%8 != 0 {
+		return fail("top-k ids at %#x: want 8-byte aligned", a.TopK)
+	}
+	if !aligned4(a.NumRecv, a.RankPrefix, a.ExpertCounts, a.HostInvalid, a.HostExpertCounts, a.HostRecvCount) {
+		return fail("an int32 output is not 4-byte aligned")
+	}
+	if err := nt.comm.Check(); err != nil {
+		nt.err = fail("%w", err)
+		return nt.err
+	}
+	nt.round++
+	if err := nt.launchNotify(st, a.TopK, a.Tokens, a.ExpertAlignment, nt.round, a); err != nil {
+		nt.err = fail("%w", err)
+		return nt.err
+	}
+	// The slice form's Dispatch and Combine need a host result: refused
+	// until the next Run.
+	nt.last, nt.lastIDs = nil, nt.lastIDs[:0]
+	nt.dev0 = devRound{ids: a.TopK, tokens: a.Tokens, ok: true}
+	nt.dispatched, nt.combined = false, false
+	return nil
+}
+
+// devRound is the last device-pointer notify round's ids.
+type devRound struct {
+	ids    uintptr
+	tokens int
+	ok     bool // a RunAsync round is the last round
+}
+
+// DispatchAsync enqueues the dispatch of the last RunAsync round on st:
+// collective, once per notify round.
+func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
+	if nt == nil {
+		return fmt.Errorf("internode: dispatch: nil notify")
+	}
+	if err := nt.asyncReady(st); err != nil {
+		return err
+	}
+	s := nt.shape
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("internode: rank %d: dispatch after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...)
+	}
+	if !nt.dev0.ok || nt.dispatched {
+		return fail("run a device-pointer notify round (RunAsync) first (one dispatch per round)")
+	}
+	t := nt.dev0.tokens
+	switch {
+	case a.X == 0 && (a.RecvX|a.RecvScales|a.RecvTopK|a.RecvWeights|a.RecvSrcToken) != 0:
+		return fail("a route-only dispatch (no X) writes no receive outputs")
+	case a.X == 0 && a.Weights != 0:
+		return fail("a route-only dispatch (no X) takes no weights")
+	case a.X == 0 && t > 0 && a.FP8:
+		return fail("a route-only dispatch is BF16")
+	case t > 0 && a.FP8 && a.Scales == 0 && a.X != 0:
+		return fail("FP8 rows without scales")
+	case a.RecvX != 0 && (a.RecvTopK == 0 || a.RecvSrcToken == 0 || a.FP8 && a.RecvScales == 0):
+		return fail("receive outputs: x, top-k ids, source tokens (and FP8 scales) go together")
+	case !aligned4(a.X, a.Scales, a.Weights, a.RecvX, a.RecvScales, a.RecvWeights, a.RecvSrcToken) || a.RecvTopK%8 != 0:
+		return fail("a pointer is not aligned (4 bytes; top-k ids 8)")
+	case a.ScaleStrides[0] < 0 || a.ScaleStrides[1] < 0:
+		return fail("negative scale strides %v", a.ScaleStrides)
+	}
+	if a.ScaleStrides == ([2]int64{}) {
+		a.ScaleStrides = [2]int64{int64(s.Hidden / FP8Block), 1}
+	}
+	if err := nt.comm.Check(); err != nil {
+		nt.err = fail("%w", err)
+		return nt.err
+	}
+	nt.dispatched = true
+	nt.dispRound++
+	if err := nt.launchDispatch(st, nt.dev0.ids, t, nt.dispRound, a); err != nil {
+		nt.err = fail("%w", err)
+		return nt.err
+	}
+	return nil
+}
+
+// CombineAsync enqueues the combine of the last DispatchAsync on st:
+// collective, once per dispatch.
+func (nt *Notify) CombineAsync(st device.Stream, a DeviceCombine) error {
+	if nt == nil {
+		return fmt.Errorf("internode: combine: nil notify")
+	}
+	if err := nt.asyncReady(st); err != nil {
+		return err
+	}
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("internode: rank %d: combine after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...)
+	}
+	switch {
+	case !nt.dev0.ok || !nt.dispatched || nt.combined:
+		return fail("run a device-pointer notify round and its dispatch first (one combine per round)")
+	case a.Partial != PartialBF16 && a.Partial != PartialFP32:
+		return fail("partial format %d", a.Partial)
+	case nt.dev0.tokens > 0 && a.Out == 0:
+		return fail("no output for %d tokens", nt.dev0.tokens)
+	case a.Weights != 0 && nt.dev0.tokens > 0 && a.OutWeights == 0:
+		return fail("weights without an output for them")
+	case !aligned4(a.Y, a.Weights, a.Bias0, a.Bias1, a.Out, a.OutWeights):
+		return fail("a pointer is not 4-byte aligned")
+	}
+	if err := nt.comm.Check(); err != nil {
+		nt.err = fail("%w", err)
+		return nt.err
+	}
+	nt.combined = true
+	nt.combRound++
+	if err := nt.launchCombine(st, nt.dev0.tokens, nt.combRound, a.Weights != 0, a); err != nil {
+		nt.err = fail("%w", err)
+		return nt.err
+	}
+	return nil
+}

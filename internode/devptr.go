@@ -240,3 +240,25 @@ func (nt *Notify) CombineAsync(st device.Stream, a DeviceCombine) error {
 	}
 	return nil
 }
+
+// Check reports what the device-pointer calls cannot return: a wait of an
+// enqueued kernel that gave up (the communicator's watchdog record, which
+// names the peer), after which the Notify refuses further calls; or the
+// Notify's earlier failure or Close. Nil while every round went well so
+// far. Cheap: it reads host memory only.
+func (nt *Notify) Check() error {
+	if nt == nil {
+		return fmt.Errorf("internode: notify: nil")
+	}
+	if nt.err != nil {
+		return nt.err
+	}
+	if nt.comm == nil {
+		return fmt.Errorf("internode: notify: not set up by NewNotify")
+	}
+	if err := nt.comm.Check(); err != nil {
+		nt.err = fmt.Errorf("internode: rank %d: after notify round %d: %w", nt.rank, nt.round, err)
+		return nt.err
+	}
+	return nil
+}

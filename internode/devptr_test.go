@@ -1,0 +1,521 @@
+package internode_test
+
+// The device-pointer form (RunAsync, DispatchAsync, CombineAsync): inputs
+// and outputs in device memory, launches on a stream of the caller's, no
+// host copy of tensors and no host meeting between the steps. Checked
+// against the plain-Go reference (ReferenceLayout, ReferenceDispatch,
+// ReferenceCombine), which shares no code with the kernels.
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/cpuemu"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internode"
+)
+
+// 2 virtual nodes x 2 ranks under the CPU emulation of the real kernels.
+func TestEmulatedDevicePointers(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	checkDeviceRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 900)
+}
+
+// The same on the GPUs present (ranks spread over them), 2 x 2 and 2 x 4.
+func TestDevicePointersGPU(t *testing.T) {
+	skipNoGPU(t)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) { checkDeviceRounds(t, cudaBackend, topo, 950+int64(topo.World())) })
+	}
+}
+
+// The host backend runs the slice form only: the device-pointer calls are
+// refused with an error that says so, and the Notify stays usable.
+func TestDevicePointersHostRefused(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 2, Experts: 8}
+	errs := runNotifyRanksOn(t, hostBackend, topo, 10*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 61, MaxTokens: 4})
+		if err != nil {
+			return nil, err
+		}
+		st, err := c.Device().NewStream()
+		if err != nil {
+			return nt, err
+		}
+		defer st.Close()
+		for _, err := range []error{nt.RunAsync(st, internode.DeviceNotify{}), nt.DispatchAsync(st, internode.DeviceDispatch{}),
+			nt.CombineAsync(st, internode.DeviceCombine{})} {
+			if err == nil || !containsAll(err.Error(), "device-pointer form", "slice form") {
+				return nt, fmt.Errorf("want the host backend's refusal, got %v", err)
+			}
+		}
+		_, err = nt.Run([]int64{0, 5, 7, -1})
+		return nt, err
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, x := range subs {
+		if !strings.Contains(s, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// devRound is one round of the device-pointer test: a fresh routing, or a
+// replay of an earlier round's (notify again, a route-only dispatch, then
+// the combine of that earlier dispatch, as the Buffer does for a combine
+// of an older handle).
+type devRoundSpec struct {
+	fp8, weights, strided bool
+	align, biases         int
+	partial               internode.Partial
+	replay                int // 1 + the round replayed, 0 for none
+}
+
+func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed int64) {
+	rng := rand.New(rand.NewSource(seed))
+	w := topo.World()
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 1 + rng.Intn(4), Experts: 2 * w}
+	rounds := []devRoundSpec{
+		{weights: true, align: 4, biases: 2, partial: internode.PartialBF16},
+		{fp8: true, strided: true, biases: 1, partial: internode.PartialFP32},
+		{fp8: true, weights: true, partial: internode.PartialBF16},
+		{weights: true, partial: internode.PartialBF16, replay: 1},
+	}
+	const maxTokens = 9
+	in := make([][]internode.RankInput, len(rounds))
+	disp := make([][]internode.RankOutput, len(rounds))
+	cin := make([][]internode.CombineInput, len(rounds))
+	tokens := make([][]int, len(rounds))
+	comb := make([][]internode.CombineOutput, len(rounds))
+	for e, rd := range rounds {
+		in[e] = make([]internode.RankInput, w)
+		tokens[e] = make([]int, w)
+		zero := rng.Intn(w)
+		for r := range in[e] {
+			if rd.replay > 0 {
+				in[e][r] = in[rd.replay-1][r]
+			} else {
+				tk := 1 + rng.Intn(maxTokens)
+				if r == zero {
+					tk = 0
+				}
+				in[e][r] = dispatchInput(rng, s, devIDs(rng, s, tk), rd.fp8, rd.weights)
+			}
+			tokens[e][r] = len(in[e][r].TopK) / s.TopK
+		}
+		var err error
+		if disp[e], err = internode.ReferenceDispatch(s, in[e], rd.align); err != nil {
+			require.NoError(t, err)
+		}
+		cin[e] = make([]internode.CombineInput, w)
+		for r := range cin[e] {
+			n, tk := disp[e][r].Received(), tokens[e][r]
+			c := internode.CombineInput{Y: bf16s(rng, n*s.Hidden)}
+			if rd.weights {
+				c.Weights = make([]float32, n*s.TopK)
+				for j := range c.Weights {
+					c.Weights[j] = rng.Float32()
+				}
+			}
+			if rd.biases >= 1 {
+				c.Bias0 = bf16s(rng, tk*s.Hidden)
+			}
+			if rd.biases >= 2 {
+				c.Bias1 = bf16s(rng, tk*s.Hidden)
+			}
+			cin[e][r] = c
+		}
+		if comb[e], err = internode.ReferenceCombine(s, tokens[e], disp[e], cin[e], internode.CombineOptions{Partial: rd.partial}); err != nil {
+			require.NoError(t, err)
+		}
+	}
+
+	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens})
+		if err != nil {
+			return nil, err
+		}
+		m, err := newDevMem(c.Device(), s, maxTokens)
+		if err != nil {
+			return nt, err
+		}
+		defer m.free()
+		me := c.Rank()
+		for e, rd := range rounds {
+			if err := m.round(nt, s, rd, in[e][me], cin[e][me], disp[e][me], comb[e][me]); err != nil {
+				return nt, fmt.Errorf("round %d (%+v): %w", e+1, rd, err)
+			}
+		}
+		return nt, nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+// devIDs draws t tokens of ids with -1 and out-of-range ids mixed in.
+func devIDs(rng *rand.Rand, s internode.Shape, t int) []int64 {
+	ids := make([]int64, t*s.TopK)
+	for j := range ids {
+		switch x := rng.Intn(12); {
+		case x == 0:
+			ids[j] = -1
+		case x == 1:
+			ids[j] = int64(s.Experts + rng.Intn(3))
+		default:
+			ids[j] = int64(rng.Intn(s.Experts))
+		}
+	}
+	return ids
+}
+
+// devMem is one rank's device memory for the test: one allocation with
+// every input and output, and a host-mapped block for the counts.
+type devMem struct {
+	dev    device.Device
+	buf    device.Buffer
+	mapped device.HostMapped
+	st     device.Stream
+	off    map[string]uintptr
+}
+
+func newDevMem(dev device.Device, s internode.Shape, m int) (*devMem, error) {
+	w, h, k := s.World(), s.Hidden, s.TopK
+	rows := w * m
+	sizes := []struct {
+		name string
+		n    int
+	}{
+		{"ids", 8 * m * k}, {"x", 2 * m * h}, {"scales", 4 * m * h / 128}, {"weights", 4 * m * k},
+		{"numRecv", 4}, {"prefix", 4 * w}, {"experts", 4 * s.LocalExperts()},
+		{"rx", 2 * rows * h}, {"rscales", 4 * rows * h / 128}, {"rtopk", 8 * rows * k}, {"rweights", 4 * rows * k}, {"rsrc", 4 * rows},
+		{"y", 2 * rows * h}, {"yw", 4 * rows * k}, {"bias0", 2 * m * h}, {"bias1", 2 * m * h}, {"out", 2 * m * h}, {"outw", 4 * m * k},
+	}
+	total := 0
+	for _, sz := range sizes {
+		total += (sz.n + 255) &^ 255
+	}
+	d := &devMem{dev: dev, off: map[string]uintptr{}}
+	var err error
+	if d.buf, err = dev.Alloc(total); err != nil {
+		return nil, err
+	}
+	if d.mapped, err = dev.AllocHostMapped(4 * (2 + s.LocalExperts())); err != nil {
+		_ = dev.Free(d.buf)
+		return nil, err
+	}
+	if d.st, err = dev.NewStream(); err != nil {
+		d.free()
+		return nil, err
+	}
+	o := 0
+	for _, sz := range sizes {
+		d.off[sz.name] = d.buf.Ptr + uintptr(o)
+		o += (sz.n + 255) &^ 255
+	}
+	return d, nil
+}
+
+func (d *devMem) free() {
+	if d.st != nil {
+		_ = d.st.Close()
+	}
+	_ = d.dev.FreeHostMapped(d.mapped)
+	_ = d.dev.Free(d.buf)
+}
+
+func (d *devMem) put(name string, b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return d.dev.CopyIn(d.off[name], b)
+}
+
+func (d *devMem) get(name string, n int) ([]byte, error) {
+	b := make([]byte, n)
+	if n == 0 {
+		return b, nil
+	}
+	return b, d.dev.CopyOut(b, d.off[name])
+}
+
+func (d *devMem) mappedI32(j int) int32 {
+	return int32(binary.LittleEndian.Uint32(d.mapped.Host[4*j:]))
+}
+
+// round runs one round on this rank and checks its own outputs against
+// the reference's (want: this rank's dispatch output; ci its combine
+// input).
+func (d *devMem) round(nt *internode.Notify, s internode.Shape, rd devRoundSpec, in internode.RankInput, ci internode.CombineInput,
+	want internode.RankOutput, wantC internode.CombineOutput) error {
+	h, k, le := s.Hidden, s.TopK, s.LocalExperts()
+	t := len(in.TopK) / k
+	le32 := binary.LittleEndian
+	if err := d.put("ids", i64b(in.TopK)); err != nil {
+		return err
+	}
+	// Poison the outputs, so that a value not written shows.
+	for _, name := range []string{"numRecv", "prefix", "experts", "rx", "rscales", "rtopk", "rweights", "rsrc", "out", "outw"} {
+		n := 0
+		switch name {
+		case "numRecv":
+			n = 4
+		case "prefix":
+			n = 4 * s.World()
+		case "experts":
+			n = 4 * le
+		default:
+			n = 64
+		}
+		if err := d.put(name, bytesOf(n, 0xA5)); err != nil {
+			return err
+		}
+	}
+	for j := range d.mapped.Host {
+		d.mapped.Host[j] = 0xff
+	}
+	dn := internode.DeviceNotify{TopK: d.off["ids"], Tokens: t, ExpertAlignment: rd.align,
+		NumRecv: d.off["numRecv"], RankPrefix: d.off["prefix"], ExpertCounts: d.off["experts"],
+		HostInvalid: d.mapped.Dev, HostRecvCount: d.mapped.Dev + 4, HostExpertCounts: d.mapped.Dev + 8}
+	if err := nt.RunAsync(d.st, dn); err != nil {
+		return err
+	}
+	dd := internode.DeviceDispatch{}
+	if rd.replay == 0 {
+		dd = internode.DeviceDispatch{X: d.off["x"], FP8: rd.fp8, RecvX: d.off["rx"], RecvTopK: d.off["rtopk"], RecvSrcToken: d.off["rsrc"]}
+		if rd.fp8 {
+			if err := d.put("x", in.XFP8); err != nil {
+				return err
+			}
+			cols := h / internode.FP8Block
+			sc := in.Scales
+			dd.Scales, dd.RecvScales = d.off["scales"], d.off["rscales"]
+			if rd.strided {
+				// Column-major [cols][t]: strides {1, t}.
+				sc = make([]float32, len(in.Scales))
+				for tk := 0; tk < t; tk++ {
+					for j := 0; j < cols; j++ {
+						sc[j*t+tk] = in.Scales[tk*cols+j]
+					}
+				}
+				dd.ScaleStrides = [2]int64{1, int64(max(t, 1))}
+			}
+			if err := d.put("scales", f32b(sc)); err != nil {
+				return err
+			}
+		} else if err := d.put("x", u16b(in.X)); err != nil {
+			return err
+		}
+		if rd.weights {
+			if err := d.put("weights", f32b(in.Weights)); err != nil {
+				return err
+			}
+			dd.Weights, dd.RecvWeights = d.off["weights"], d.off["rweights"]
+		}
+	}
+	if err := nt.DispatchAsync(d.st, dd); err != nil {
+		return err
+	}
+	if err := d.st.Synchronize(); err != nil {
+		return err
+	}
+	if err := nt.Check(); err != nil {
+		return err
+	}
+
+	// Notify's outputs.
+	ly, err := internode.ReferenceLayout(s, in.TopK)
+	if err != nil {
+		return err
+	}
+	n := want.Received()
+	if got := [3]int32{d.mappedI32(0), d.mappedI32(1), 0}; got != [3]int32{int32(ly.Invalid), int32(n), 0} {
+		return fmt.Errorf("host-mapped invalid ids and received count %v, want %d and %d", got[:2], ly.Invalid, n)
+	}
+	wantExperts := make([]int32, le)
+	for j, v := range want.TokensPerLocalExpert {
+		wantExperts[j] = int32(v)
+	}
+	gotExperts := make([]int32, le)
+	for j := range gotExperts {
+		gotExperts[j] = d.mappedI32(2 + j)
+	}
+	if err := same("host-mapped expert counts", wantExperts, gotExperts); err != nil {
+		return err
+	}
+	raw, err := d.get("numRecv", 4)
+	if err != nil {
+		return err
+	}
+	if int(int32(le32.Uint32(raw))) != n {
+		return fmt.Errorf("received count on the device %d, want %d", int32(le32.Uint32(raw)), n)
+	}
+	for _, c := range []struct {
+		name string
+		want []int32
+	}{{"prefix", want.RankPrefix}, {"experts", wantExperts}} {
+		raw, err := d.get(c.name, 4*len(c.want))
+		if err != nil {
+			return err
+		}
+		if err := same(c.name, c.want, i32s(raw)); err != nil {
+			return err
+		}
+	}
+
+	// Dispatch's receive outputs (not written by a route-only replay).
+	if rd.replay == 0 {
+		type cmp struct {
+			name string
+			want []byte
+		}
+		cs := []cmp{{"rtopk", i64b(want.RecvTopK)}, {"rsrc", i32b(want.RecvSrcToken)}}
+		if rd.fp8 {
+			cs = append(cs, cmp{"rx", want.RecvXFP8}, cmp{"rscales", f32b(want.RecvScales)})
+		} else {
+			cs = append(cs, cmp{"rx", u16b(want.RecvX)})
+		}
+		if rd.weights {
+			cs = append(cs, cmp{"rweights", f32b(want.RecvWeights)})
+		}
+		for _, c := range cs {
+			got, err := d.get(c.name, len(c.want))
+			if err != nil {
+				return err
+			}
+			if string(got) != string(c.want) {
+				return fmt.Errorf("received %s differ from the reference's (%d bytes)", c.name, len(c.want))
+			}
+		}
+	}
+
+	// Combine: expert outputs from device memory, results in device memory.
+	if err := d.put("y", u16b(ci.Y)); err != nil {
+		return err
+	}
+	dc := internode.DeviceCombine{Out: d.off["out"], Partial: rd.partial}
+	if n > 0 {
+		dc.Y = d.off["y"]
+	}
+	if rd.weights {
+		if err := d.put("yw", f32b(ci.Weights)); err != nil {
+			return err
+		}
+		dc.Weights, dc.OutWeights = d.off["yw"], d.off["outw"]
+	}
+	for j, bias := range [][]uint16{ci.Bias0, ci.Bias1} {
+		if bias != nil {
+			name := []string{"bias0", "bias1"}[j]
+			if err := d.put(name, u16b(bias)); err != nil {
+				return err
+			}
+			if j == 0 {
+				dc.Bias0 = d.off[name]
+			} else {
+				dc.Bias1 = d.off[name]
+			}
+		}
+	}
+	if err := nt.CombineAsync(d.st, dc); err != nil {
+		return err
+	}
+	if err := d.st.Synchronize(); err != nil {
+		return err
+	}
+	if err := nt.Check(); err != nil {
+		return err
+	}
+	gotX, err := d.get("out", 2*t*h)
+	if err != nil {
+		return err
+	}
+	if string(gotX) != string(u16b(wantC.X)) {
+		return fmt.Errorf("combined rows differ from the reference's (bit for bit)")
+	}
+	if rd.weights {
+		gotW, err := d.get("outw", 4*t*k)
+		if err != nil {
+			return err
+		}
+		if string(gotW) != string(f32b(wantC.Weights)) {
+			return fmt.Errorf("combined weights differ from the reference's (bit for bit)")
+		}
+	}
+	return nil
+}
+
+func same(what string, want, got []int32) error {
+	if len(want) != len(got) {
+		return fmt.Errorf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for j := range want {
+		if want[j] != got[j] {
+			return fmt.Errorf("%s: value %d is %d, want %d (got %v, want %v)", what, j, got[j], want[j], got, want)
+		}
+	}
+	return nil
+}
+
+func bytesOf(n int, v byte) []byte {
+	b := make([]byte, n)
+	for j := range b {
+		b[j] = v
+	}
+	return b
+}
+
+func i64b(v []int64) []byte {
+	b := make([]byte, 8*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint64(b[8*j:], uint64(x))
+	}
+	return b
+}
+
+func i32b(v []int32) []byte {
+	b := make([]byte, 4*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint32(b[4*j:], uint32(x))
+	}
+	return b
+}
+
+func i32s(b []byte) []int32 {
+	v := make([]int32, len(b)/4)
+	for j := range v {
+		v[j] = int32(binary.LittleEndian.Uint32(b[4*j:]))
+	}
+	return v
+}
+
+func u16b(v []uint16) []byte {
+	b := make([]byte, 2*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint16(b[2*j:], x)
+	}
+	return b
+}
+
+func f32b(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for j, x := range v {
+		binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
+	}
+	return b
+}

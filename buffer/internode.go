@@ -10,6 +10,7 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // The internode mode (ranks on several nodes, real or virtual): the Buffer
@@ -138,6 +139,9 @@ type interState struct {
 	// Notify dispatched last, combined whether that round was combined.
 	seq, last uint64
 	combined  bool
+	// device: the calls go to package internode's device-pointer form
+	// (CUDA; internode_device.go), else to its slice form on the host.
+	device bool
 }
 
 type interSlot struct {
@@ -166,20 +170,28 @@ func (b *Buffer) topology(ctx context.Context) (internode.Topology, error) {
 // (with its dispatch and combine regions) and the receive region.
 func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	c := b.cfg
-	// Package internode runs its kernels on GPUs now, but its calls take
-	// host slices and the Buffer meets its peers on the host between steps:
-	// a GPU Buffer would be correct but slow, and not graph-safe. Refused
-	// until the Buffer hands internode device pointers.
-	if k := b.user.Info().Kind; k != device.Host {
-		return b.errorf("internode mode (%v, %s device): the Buffer drives internode on the host backend only "+
-			"(the GPU kernels exist in package internode; the Buffer's device-pointer path does not yet)", t, k)
+	// CUDA devices run package internode's device-pointer form (the
+	// kernels read and write the callers' tensors and the receive region
+	// in stream order); the host backend its slice form. Anything else has
+	// neither.
+	switch k := b.dev.Info().Kind; k {
+	case device.Host:
+	case device.CUDA:
+		// A module load waits for every kernel of the context, and ranks
+		// sharing a GPU spin in each other's kernels: load what a call may
+		// launch now (NewNotify preloads its own, then meets every rank).
+		if err := b.dev.Preload(routing.KernelWidenIDs, routing.KernelLayoutInt64); err != nil {
+			return b.errorf("internode mode (%v): %w", t, err)
+		}
+	default:
+		return b.errorf("internode mode (%v): a %s device runs neither the host twins nor the CUDA kernels", t, k)
 	}
 	shape := internode.Shape{Topology: t, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts}
 	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}
-	b.inter = &interState{topo: t, notify: nt, slots: make([]interSlot, c.handles())}
+	b.inter = &interState{topo: t, notify: nt, slots: make([]interSlot, c.handles()), device: b.dev.Info().Kind == device.CUDA}
 	return b.allocate()
 }
 
@@ -293,6 +305,9 @@ func (b *Buffer) dispatchInternode(ctx context.Context, c DispatchCall) (Dispatc
 	const op = "internode dispatch"
 	out := DispatchOutcome{NumRecv: -1}
 	in := b.inter
+	if in.device {
+		return b.dispatchInternodeDevice(ctx, c)
+	}
 	cfg := b.cfg
 	h, k := cfg.Hidden, cfg.TopK
 	if err := c.Stream.Synchronize(); err != nil {
@@ -401,6 +416,9 @@ func (b *Buffer) dispatchInternode(ctx context.Context, c DispatchCall) (Dispatc
 func (b *Buffer) combineInternode(c CombineCall) error {
 	const op = "internode combine"
 	in := b.inter
+	if in.device {
+		return b.combineInternodeDevice(c)
+	}
 	cfg := b.cfg
 	h, k := cfg.Hidden, cfg.TopK
 	if err := c.Stream.Synchronize(); err != nil {

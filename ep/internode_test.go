@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -68,6 +67,7 @@ func interIDs(rng *rand.Rand, s internode.Shape, tokens, kind int) []int64 {
 // interRound is one round's inputs on every rank.
 type interRound struct {
 	fp8, weights, worst bool
+	i32                 bool // top-k ids as int32
 	align               int
 	in                  []internode.RankInput
 }
@@ -78,6 +78,13 @@ func (ir interRound) args(t testing.TB, r *rig, rank int, s internode.Shape) ep.
 	n := len(in.TopK) / s.TopK
 	a := ep.DispatchArgs{TopK: ep.NewTensor(toDev(t, d, in.TopK), ep.I64, n, s.TopK), ExpertAlignment: ir.align,
 		WorstCase: ir.worst, Stream: r.streams[rank]}
+	if ir.i32 {
+		ids := make([]int32, len(in.TopK))
+		for j, v := range in.TopK {
+			ids[j] = int32(v)
+		}
+		a.TopK = ep.NewTensor(toDev(t, d, ids), ep.I32, n, s.TopK)
+	}
 	if ir.fp8 {
 		a.X = ep.NewTensor(toDev(t, d, in.XFP8), ep.FP8E4M3, n, s.Hidden)
 		a.Scales = ep.NewTensor(toDev(t, d, in.Scales), ep.F32, n, s.Hidden/128)
@@ -295,7 +302,20 @@ func handlesOf(res []ep.DispatchResult) []*ep.Handle {
 // one expert, an expert and a rank that receive nothing, T = 0 everywhere;
 // BF16 with weights and FP8 with scales; non-cached (host wait and worst
 // case), cached, and combines of the last dispatch and of older ones.
-func TestInternodeHost(t *testing.T) {
+func TestInternodeHost(t *testing.T) { internodeSuite(t, ep.Host) }
+
+// TestInternodeGPU: the same on the GPUs present (rank r on GPU r mod the
+// GPUs, so the 4 and 8 ranks share them when there are fewer), through
+// package internode's kernels in their device-pointer form: 2 virtual
+// nodes whose traffic goes over TCP, CUDA IPC inside a node.
+func TestInternodeGPU(t *testing.T) {
+	if gpuCount(t) == 0 {
+		t.Skip("no GPU")
+	}
+	internodeSuite(t, ep.CUDA)
+}
+
+func internodeSuite(t *testing.T, kind ep.Kind) {
 	for _, per := range []int{2, 4} {
 		topo := internode.Topology{Nodes: 2, RanksPerNode: per}
 		t.Run(fmt.Sprintf("2x%d", per), func(t *testing.T) {
@@ -303,7 +323,7 @@ func TestInternodeHost(t *testing.T) {
 			s := internode.Shape{Topology: topo, Hidden: 128, TopK: 3, Experts: 2 * w}
 			cfg := ep.Config{MaxTokens: 20, Hidden: s.Hidden, TopK: s.TopK, Experts: s.Experts, FP8: true, Handles: 4,
 				Timeout: 20 * time.Second, VirtualNodes: topo.Nodes}
-			r := newRig(t, ep.Host, w, cfg)
+			r := newRig(t, kind, w, cfg)
 			for i, b := range r.bufs {
 				require.Equal(t, ep.ModeInternode, b.Mode(), "rank %d", i)
 				require.Equal(t, 2, b.SizeHint().Nodes)
@@ -327,8 +347,9 @@ func TestInternodeHost(t *testing.T) {
 			a2 := newInterRound(rng, s, tokens, routeRandom, false, true, ids)
 			interDispatch(t, r, s, a2, handlesOf(resA), "bf16 cached dispatch")
 
-			// 2. FP8 without weights, every token to one expert.
+			// 2. FP8 without weights, every token to one expert, int32 ids.
 			f := newInterRound(rng, s, tokens, routeOneExpert, true, false, nil)
+			f.i32 = true
 			resF, wantF := interDispatch(t, r, s, f, nil, "fp8 dispatch, one expert")
 
 			// Combines: the FP8 handle's (the last dispatch), then the BF16
@@ -434,39 +455,6 @@ func newBoots(t *testing.T, ranks int) []bootstrap.Bootstrap {
 		}
 	})
 	return boots
-}
-
-// TestInternodeRefusedGPU: on CUDA devices the internode mode is refused
-// with package internode's error (no GPU kernels yet), named with the
-// topology.
-func TestInternodeRefusedGPU(t *testing.T) {
-	n := gpuCount(t)
-	if n == 0 {
-		t.Skip("no GPU")
-	}
-	boots := newBoots(t, 2)
-	errs := make([]error, 2)
-	r := &rig{bufs: make([]*ep.Buffer, 2)}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_ = r.run(func(i int, _ *ep.Buffer) error {
-		d, err := ep.OpenDevice(ep.CUDA, i%n)
-		if err != nil {
-			errs[i] = err
-			return nil
-		}
-		defer d.Close()
-		b, err := ep.NewBuffer(ctx, boots[i], d, ep.Config{MaxTokens: 8, Hidden: 128, TopK: 2, Experts: 8, VirtualNodes: 2, Timeout: 5 * time.Second})
-		errs[i] = err
-		if b != nil {
-			errs[i] = errors.Join(errors.New("built"), b.Close(ctx))
-		}
-		return nil
-	})
-	for i, err := range errs {
-		require.Error(t, err, "rank %d", i)
-		require.True(t, strings.Contains(err.Error(), "internode mode") && strings.Contains(err.Error(), "host backend"), "rank %d: %v", i, err)
-	}
 }
 
 // 1 (issue 18). An internode Buffer after Close: every exported method of

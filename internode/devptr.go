@@ -51,11 +51,15 @@ type DeviceNotify struct {
 type DeviceDispatch struct {
 	// X is BF16 [T][Hidden], or FP8 E4M3 bytes [T][Hidden] with Scales
 	// float32 at element strides ScaleStrides {token, column} (zero:
-	// row-major). X zero dispatches the route only (the relay rows and
-	// slots combine reads, no payload): then the Recv outputs must be zero.
+	// row-major). X may be 0 when the round has no tokens here.
 	X, Scales    uintptr
 	FP8          bool
 	ScaleStrides [2]int64
+	// RouteOnly dispatches the route only: the relay rows' metadata and the
+	// slots that combine reads, no payload (X, Weights and the Recv
+	// outputs zero, BF16). A combine of an earlier dispatch replays its
+	// notify round and a route-only dispatch first.
+	RouteOnly bool
 	// Weights is float32 [T][TopK], optional (every rank the same).
 	Weights uintptr
 	// Receive outputs, [World*MaxTokens] rows of which the first N (the
@@ -173,14 +177,12 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 	}
 	t := nt.dev0.tokens
 	switch {
-	case a.X == 0 && (a.RecvX|a.RecvScales|a.RecvTopK|a.RecvWeights|a.RecvSrcToken) != 0:
-		return fail("a route-only dispatch (no X) writes no receive outputs")
-	case a.X == 0 && a.Weights != 0:
-		return fail("a route-only dispatch (no X) takes no weights")
-	case a.X == 0 && t > 0 && a.FP8:
+	case a.RouteOnly && (a.X|a.Scales|a.Weights|a.RecvX|a.RecvScales|a.RecvTopK|a.RecvWeights|a.RecvSrcToken) != 0:
+		return fail("a route-only dispatch takes no rows, weights nor receive outputs")
+	case a.RouteOnly && a.FP8:
 		return fail("a route-only dispatch is BF16")
-	case t > 0 && a.FP8 && a.Scales == 0 && a.X != 0:
-		return fail("FP8 rows without scales")
+	case !a.RouteOnly && t > 0 && (a.X == 0 || a.FP8 && a.Scales == 0):
+		return fail("no rows (or FP8 rows without scales) for %d tokens", t)
 	case a.RecvX != 0 && (a.RecvTopK == 0 || a.RecvSrcToken == 0 || a.FP8 && a.RecvScales == 0):
 		return fail("receive outputs: x, top-k ids, source tokens (and FP8 scales) go together")
 	case !aligned4(a.X, a.Scales, a.Weights, a.RecvX, a.RecvScales, a.RecvWeights, a.RecvSrcToken) || a.RecvTopK%8 != 0:

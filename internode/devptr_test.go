@@ -296,7 +296,7 @@ func (d *devMem) round(nt *internode.Notify, s internode.Shape, rd devRoundSpec,
 	if err := nt.RunAsync(d.st, dn); err != nil {
 		return err
 	}
-	dd := internode.DeviceDispatch{}
+	dd := internode.DeviceDispatch{RouteOnly: true}
 	if rd.replay == 0 {
 		dd = internode.DeviceDispatch{X: d.off["x"], FP8: rd.fp8, RecvX: d.off["rx"], RecvTopK: d.off["rtopk"], RecvSrcToken: d.off["rsrc"]}
 		if rd.fp8 {

@@ -69,7 +69,7 @@ func combineBytes(t internode.Traffic) interBytes {
 func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("internode", stderr)
 	var o inOpts
-	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present; internode runs on the host backend only until its GPU kernels land)")
+	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present)")
 	tokens := fs.String("tokens", "4096", "tokens per rank, a comma-separated list (a sweep)")
 	fs.IntVar(&o.hidden, "hidden", 7168, "hidden size")
 	fs.IntVar(&o.topk, "topk", 8, "experts per token")

@@ -2,12 +2,15 @@ package bench
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/internal/device"
 )
 
 // `ep-bench internode` on the host backend: 4 goroutine ranks in 2 virtual
@@ -63,4 +66,26 @@ func TestInternodeOnHost(t *testing.T) {
 	code, _, stderr = run(t, "launch", "-n", "4", "--nodes", "3", "--", "internode")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "3 virtual nodes do not divide 4 ranks")
+}
+
+// On GPUs: 2 virtual nodes of 2 and of 4 ranks spread over the GPUs present
+// (several to a GPU when there are fewer), through the Buffer's
+// device-pointer path; checks against the reference, then network and
+// NVLink GB/s.
+func TestInternodeOnGPU(t *testing.T) {
+	n, err := device.CUDADeviceCount()
+	if err != nil || n == 0 {
+		t.Skipf("no CUDA GPU: %v", err)
+	}
+	for _, ranks := range []int{4, 8} {
+		t.Run(fmt.Sprint(ranks), func(t *testing.T) {
+			code, stdout, stderr := run(t, "internode", "--backend", "cuda", "--ranks", fmt.Sprint(ranks), "--nodes", "2",
+				"--tokens", "0,128,1024", "--fp8", "--warmup", "5", "--iters", "20")
+			require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			for _, want := range []string{"byte-exact", "combine (BF16 partials) bit-exact", "network GB/s", "NVLink GB/s", "internode: all checks passed"} {
+				assert.Contains(t, stdout, want)
+			}
+			t.Logf("\n%s", stdout)
+		})
+	}
 }

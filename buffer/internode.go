@@ -14,15 +14,16 @@ import (
 )
 
 // The internode mode (ranks on several nodes, real or virtual): the Buffer
-// runs package internode's notify, dispatch and combine, which exist today
-// as host-backend twins working on Go slices (internode/DESIGN.md). The
-// Buffer reads its callers' device tensors, hands them over and writes the
-// results into its own receive region, whose views package ep returns as
-// in the intranode mode. CUDA devices are refused here (newInternode)
-// until the Buffer hands package internode device pointers.
+// runs package internode's notify, dispatch and combine
+// (internode/DESIGN.md). On CUDA devices it hands their device-pointer
+// form the callers' tensors and its receive region (internode_device.go).
+// On the host backend it runs their slice form (the Go twins): it reads its
+// callers' device tensors, hands them over and writes the results into its
+// own receive region, whose views package ep returns as in the intranode
+// mode.
 //
-// What package internode's API does not offer yet, and how the Buffer
-// makes up for it (the GPU kernels will want the same two things):
+// What package internode's API does not offer, and how the Buffer makes up
+// for it (the device path does the same, internode_device.go):
 //   - a dispatch that reuses an earlier round's layout without a notify
 //     round: a cached dispatch runs a notify round again with the handle's
 //     routing (the outcome is the same, the counts are exchanged again);

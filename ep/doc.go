@@ -55,11 +55,13 @@
 // source's local index, which forwards it over NVLink), with the same
 // calls, handles and views. Internode combine reduces each node's rows
 // first and sends one BF16 partial per (token, node), so its sums are
-// grouped by node (DeepEP's choice). Internode runs on the host backend only
-// until its GPU kernels land (NewBuffer refuses CUDA devices then), and
-// there a cached dispatch exchanges the counts again, and a combine of a
-// handle other than the last dispatch's replays that dispatch's route
-// first (package buffer's internode.go says why).
+// grouped by node (DeepEP's choice). On CUDA devices internode runs package
+// internode's kernels on the callers' tensors in stream order (no host
+// copies, no host meeting between steps); on the host backend its Go
+// twins. On both a cached dispatch exchanges the counts again, and a
+// combine of a handle other than the last dispatch's (or a second combine
+// of one) replays that dispatch's notify and route first (package
+// buffer's internode.go and internode_device.go say why).
 //
 // The low-latency (decode) mode is a separate Buffer, LowLatencyBuffer
 // (NewLowLatencyBuffer, ep/lowlatency.go, protocol in package lowlatency):

@@ -19,7 +19,9 @@
 // the source reduces the partials in ascending node, bit for bit the
 // reference's). On a GPU (or in the CPU emulation of CUDA sources) the
 // same three steps run as kernels of kernels/internode.cu (kernel.go) on
-// the same memory with the same protocol, one block per rank and step;
-// the twins stay the host backend's path and the protocol's reference.
-// The Buffer runs only groups of one node.
+// the same memory with the same protocol, one block per rank and step,
+// called with host slices (Run, Dispatch, Combine) or with device pointers
+// on a stream (RunAsync, DispatchAsync, CombineAsync: devptr.go, what the
+// Buffer's internode mode uses on CUDA); the twins stay the host backend's
+// path and the protocol's reference.
 package internode

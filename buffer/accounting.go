@@ -103,3 +103,29 @@ func cudaContext(d device.Device) *cuda.Context {
 	}
 	return nil
 }
+
+// sourceLoader marks the CPU emulation's device (it loads CUDA sources as
+// the user-kernel path does); package internode runs its real kernels
+// there.
+type sourceLoader interface {
+	LoadSource(file, src string) ([]string, error)
+}
+
+// accountingEmu is the accounting wrapper of an emulated device, keeping
+// its source loader visible.
+type accountingEmu struct {
+	*accounting
+	src sourceLoader
+}
+
+func (a accountingEmu) LoadSource(file, src string) ([]string, error) { return a.src.LoadSource(file, src) }
+
+// forComm is the device the communicator sees (and, through it, package
+// internode): the accounting wrapper, which on an emulated device keeps
+// the source loader, so that internode runs its kernels there as on a GPU.
+func (a *accounting) forComm() device.Device {
+	if src, ok := a.Device.(sourceLoader); ok {
+		return accountingEmu{a, src}
+	}
+	return a
+}

@@ -140,7 +140,7 @@ func New(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, cfg Con
 	if err := b.checkConfigs(ctx); err != nil {
 		return nil, err
 	}
-	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout},
+	if b.comm, err = channels.NewCommunicator(bs, b.dev.forComm(), channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout},
 		Network: channels.NetworkConfig{VirtualNodes: cfg.VirtualNodes}}); err != nil {
 		return nil, b.errorf("%w", err)
 	}

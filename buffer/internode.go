@@ -141,7 +141,8 @@ type interState struct {
 	seq, last uint64
 	combined  bool
 	// device: the calls go to package internode's device-pointer form
-	// (CUDA; internode_device.go), else to its slice form on the host.
+	// (CUDA, or the CPU emulation of the kernels: internode_device.go),
+	// else to its slice form (the host backend's twins).
 	device bool
 }
 
@@ -192,7 +193,7 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}
-	b.inter = &interState{topo: t, notify: nt, slots: make([]interSlot, c.handles()), device: b.dev.Info().Kind == device.CUDA}
+	b.inter = &interState{topo: t, notify: nt, slots: make([]interSlot, c.handles()), device: nt.DevicePointers()}
 	return b.allocate()
 }
 

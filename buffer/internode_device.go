@@ -101,7 +101,13 @@ func (b *Buffer) dispatchInternodeDevice(ctx context.Context, c DispatchCall) (D
 		return out, err
 	}
 	st.recv = n
-	out.NumRecv, out.TokensPerExpert, out.InvalidIDs = n, b.expertCounts(), b.NotifyInvalid()
+	// The internode hint has no intranode layout: its local experts are
+	// the world's share.
+	counts := make([]int, b.cfg.Experts/b.ranks)
+	for i := range counts {
+		counts[i] = int(b.mappedI32(mappedExpertCounts + 4*i).Load())
+	}
+	out.NumRecv, out.TokensPerExpert, out.InvalidIDs = n, counts, b.NotifyInvalid()
 	return out, nil
 }
 

@@ -48,6 +48,21 @@ func ordinalOf(t testing.TB, kind ep.Kind, r int) int {
 	return r % n
 }
 
+// sourceLoader is what marks the CPU emulation's device (it loads CUDA
+// sources as the user-kernel path does).
+type sourceLoader interface {
+	LoadSource(file, src string) ([]string, error)
+}
+
+// countingEmu is a counting wrapper of an emulated device that still
+// loads sources.
+type countingEmu struct {
+	*counting
+	src sourceLoader
+}
+
+func (c countingEmu) LoadSource(file, src string) ([]string, error) { return c.src.LoadSource(file, src) }
+
 // counting wraps a Device and keeps every allocation, host-mapped
 // allocation and import that is still open, to prove Close frees all.
 type counting struct {
@@ -162,12 +177,20 @@ type rig struct {
 // nothing leaked.
 func newRig(t testing.TB, kind ep.Kind, ranks int, cfg ep.Config) *rig {
 	t.Helper()
+	return newRigOn(t, kind, ranks, cfg, func(i int) (ep.Device, error) { return ep.OpenDevice(kind, ordinalOf(t, kind, i)) })
+}
+
+// newRigOn is newRig on the devices open returns (kind says what they
+// are: Host for the CPU emulation, whose source loader the counting
+// wrapper keeps, so that package internode still sees an emulated device).
+func newRigOn(t testing.TB, kind ep.Kind, ranks int, cfg ep.Config, open func(i int) (ep.Device, error)) *rig {
+	t.Helper()
 	r := &rig{kind: kind, cfg: cfg, bufs: make([]*ep.Buffer, ranks), streams: make([]ep.Stream, ranks)}
 	var err error
 	r.boots, err = bootstrap.NewInProcess(ranks, bootstrap.Config{Timeout: 30 * time.Second})
 	require.NoError(t, err)
 	for i := 0; i < ranks; i++ {
-		d, err := ep.OpenDevice(kind, ordinalOf(t, kind, i))
+		d, err := open(i)
 		require.NoError(t, err)
 		c := newCounting(d)
 		r.devs = append(r.devs, d)
@@ -187,7 +210,11 @@ func newRig(t testing.TB, kind ep.Kind, ranks int, cfg ep.Config) *rig {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	require.NoError(t, r.run(func(i int, _ *ep.Buffer) error {
-		b, err := ep.NewBuffer(ctx, r.boots[i], r.counts[i], cfg)
+		var dev ep.Device = r.counts[i]
+		if src, ok := r.devs[i].(sourceLoader); ok {
+			dev = countingEmu{r.counts[i], src}
+		}
+		b, err := ep.NewBuffer(ctx, r.boots[i], dev, cfg)
 		r.bufs[i] = b
 		if err != nil {
 			return err

@@ -20,7 +20,9 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/apicheck"
+	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internode"
+	"github.com/goep-dev/goep/routing"
 )
 
 // interRouting kinds: random ids with -1 and ids outside [-1, E) mixed in,
@@ -302,7 +304,35 @@ func handlesOf(res []ep.DispatchResult) []*ep.Handle {
 // one expert, an expert and a rank that receive nothing, T = 0 everywhere;
 // BF16 with weights and FP8 with scales; non-cached (host wait and worst
 // case), cached, and combines of the last dispatch and of older ones.
-func TestInternodeHost(t *testing.T) { internodeSuite(t, ep.Host) }
+func TestInternodeHost(t *testing.T) { internodeSuite(t, ep.Host, nil, 2, 4) }
+
+// TestInternodeEmulated: the same on 2 virtual nodes x 2 ranks under the
+// CPU emulation of the real kernels, where the Buffer takes package
+// internode's device-pointer path (as on CUDA): the callers' tensors and
+// the receive region in place, no host copies, no host meeting between
+// the steps.
+func TestInternodeEmulated(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	// Build the modules the calls launch before any rank spins in a kernel.
+	for _, k := range []string{internode.KernelNotify, routing.KernelWidenIDs} {
+		_, err := cpuemu.Unknown(k)
+		require.NoError(t, err)
+	}
+	var before [3]int64
+	for j, k := range internode.Kernels {
+		before[j] = cpuemu.Launches(k)
+	}
+	internodeSuite(t, ep.Host, func(i int) (ep.Device, error) {
+		return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
+	}, 2)
+	// The calls ran the kernels: 6 dispatches (2 cached: a notify round
+	// each as well) and 5 combines per rank, of which 2 (an older
+	// dispatch's, and a second combine of it) replay a notify round and a
+	// route-only dispatch.
+	for j, want := range []int64{4 * (6 + 2), 4 * (6 + 2), 4 * 5} {
+		require.Equal(t, want, cpuemu.Launches(internode.Kernels[j])-before[j], "%s launches", internode.Kernels[j])
+	}
+}
 
 // TestInternodeGPU: the same on the GPUs present (rank r on GPU r mod the
 // GPUs, so the 4 and 8 ranks share them when there are fewer), through
@@ -312,18 +342,25 @@ func TestInternodeGPU(t *testing.T) {
 	if gpuCount(t) == 0 {
 		t.Skip("no GPU")
 	}
-	internodeSuite(t, ep.CUDA)
+	internodeSuite(t, ep.CUDA, nil, 2, 4)
 }
 
-func internodeSuite(t *testing.T, kind ep.Kind) {
-	for _, per := range []int{2, 4} {
+// internodeSuite runs the checks on 2 virtual nodes of each of pers ranks,
+// on devices of kind (open: other devices than ep.OpenDevice's).
+func internodeSuite(t *testing.T, kind ep.Kind, open func(i int) (ep.Device, error), pers ...int) {
+	for _, per := range pers {
 		topo := internode.Topology{Nodes: 2, RanksPerNode: per}
 		t.Run(fmt.Sprintf("2x%d", per), func(t *testing.T) {
 			w := topo.World()
 			s := internode.Shape{Topology: topo, Hidden: 128, TopK: 3, Experts: 2 * w}
 			cfg := ep.Config{MaxTokens: 20, Hidden: s.Hidden, TopK: s.TopK, Experts: s.Experts, FP8: true, Handles: 4,
 				Timeout: 20 * time.Second, VirtualNodes: topo.Nodes}
-			r := newRig(t, kind, w, cfg)
+			var r *rig
+			if open != nil {
+				r = newRigOn(t, kind, w, cfg, open)
+			} else {
+				r = newRig(t, kind, w, cfg)
+			}
 			for i, b := range r.bufs {
 				require.Equal(t, ep.ModeInternode, b.Mode(), "rank %d", i)
 				require.Equal(t, 2, b.SizeHint().Nodes)

@@ -264,3 +264,10 @@ func (nt *Notify) Check() error {
 	}
 	return nil
 }
+
+// DevicePointers says whether this Notify takes the device-pointer form:
+// its device runs the kernels (a GPU, or the CPU emulation). The host
+// backend takes the slice form only.
+func (nt *Notify) DevicePointers() bool {
+	return nt != nil && nt.kern != nil && nt.err == nil
+}

@@ -118,7 +118,9 @@ type accountingEmu struct {
 	src sourceLoader
 }
 
-func (a accountingEmu) LoadSource(file, src string) ([]string, error) { return a.src.LoadSource(file, src) }
+func (a accountingEmu) LoadSource(file, src string) ([]string, error) {
+	return a.src.LoadSource(file, src)
+}
 
 // forComm is the device the communicator sees (and, through it, package
 // internode): the accounting wrapper, which on an emulated device keeps

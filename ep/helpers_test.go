@@ -61,7 +61,9 @@ type countingEmu struct {
 	src sourceLoader
 }
 
-func (c countingEmu) LoadSource(file, src string) ([]string, error) { return c.src.LoadSource(file, src) }
+func (c countingEmu) LoadSource(file, src string) ([]string, error) {
+	return c.src.LoadSource(file, src)
+}
 
 // counting wraps a Device and keeps every allocation, host-mapped
 // allocation and import that is still open, to prove Close frees all.

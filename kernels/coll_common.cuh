@@ -643,9 +643,9 @@ __device__ __forceinline__ void goep_coll_ll_fp_put(const goep_coll_ctx& c, u32 
 
 // The slow path of a fingerprint packet read (its packet was not there at
 // the first look): waits like a data packet (timeout, abort, fingerprint
-// words watched), then compares. Not inlined: off the fast path.
+// words watched). Not inlined: off the fast path.
 __device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
-                                                  u64 fp) {
+                                                  u64 fp, u64& theirs) {
   goep_spin s = goep_spin_start();
   u32 lo, hi, seen;
   while (!goep_ll16_try(p, flag, lo, hi, seen)) {
@@ -657,11 +657,7 @@ __device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const 
       return false;
     }
   }
-  const u64 theirs = (u64)lo | ((u64)hi << 32);
-  if (theirs != fp) {
-    goep_coll_mismatch(c, from, fp, theirs);
-    return false;
-  }
+  theirs = (u64)lo | ((u64)hi << 32);
   return true;
 }
 
@@ -676,13 +672,14 @@ __device__ __forceinline__ bool goep_coll_ll_fp_check(const goep_coll_ctx& c, u3
     }
     const goep_ll16* p = goep_coll_fp_pkt(c, c.rank, par, q);
     u32 lo, hi, seen;
+    u64 theirs;
     if (goep_ll16_try(p, flag, lo, hi, seen)) {
-      const u64 theirs = (u64)lo | ((u64)hi << 32);
-      if (theirs != fp) {
-        goep_coll_mismatch(c, q, fp, theirs);
-        return false;
-      }
-    } else if (!goep_coll_ll_fp_wait(c, p, flag, q, fp)) {
+      theirs = (u64)lo | ((u64)hi << 32);
+    } else if (!goep_coll_ll_fp_wait(c, p, flag, q, fp, theirs)) {
+      return false;
+    }
+    if (theirs != fp) {
+      goep_coll_mismatch(c, q, fp, theirs);
       return false;
     }
   }

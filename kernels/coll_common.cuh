@@ -34,7 +34,8 @@
 // pays no extra load, fence or barrier on its critical path:
 //   - LL kernels (and goep_coll_fp_sync, count 0): one LL16 packet per peer
 //     whose payload is the whole fingerprint, sent and read like the data
-//     packets by the grid's last thread (goep_coll_ll_fp_put / _check);
+//     packets by the grid's last W - 1 threads, one per peer
+//     (goep_coll_ll_fp_put / _check);
 //     a packet of this launch with another payload is a mismatch;
 //   - bulk kernels: each block's entry signal adds the fingerprint's 32-bit
 //     tag above the signal count (goep_coll_sem_signal_tag); the entry wait
@@ -44,7 +45,7 @@
 // a relaxed store no release follows; bulk: block 0 right after its entry
 // signal) and read only off it: by a wait that is still behind (every
 // GOEP_SPIN_CHECK_EVERY polls, goep_coll_fp_watch: a peer at this sequence
-// number in another kind of kernel sends nothing this wait could see) and,
+// number in another kind of kernel may send nothing this wait could see) and,
 // after a bulk tag that differs, to name the fields. The first thread to
 // see a mismatch fills the watchdog record with stage
 // GOEP_COLL_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
@@ -590,17 +591,27 @@ __device__ __noinline__ void goep_coll_mismatch(const goep_coll_ctx& c, u32 peer
   goep_coll_set_failed(c);
 }
 
+// The fingerprint fields that decide whether a peer's launch sends this
+// rank's bulk waits anything at all: the algorithm (LL kernels and count-0
+// calls signal no semaphore) and the bulk grid (block b of a smaller grid
+// does not exist). abi.Shape packs them at bits 20..32.
+#define GOEP_COLL_FP_SIGNALLING_MASK (0x1fffull << 20)
+
 // One look at every peer's fingerprint word (the slow path of a wait):
 // false, with the mismatch recorded, when a peer is at this launch's
-// sequence number with another shape (a peer in another kind of kernel
-// sends nothing this wait could see).
-__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) {
+// sequence number with a shape that differs in the bits of mask. A wait
+// looks for differences that would keep its message from ever coming (a
+// peer in another kind of kernel sends nothing this wait could see); LL
+// waits pass every bit (a peer with another count may never send a packet
+// this rank waits for), bulk waits GOEP_COLL_FP_SIGNALLING_MASK (any other
+// difference, the peer's entry signal brings in its tag).
+__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp, u64 mask) {
   for (u32 q = 0; q < c.world; ++q) {
     if (q == c.rank) {
       continue;
     }
     const u64 f = goep_chan_ld_relaxed_sys_u64(goep_coll_fp_slot(c, c.rank, q));
-    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH) {
+    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH && ((f ^ fp) & mask) != 0) {
       goep_coll_mismatch(c, q, fp, f);
       return false;
     }
@@ -609,16 +620,16 @@ __device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) 
 }
 
 // ---------------------------------------------------------------------------
-// LL launches: fingerprint packets. The last thread of the grid (the one
-// with the least data work) sends this launch's fingerprint to every peer as
-// one LL16 packet (payload: the whole word; flag: the launch's first LL
-// flag) into the peer's slot [seq & 1][rank], before its data work, and
-// reads every peer's after it: a packet with the flag whose payload is not
-// this launch's word is a mismatch. The packet travels and is polled like
-// the data packets beside it, by a thread that is otherwise idle in small
-// calls, so a matching call pays one 16-byte store and one load per peer in
-// that thread and nothing on any other thread's path (no load at the end of
-// the launch, no barrier).
+// LL launches: fingerprint packets. The last W - 1 threads of the grid
+// (those with the least data work), one per peer, send this launch's
+// fingerprint to their peer as one LL16 packet (payload: the whole word;
+// flag: the launch's first LL flag) into the peer's slot [seq & 1][rank],
+// before their data work, and read that peer's after it: a packet with the
+// flag whose payload is not this launch's word is a mismatch. The packet
+// travels and is polled like the data packets beside it, by threads that
+// are otherwise idle in small calls, so a matching call pays one 16-byte
+// store and one load per peer in parallel threads and nothing on any other
+// thread's path (no load at the end of the launch, no barrier).
 //
 // Two slots: the sender rewrites slot s & 1 in launch s + 2 at the
 // earliest; it got there by finishing launch s + 1, which waited for this
@@ -627,18 +638,21 @@ __device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) 
 // stale one exactly as it does for data packets (LL flags never repeat
 // within 2^32 rounds).
 
-// Thread gtid == n - 1 of an LL launch.
-__device__ __forceinline__ bool goep_coll_ll_fp_thread() {
-  return goep_coll_gtid() + 1 == goep_coll_gthreads();
+// The peer whose fingerprint packets this thread sends and checks, or
+// GOEP_COLL_MAX_RANKS for none: thread n - 1 - i of the grid takes peer
+// rank + 1 + i (mod world).
+__device__ __forceinline__ u32 goep_coll_ll_fp_peer(const goep_coll_ctx& c) {
+  const u64 i = goep_coll_gthreads() - 1ull - goep_coll_gtid();
+  if (i + 1ull >= c.world) {
+    return GOEP_COLL_MAX_RANKS;
+  }
+  const u32 p = c.rank + (u32)i + 1u;
+  return p >= c.world ? p - c.world : p;
 }
 
-__device__ __forceinline__ void goep_coll_ll_fp_put(const goep_coll_ctx& c, u32 flag, u64 fp) {
+__device__ __forceinline__ void goep_coll_ll_fp_put(const goep_coll_ctx& c, u32 p, u32 flag, u64 fp) {
   const u32 par = (u32)(c.seq + 1ull) & 1u;
-  for (u32 p = 0; p < c.world; ++p) {
-    if (p != c.rank) {
-      goep_ll16_store(goep_coll_fp_pkt(c, p, par, c.rank), (u32)fp, (u32)(fp >> 32), flag);
-    }
-  }
+  goep_ll16_store(goep_coll_fp_pkt(c, p, par, c.rank), (u32)fp, (u32)(fp >> 32), flag);
 }
 
 // The slow path of a fingerprint packet read (its packet was not there at
@@ -653,7 +667,7 @@ __device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const 
       goep_coll_set_failed(c);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp)) {
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, ~0ull)) {
       return false;
     }
   }
@@ -661,27 +675,22 @@ __device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const 
   return true;
 }
 
-// Reads every peer's fingerprint packet of this launch and compares it with
-// fp (the fingerprint thread, after its data work). False when a peer made
-// another call (recorded) or the wait gave up.
-__device__ __forceinline__ bool goep_coll_ll_fp_check(const goep_coll_ctx& c, u32 flag, u64 fp) {
+// Reads peer q's fingerprint packet of this launch and compares it with fp
+// (q's fingerprint thread, after its data work). False when q made another
+// call (recorded) or the wait gave up.
+__device__ __forceinline__ bool goep_coll_ll_fp_check(const goep_coll_ctx& c, u32 q, u32 flag, u64 fp) {
   const u32 par = (u32)(c.seq + 1ull) & 1u;
-  for (u32 q = 0; q < c.world; ++q) {
-    if (q == c.rank) {
-      continue;
-    }
-    const goep_ll16* p = goep_coll_fp_pkt(c, c.rank, par, q);
-    u32 lo, hi, seen;
-    u64 theirs;
-    if (goep_ll16_try(p, flag, lo, hi, seen)) {
-      theirs = (u64)lo | ((u64)hi << 32);
-    } else if (!goep_coll_ll_fp_wait(c, p, flag, q, fp, theirs)) {
-      return false;
-    }
-    if (theirs != fp) {
-      goep_coll_mismatch(c, q, fp, theirs);
-      return false;
-    }
+  const goep_ll16* p = goep_coll_fp_pkt(c, c.rank, par, q);
+  u32 lo, hi, seen;
+  u64 theirs;
+  if (goep_ll16_try(p, flag, lo, hi, seen)) {
+    theirs = (u64)lo | ((u64)hi << 32);
+  } else if (!goep_coll_ll_fp_wait(c, p, flag, q, fp, theirs)) {
+    return false;
+  }
+  if (theirs != fp) {
+    goep_coll_mismatch(c, q, fp, theirs);
+    return false;
   }
   return true;
 }
@@ -751,7 +760,7 @@ __device__ __noinline__ bool goep_coll_sem_wait_tag(const goep_coll_ctx& c, cons
       goep_coll_set_failed(c);
       return false;
     }
-    if ((sp.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp)) {
+    if ((sp.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_SIGNALLING_MASK)) {
       return false;
     }
   }

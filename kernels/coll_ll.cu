@@ -10,9 +10,10 @@
 // another (packet_device.cuh). The flag counter advances once per round:
 // ar_ll2 takes two rounds, the others one.
 //
-// Call fingerprints (coll_common.cuh): the grid's last thread sends this
-// launch's fingerprint to every peer as one LL16 packet before its data
-// work and checks every peer's after it (goep_coll_ll_fp_check), before
+// Call fingerprints (coll_common.cuh): the grid's last W - 1 threads, one
+// per peer, send this launch's fingerprint to their peer as one LL16 packet
+// before their data work and check that peer's after it
+// (goep_coll_ll_fp_check), before
 // the launch counts as done; block 0 also writes the fingerprint word into
 // every peer's fp[rank] at the start, which a packet wait that does not end
 // at its first look watches in its slow path (every GOEP_SPIN_CHECK_EVERY
@@ -62,7 +63,7 @@ __device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goe
       goep_coll_set_failed(c);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp)) {
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, ~0ull)) {
       return false;
     }
   }
@@ -82,16 +83,16 @@ __device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const
   return true;
 }
 
-// The end of an LL launch: the fingerprint thread checks every peer's
+// The end of an LL launch: each fingerprint thread checks its peer's
 // fingerprint packet (goep_coll_ll_fp_check, skipped when its own wait gave
 // up), then every block arrives once for both the packet flag and the
 // launch counter: the last one publishes flag and advances the counter
 // (goep_ll_flag_end's protocol), after every thread of the launch, that
 // check included, is done with it.
-__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, bool fpt, u32 first,
+__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, u32 fpp, u32 first,
                                                     u32 flag) {
-  if (fpt && ok) {
-    (void)goep_coll_ll_fp_check(c, first, fp);
+  if (fpp < c.world && ok) {
+    (void)goep_coll_ll_fp_check(c, fpp, first, fp);
   }
   __syncthreads();
   if (threadIdx.x != 0) {
@@ -113,15 +114,16 @@ __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 
 }
 
 // The start of an LL launch after goep_coll_begin: block 0 publishes the
-// fingerprint word, the fingerprint thread sends its packets (before its
-// data work). Returns whether this thread is the fingerprint thread.
-__device__ __forceinline__ bool goep_coll_ll_start(const goep_coll_ctx& c, u64 fp, u32 first) {
+// fingerprint word, each fingerprint thread sends its peer this launch's
+// packet (before its data work). Returns the thread's fingerprint peer
+// (goep_coll_ll_fp_peer).
+__device__ __forceinline__ u32 goep_coll_ll_start(const goep_coll_ctx& c, u64 fp, u32 first) {
   goep_coll_publish_fp(c, fp);
-  const bool fpt = goep_coll_ll_fp_thread();
-  if (fpt) {
-    goep_coll_ll_fp_put(c, first, fp);
+  const u32 fpp = goep_coll_ll_fp_peer(c);
+  if (fpp < c.world) {
+    goep_coll_ll_fp_put(c, fpp, first, fp);
   }
-  return fpt;
+  return fpp;
 }
 
 // ---------------------------------------------------------------------------
@@ -167,11 +169,11 @@ extern "C" __global__ void goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void
     return;
   }
   const u32 flag = goep_ll_flag_begin(c.flag);
-  const bool fpt = goep_coll_ll_start(c, fp, flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
   const u64 bytes = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll1_run, c, (const char*)in, (char*)out, bytes, flag, op, fp);
-  goep_coll_ll_finish(c, fp, ok, fpt, flag, flag);
+  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -247,11 +249,11 @@ extern "C" __global__ void goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void
   }
   const u32 f1 = goep_ll_flag_begin(c.flag);
   const u32 f2 = goep_ll_flag_next(f1);
-  const bool fpt = goep_coll_ll_start(c, fp, f1);
+  const u32 fpp = goep_coll_ll_start(c, fp, f1);
   const u64 bytes = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll2_run, c, (const char*)in, (char*)out, bytes, f1, f2, op, fp);
-  goep_coll_ll_finish(c, fp, ok, fpt, f1, f2);
+  goep_coll_ll_finish(c, fp, ok, fpp, f1, f2);
 }
 
 // ---------------------------------------------------------------------------
@@ -297,9 +299,9 @@ extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void*
     return;
   }
   const u32 flag = goep_ll_flag_begin(c.flag);
-  const bool fpt = goep_coll_ll_start(c, fp, flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
   const bool ok = goep_coll_ag_ll_run(c, (const char*)in, (char*)out, bytes, flag, fp);
-  goep_coll_ll_finish(c, fp, ok, fpt, flag, flag);
+  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -352,11 +354,11 @@ extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void*
     return;
   }
   const u32 flag = goep_ll_flag_begin(c.flag);
-  const bool fpt = goep_coll_ll_start(c, fp, flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
   const u64 part = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_rs_ll_run, c, (const char*)in, (char*)out, part, flag, op, fp);
-  goep_coll_ll_finish(c, fp, ok, fpt, flag, flag);
+  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -371,6 +373,6 @@ extern "C" __global__ void goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape
     return;
   }
   const u32 flag = goep_ll_flag_begin(c.flag);
-  const bool fpt = goep_coll_ll_start(c, fp, flag);
-  goep_coll_ll_finish(c, fp, true, fpt, flag, flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
+  goep_coll_ll_finish(c, fp, true, fpp, flag, flag);
 }

@@ -596,15 +596,20 @@ __device__ __noinline__ void goep_coll_mismatch(const goep_coll_ctx& c, u32 peer
 // calls signal no semaphore) and the bulk grid (block b of a smaller grid
 // does not exist). abi.Shape packs them at bits 20..32.
 #define GOEP_COLL_FP_SIGNALLING_MASK (0x1fffull << 20)
+// The same for LL waits: every field but the reduction (bits 17..19), which
+// alone changes no packet's place or number: a peer that differs only there
+// sends every packet this rank waits for, its fingerprint packet included.
+#define GOEP_COLL_FP_PACKETS_MASK (~(0x7ull << 17))
 
 // One look at every peer's fingerprint word (the slow path of a wait):
 // false, with the mismatch recorded, when a peer is at this launch's
 // sequence number with a shape that differs in the bits of mask. A wait
 // looks for differences that would keep its message from ever coming (a
-// peer in another kind of kernel sends nothing this wait could see); LL
-// waits pass every bit (a peer with another count may never send a packet
-// this rank waits for), bulk waits GOEP_COLL_FP_SIGNALLING_MASK (any other
-// difference, the peer's entry signal brings in its tag).
+// peer in another kind of kernel sends nothing this wait could see): LL
+// waits pass GOEP_COLL_FP_PACKETS_MASK (a peer with another count may never
+// send a packet this rank waits for), bulk waits
+// GOEP_COLL_FP_SIGNALLING_MASK; any other difference the message itself
+// brings (fingerprint packet, entry tag).
 __device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp, u64 mask) {
   for (u32 q = 0; q < c.world; ++q) {
     if (q == c.rank) {
@@ -667,7 +672,7 @@ __device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const 
       goep_coll_set_failed(c);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, ~0ull)) {
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_PACKETS_MASK)) {
       return false;
     }
   }

@@ -63,7 +63,7 @@ __device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goe
       goep_coll_set_failed(c);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, ~0ull)) {
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_PACKETS_MASK)) {
       return false;
     }
   }

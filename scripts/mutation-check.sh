@@ -17,7 +17,7 @@ mutations=(
   "coll_ll-reduction|kernels/coll_ll.cu|          acc.add(x);|          acc.init(x);|./collectives|TestEmulatedKernelsMatchReference/2"
   "intranode-fingerprint|kernels/intranode.cuh|  return goep_in_sig_tag(d) == tag ? GOEP_IN_FP_SAME : GOEP_IN_FP_MISMATCH;|  return GOEP_IN_FP_SAME;|./intranode|TestEmulatedMismatchedCalls/entry-dtype"
   "coll_common-fingerprint|kernels/coll_common.cuh|  return theirs == mine ? GOEP_COLL_FP_SAME : GOEP_COLL_FP_MISMATCH;|  return GOEP_COLL_FP_SAME;|./collectives|TestEmulatedMismatchedCalls/^scratch$/^algorithm$"
-  "coll_ll-fp-packet|kernels/coll_common.cuh|    if (theirs != fp) {|    if (false) {|./collectives|TestEmulatedMismatchedCalls/^ll$/^op$"
+  "coll_ll-fp-packet|kernels/coll_common.cuh|  if (theirs != fp) {|  if (false) {|./collectives|TestEmulatedMismatchedCalls/^ll$/^op$"
   "coll_bulk-sig-tag|kernels/coll_common.cuh|  return (d >> GOEP_COLL_SIG_SHIFT) == 0 ? GOEP_COLL_FP_SAME : GOEP_COLL_FP_MISMATCH;|  return GOEP_COLL_FP_SAME;|./collectives|TestEmulatedMismatchedCalls/^scratch$/^op$"
   "coll_bulk-zc-offset|kernels/coll_bulk.cu|srcs[q] = (q < W) ? s_in[q] + lo * E : nullptr;|srcs[q] = (q < W) ? s_in[q] + (lo + 1) * E : nullptr;|./collectives|TestEmulatedKernelsMatchReference/2"
   "channel-put-no-signal|kernels/channel_kernels.cu|      goep_mc_signal(ch);\n    }\n  }\n}|      (void)ch;\n    }\n  }\n}|./channels|TestEmulatedMemoryChannels"

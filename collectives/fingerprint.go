@@ -9,18 +9,22 @@ import (
 )
 
 // Call fingerprints (kernels/coll_common.cuh, always on): every native
-// kernel launch writes a 64-bit word into each peer's control block before
-// its first signal to that peer, and every wait on a peer compares the
-// peer's word with its own. The low 12 bits are the launch's sequence
-// number, which the kernels advance themselves (so CUDA-graph replays and
-// direct calls stay in step); the rest is the call's shape as the launcher
-// packs it (abi.Shape): collective, dtype, reduction, algorithm, the grid
-// of a bulk kernel and the element count (folded to 31 bits). A call of
-// count 0 launches goep_coll_fp_sync, which only takes its place in the
-// sequence. A peer at the same sequence number with another shape, or a
-// semaphore signal from another launch, ends the launch on every rank with
-// a *MismatchError (errors.Is(err, ErrMismatch)) that names the peer and
-// the fields; the communicator then refuses calls until Close.
+// kernel launch has a 64-bit word whose low 12 bits are the launch's
+// sequence number, which the kernels advance themselves (so CUDA-graph
+// replays and direct calls stay in step); the rest is the call's shape as
+// the launcher packs it (abi.Shape): collective, dtype, reduction,
+// algorithm, the grid of a bulk kernel and the element count (folded to 31
+// bits). The messages a launch sends anyway carry it: LL kernels send the
+// whole word to every peer as one more LL packet, bulk kernels add its
+// 32-bit tag to their entry semaphore signals, so a matching call costs no
+// extra load, fence or barrier on its critical path. The word is also
+// written into each peer's control block, read only by waits that are
+// behind and to name the fields. A call of count 0 launches
+// goep_coll_fp_sync, one round of fingerprint packets only. A peer whose
+// packet or tag differs, or whose word is at the same sequence number with
+// another shape, ends the launch on every rank with a *MismatchError
+// (errors.Is(err, ErrMismatch)) that names the peer and the fields; the
+// communicator then refuses calls until Close.
 //
 // Calls that launch no native kernel are not in the sequence: the NCCL
 // fallback and registered plans (their ranks must agree by other means: a

@@ -10,12 +10,12 @@
 // reading) and its user buffers are free to write.
 //
 // Call fingerprints (coll_common.cuh): each block's entry barrier (or
-// descriptor exchange) writes this launch's word into every peer's
-// fp[rank] right before its entry signal and checks each peer's word as its
-// signal arrives, so no block moves data, reads a peer's descriptor or
-// writes a peer's buffer before it knows every peer makes the same call
-// (kind, dtype, op, count, algorithm and grid: what the rounds, the slots
-// and the semaphore counts depend on). Later barriers watch the words too.
+// descriptor exchange) signals every peer with this launch's tag in the
+// semaphore value and checks each peer's tag as its signal arrives, so no
+// block moves data, reads a peer's descriptor or writes a peer's buffer
+// before it knows every peer makes the same call (kind, dtype, op, count,
+// algorithm and grid: what the rounds, the slots and the semaphore counts
+// depend on). Every wait that is behind watches the fingerprint words.
 //
 // Scratch kernels walk their data in rounds of parts * cell elements
 // (collectives/abi.PlanRounds): block b owns cell b of every part in every

@@ -18,31 +18,42 @@
 //     offset they use (the peer reads its own mapping in the regs table);
 //   - the control block of every rank (GOEP_COLL_CTRL_*, in its scratch
 //     buffer after the mailboxes, zeroed once at setup): fp[src], the call
-//     fingerprint of src's latest launch, written by src. This rank's
-//     launch counter and failed flag live in its own goep_coll_ctx (seq,
-//     failed), which every launch copies anyway: reading them costs no
-//     extra load at the start of a kernel.
+//     fingerprint of src's latest launch, and fingerprint packets [2][src],
+//     both written by src. This rank's launch counter and failed flag live
+//     in its own goep_coll_ctx (seq, failed), which every launch copies
+//     anyway: reading them costs no extra load at the start of a kernel.
 //
 // Call fingerprint (always on; collectives/fingerprint.go packs and decodes
 // it): bits 0..11 the launch's sequence number, ctx.seq + 1 at its start
 // (the kernels advance ctx.seq themselves, so CUDA-graph replays and
 // direct calls stay in step), bits 12..63 the call's shape as the launcher
 // packed it (kind, dtype, op, algorithm, bulk grid, count), passed as the
-// kernel's last argument. Every launch writes it into every peer's fp[rank]
-// before its first signal to that peer (LL: block 0 at the start; bulk:
-// each block's lane p right before its entry signal to p, whose release
-// covers it). Every wait on a peer also watches the peers' words: a peer at
-// the same sequence number with another shape is a mismatched call, and so
-// is a semaphore signal whose sender's word is still behind after the
-// acquire (a signal of another launch). The first thread to see one fills
-// the watchdog record with stage GOEP_COLL_STAGE_MISMATCH, peer = that rank,
-// expected = own word, observed = the peer's, raises the abort flag and the
-// kernel leaves. No rank finishes a launch before it saw every peer's word
-// of that launch equal to its own (bulk: at every block's entry barrier,
-// before any data moves; LL: a last check of block 0, normally one load per
-// peer since the peers' words were written before their packets), so a
-// mismatch fails every rank: whatever two ranks differ in, every rank
-// differs from one of them.
+// kernel's last argument.
+//
+// The messages a launch exchanges anyway carry it, so that a matching call
+// pays no extra load, fence or barrier on its critical path:
+//   - LL kernels (and goep_coll_fp_sync, count 0): one LL16 packet per peer
+//     whose payload is the whole fingerprint, sent and read like the data
+//     packets by the grid's last W - 1 threads, one per peer
+//     (goep_coll_ll_fp_put / _check);
+//     a packet of this launch with another payload is a mismatch;
+//   - bulk kernels: each block's entry signal adds the fingerprint's 32-bit
+//     tag above the signal count (goep_coll_sem_signal_tag); the entry wait
+//     reaches its target only with the same tag in the same register
+//     comparison that sees the count (goep_coll_sem_wait_tag).
+// The fp[src] word is written off the fast path (LL: block 0 at the start,
+// a relaxed store no release follows; bulk: block 0 right after its entry
+// signal) and read only off it: by a wait that is still behind (every
+// GOEP_SPIN_CHECK_EVERY polls, goep_coll_fp_watch: a peer at this sequence
+// number in another kind of kernel may send nothing this wait could see) and,
+// after a bulk tag that differs, to name the fields. The first thread to
+// see a mismatch fills the watchdog record with stage
+// GOEP_COLL_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
+// observed = the peer's, raises the abort flag and the kernel leaves. No
+// rank finishes a launch before it saw every peer's fingerprint (LL) or tag
+// (bulk, at every block's entry barrier, before any data moves) of that
+// launch equal to its own, so a mismatch fails every rank: whatever two
+// ranks differ in, every rank differs from one of them.
 //
 // ctx.failed: once any wait of a launch gave up (mismatch or timeout),
 // every later launch of this rank leaves at once without writing to a peer,
@@ -87,10 +98,18 @@
 
 // Control block byte offsets (GOEP_COLL_CTRL_BYTES per rank), written by
 // peers only.
-#define GOEP_COLL_CTRL_FP 0  // u64[GOEP_COLL_MAX_RANKS]: fp[src], written by src
-#define GOEP_COLL_CTRL_BYTES 128
+#define GOEP_COLL_CTRL_FP 0       // u64[GOEP_COLL_MAX_RANKS]: fp[src], written by src
+#define GOEP_COLL_CTRL_FP_PKT 64  // goep_ll16[2][GOEP_COLL_MAX_RANKS]: LL launches' fingerprint packets [seq & 1][src]
+#define GOEP_COLL_CTRL_BYTES 320
 #define GOEP_COLL_FP_SEQ_MASK 0xfffull
-static_assert(GOEP_COLL_CTRL_FP + GOEP_COLL_MAX_RANKS * 8 <= GOEP_COLL_CTRL_BYTES, "goep: coll ctrl");
+static_assert(GOEP_COLL_CTRL_FP + GOEP_COLL_MAX_RANKS * 8 <= GOEP_COLL_CTRL_FP_PKT, "goep: coll ctrl");
+static_assert(GOEP_COLL_CTRL_FP_PKT + 2 * GOEP_COLL_MAX_RANKS * 16 <= GOEP_COLL_CTRL_BYTES, "goep: coll ctrl");
+
+// Semaphore values of the bulk kernels: bits 0..31 the progress part (the
+// signals so far), bits 32..63 the running sum of the tags (goep_coll_fp_tag)
+// that entry signals add, see "Call fingerprint" above.
+#define GOEP_COLL_SIG_SHIFT 32
+#define GOEP_COLL_SIG_PROGRESS_MASK ((1ull << GOEP_COLL_SIG_SHIFT) - 1ull)
 
 // Collective kinds (goep_coll_check).
 #define GOEP_COLL_KIND_ALLREDUCE 0
@@ -492,6 +511,10 @@ __device__ __forceinline__ u64* goep_coll_ctrl_u64(char* ctrl, u32 off) { return
 __device__ __forceinline__ u64* goep_coll_fp_slot(const goep_coll_ctx& c, u32 p, u32 src) {
   return goep_coll_ctrl_u64(c.ctrl[p], GOEP_COLL_CTRL_FP) + src;
 }
+// The fingerprint packet slot [par][src] in rank p's control block.
+__device__ __forceinline__ goep_ll16* goep_coll_fp_pkt(const goep_coll_ctx& c, u32 p, u32 par, u32 src) {
+  return (goep_ll16*)(c.ctrl[p] + GOEP_COLL_CTRL_FP_PKT) + par * GOEP_COLL_MAX_RANKS + src;
+}
 
 // Kernel prologue: copies the context into shared memory (one pass of
 // 4-byte words, seq and failed with it: the launch counter cannot move
@@ -513,8 +536,9 @@ __device__ __forceinline__ u64 goep_coll_begin(goep_coll_ctx& dst, const goep_co
 }
 
 // Block 0, lane p: this launch's fingerprint into peer p's fp[rank]
-// (relaxed; LL kernels send no signal that could release it, see
-// goep_coll_ll_finish).
+// (relaxed, for the slow path of the peer's waits and to name the fields of
+// a mismatch; never just before a release of the same thread, which would
+// then wait for it).
 __device__ __forceinline__ void goep_coll_publish_fp(const goep_coll_ctx& c, u64 fp) {
   const u32 t = threadIdx.x;
   if (blockIdx.x == 0 && t < c.world && t != c.rank) {
@@ -526,7 +550,7 @@ __device__ __forceinline__ void goep_coll_publish_fp(const goep_coll_ctx& c, u64
 // (an older launch: keep waiting), ahead (it already passed this launch,
 // having checked it), the same call, or a mismatch. Sequence numbers
 // compare as 12-bit signed distances (ranks are never 2^11 launches apart:
-// every launch waits on every rank).
+// every launch waits on every rank). Also the result of goep_coll_sig_cmp.
 #define GOEP_COLL_FP_BEHIND 0
 #define GOEP_COLL_FP_SAME 1
 #define GOEP_COLL_FP_AHEAD 2
@@ -538,6 +562,14 @@ __device__ __forceinline__ int goep_coll_fp_cmp(u64 mine, u64 theirs) {
   }
   return theirs == mine ? GOEP_COLL_FP_SAME : GOEP_COLL_FP_MISMATCH;
 }
+
+// The 32-bit tag of a fingerprint that the bulk kernels' entry signals
+// carry: the word folded by XOR of its halves. Each field lands on distinct
+// tag bits (sequence 0..11, kind 12..13, dtype 14..16, op 17..19, algorithm
+// 20..22, grid 23..31 and 0, count 1..31), so any difference confined to
+// one field changes the tag; the fold is linear, so only differences in
+// several fields that cancel exactly go unseen.
+__device__ __forceinline__ u64 goep_coll_fp_tag(u64 fp) { return (fp ^ (fp >> 32)) & GOEP_COLL_SIG_PROGRESS_MASK; }
 
 // A wait of this launch gave up: later launches of this rank leave at once.
 __device__ __forceinline__ void goep_coll_set_failed(const goep_coll_ctx& c) {
@@ -559,16 +591,32 @@ __device__ __noinline__ void goep_coll_mismatch(const goep_coll_ctx& c, u32 peer
   goep_coll_set_failed(c);
 }
 
-// One look at every peer's fingerprint (the slow path of a wait): false,
-// with the mismatch recorded, when a peer is at this launch's sequence
-// number with another shape.
-__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) {
+// The fingerprint fields that decide whether a peer's launch sends this
+// rank's bulk waits anything at all: the algorithm (LL kernels and count-0
+// calls signal no semaphore) and the bulk grid (block b of a smaller grid
+// does not exist). abi.Shape packs them at bits 20..32.
+#define GOEP_COLL_FP_SIGNALLING_MASK (0x1fffull << 20)
+// The same for LL waits: every field but the reduction (bits 17..19), which
+// alone changes no packet's place or number: a peer that differs only there
+// sends every packet this rank waits for, its fingerprint packet included.
+#define GOEP_COLL_FP_PACKETS_MASK (~(0x7ull << 17))
+
+// One look at every peer's fingerprint word (the slow path of a wait):
+// false, with the mismatch recorded, when a peer is at this launch's
+// sequence number with a shape that differs in the bits of mask. A wait
+// looks for differences that would keep its message from ever coming (a
+// peer in another kind of kernel sends nothing this wait could see): LL
+// waits pass GOEP_COLL_FP_PACKETS_MASK (a peer with another count may never
+// send a packet this rank waits for), bulk waits
+// GOEP_COLL_FP_SIGNALLING_MASK; any other difference the message itself
+// brings (fingerprint packet, entry tag).
+__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp, u64 mask) {
   for (u32 q = 0; q < c.world; ++q) {
     if (q == c.rank) {
       continue;
     }
     const u64 f = goep_chan_ld_relaxed_sys_u64(goep_coll_fp_slot(c, c.rank, q));
-    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH) {
+    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH && ((f ^ fp) & mask) != 0) {
       goep_coll_mismatch(c, q, fp, f);
       return false;
     }
@@ -576,68 +624,157 @@ __device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) 
   return true;
 }
 
-// Waits until peer's fingerprint is this launch's (or ahead: the peer
-// passed this launch having checked it). False on a mismatch or a timeout
-// (the peer never started this call: stage GOEP_COLL_STAGE_FP).
-__device__ __noinline__ bool goep_coll_fp_settle(const goep_coll_ctx& c, u32 peer, u64 fp) {
-  const u64* slot = goep_coll_fp_slot(c, c.rank, peer);
-  goep_spin s = goep_spin_start();
-  for (;;) {
-    const u64 f = goep_chan_ld_relaxed_sys_u64(slot);
-    const int r = goep_coll_fp_cmp(fp, f);
-    if (r == GOEP_COLL_FP_SAME || r == GOEP_COLL_FP_AHEAD) {
-      return true;
-    }
-    if (r == GOEP_COLL_FP_MISMATCH) {
-      goep_coll_mismatch(c, peer, fp, f);
-      return false;
-    }
-    if (!goep_spin_ok(s, c.wd, GOEP_OP_VALUE, c.ll_id[peer], peer, GOEP_COLL_STAGE_FP, fp, f)) {
-      goep_coll_set_failed(c);
-      return false;
-    }
+// ---------------------------------------------------------------------------
+// LL launches: fingerprint packets. The last W - 1 threads of the grid
+// (those with the least data work), one per peer, send this launch's
+// fingerprint to their peer as one LL16 packet (payload: the whole word;
+// flag: the launch's first LL flag) into the peer's slot [seq & 1][rank],
+// before their data work, and read that peer's after it: a packet with the
+// flag whose payload is not this launch's word is a mismatch. The packet
+// travels and is polled like the data packets beside it, by threads that
+// are otherwise idle in small calls, so a matching call pays one 16-byte
+// store and one load per peer in parallel threads and nothing on any other
+// thread's path (no load at the end of the launch, no barrier).
+//
+// Two slots: the sender rewrites slot s & 1 in launch s + 2 at the
+// earliest; it got there by finishing launch s + 1, which waited for this
+// rank's launch s + 1, which started after this rank's launch s (and its
+// read of the slot) finished. The flag tells this launch's packet from a
+// stale one exactly as it does for data packets (LL flags never repeat
+// within 2^32 rounds).
+
+// The peer whose fingerprint packets this thread sends and checks, or
+// GOEP_COLL_MAX_RANKS for none: thread n - 1 - i of the grid takes peer
+// rank + 1 + i (mod world).
+__device__ __forceinline__ u32 goep_coll_ll_fp_peer(const goep_coll_ctx& c) {
+  const u64 i = goep_coll_gthreads() - 1ull - goep_coll_gtid();
+  if (i + 1ull >= c.world) {
+    return GOEP_COLL_MAX_RANKS;
   }
+  const u32 p = c.rank + (u32)i + 1u;
+  return p >= c.world ? p - c.world : p;
 }
 
-// goep_sem_wait on peer's semaphore that also watches the peer's
-// fingerprint: each poll loads both (independent loads, so the fast path
-// costs no extra round trip). Fails on a timeout, or on a mismatch: the
-// peer at this sequence number with another shape (seen while waiting or
-// once the signal came), or a signal that came from a launch of another
-// sequence number (the sender's fingerprint, written before the signal, is
-// still behind after the acquire).
-__device__ __noinline__ bool goep_coll_sem_wait_fp(const goep_coll_ctx& c, const goep_semaphore& s, u32 peer, u64 fp,
-                                                   u32 stage) {
-  const u64* slot = goep_coll_fp_slot(c, c.rank, peer);
-  const u64 want = goep_sem_expected(s) + 1;
-  goep_spin sp = goep_spin_start();
-  u64 got, f;
-  for (;;) {
-    got = goep_chan_ld_relaxed_sys_u64(s.inbound);
-    f = goep_chan_ld_relaxed_sys_u64(slot);
-    if (got >= want) {
-      break;
-    }
-    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH) {
-      goep_coll_mismatch(c, peer, fp, f);
-      return false;
-    }
-    if (!goep_spin_ok(sp, s.wd, GOEP_OP_SEM_WAIT, s.id, s.peer, stage, want, got)) {
+__device__ __forceinline__ void goep_coll_ll_fp_put(const goep_coll_ctx& c, u32 p, u32 flag, u64 fp) {
+  const u32 par = (u32)(c.seq + 1ull) & 1u;
+  goep_ll16_store(goep_coll_fp_pkt(c, p, par, c.rank), (u32)fp, (u32)(fp >> 32), flag);
+}
+
+// The slow path of a fingerprint packet read (its packet was not there at
+// the first look): waits like a data packet (timeout, abort, fingerprint
+// words watched). Not inlined: off the fast path.
+__device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
+                                                  u64 fp, u64& theirs) {
+  goep_spin s = goep_spin_start();
+  u32 lo, hi, seen;
+  while (!goep_ll16_try(p, flag, lo, hi, seen)) {
+    if (!goep_spin_ok(s, c.wd, GOEP_OP_PACKET, c.ll_id[from], from, GOEP_COLL_STAGE_FP, flag, seen)) {
       goep_coll_set_failed(c);
       return false;
     }
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_PACKETS_MASK)) {
+      return false;
+    }
   }
-  (void)goep_ld_acquire_sys_u64(s.inbound);
-  goep_sem_consumed(s, want);
-  int r = goep_coll_fp_cmp(fp, f);
-  if (r == GOEP_COLL_FP_BEHIND) {  // the relaxed load ran ahead of the signal's: look again
-    f = goep_chan_ld_relaxed_sys_u64(slot);
-    r = goep_coll_fp_cmp(fp, f);
-  }
-  if (r == GOEP_COLL_FP_BEHIND || r == GOEP_COLL_FP_MISMATCH) {
-    goep_coll_mismatch(c, peer, fp, f);
+  theirs = (u64)lo | ((u64)hi << 32);
+  return true;
+}
+
+// Reads peer q's fingerprint packet of this launch and compares it with fp
+// (q's fingerprint thread, after its data work). False when q made another
+// call (recorded) or the wait gave up.
+__device__ __forceinline__ bool goep_coll_ll_fp_check(const goep_coll_ctx& c, u32 q, u32 flag, u64 fp) {
+  const u32 par = (u32)(c.seq + 1ull) & 1u;
+  const goep_ll16* p = goep_coll_fp_pkt(c, c.rank, par, q);
+  u32 lo, hi, seen;
+  u64 theirs;
+  if (goep_ll16_try(p, flag, lo, hi, seen)) {
+    theirs = (u64)lo | ((u64)hi << 32);
+  } else if (!goep_coll_ll_fp_wait(c, p, flag, q, fp, theirs)) {
     return false;
   }
+  if (theirs != fp) {
+    goep_coll_mismatch(c, q, fp, theirs);
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Bulk launches: tagged semaphore signals. A block's entry signal to peer p
+// adds 1 + (tag << 32) (goep_coll_fp_tag of this launch's fingerprint), its
+// later signals add 1. The receiver keeps the same running sum in its
+// expected word: an entry wait waits for expected + 1 + (own tag << 32),
+// the others for expected + 1. A wait polls the semaphore alone, as before
+// fingerprints; once the progress part reaches its target it compares the
+// tag part with its own in registers: a matching call costs no extra load,
+// store or fence. The fingerprint word itself is written after the entry
+// signal (block 0 only: a release would otherwise wait for it) and read
+// only off the fast path: every GOEP_SPIN_CHECK_EVERY polls of a wait that
+// is behind (a peer in another kind of kernel signals nothing here) and,
+// after a tag that differs, to name the fields.
+
+__device__ __forceinline__ void goep_coll_sem_signal_tag(const goep_semaphore& s, u64 tag) {
+  asm volatile("red.release.sys.global.add.u64 [%0], %1;" : : "l"(s.remote), "l"(1ull + (tag << GOEP_COLL_SIG_SHIFT))
+               : "memory");
+}
+
+// How a semaphore value v compares with target (progress and tag parts,
+// see above): behind (the progress part, as a signed 32-bit distance, has
+// not reached it), ahead (past it: the peer passed this wait, which it does
+// only after its own wait saw this rank's signal carry its tag), or exactly
+// at it, where the tag part says whether the signal is this call's.
+__device__ __forceinline__ int goep_coll_sig_cmp(u64 v, u64 target) {
+  const u64 d = v - target;
+  const u64 lo = d & GOEP_COLL_SIG_PROGRESS_MASK;
+  if (lo != 0) {
+    return (lo >> (GOEP_COLL_SIG_SHIFT - 1)) != 0 ? GOEP_COLL_FP_BEHIND : GOEP_COLL_FP_AHEAD;
+  }
+  return (d >> GOEP_COLL_SIG_SHIFT) == 0 ? GOEP_COLL_FP_SAME : GOEP_COLL_FP_MISMATCH;
+}
+
+// The end of a semaphore wait that saw a signal with another tag (off the
+// fast path): names the fields from the peer's fingerprint word, which the
+// peer writes just after its entry signal without ordering it before it:
+// looks until it is no longer behind (bounded by the watchdog's timeout;
+// past it, the record keeps what is there).
+__device__ __noinline__ void goep_coll_sig_mismatch(const goep_coll_ctx& c, u32 peer, u64 fp) {
+  const u64* slot = goep_coll_fp_slot(c, c.rank, peer);
+  u64 f = goep_chan_ld_relaxed_sys_u64(slot);
+  const u64 start = goep_globaltimer();
+  while (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_BEHIND && !goep_aborted(c.wd) &&
+         goep_globaltimer() - start < c.wd->timeout_ns) {
+    f = goep_chan_ld_relaxed_sys_u64(slot);
+  }
+  goep_coll_mismatch(c, peer, fp, f);
+}
+
+// Waits for peer's next signal on s, with tag (this launch's for an entry
+// wait, 0 for the others). Fails on a timeout, or on a mismatch: a signal
+// whose tag differs, or (slow path) the peer's fingerprint word at this
+// sequence number with another shape.
+__device__ __noinline__ bool goep_coll_sem_wait_tag(const goep_coll_ctx& c, const goep_semaphore& s, u32 peer, u64 fp,
+                                                    u64 tag, u32 stage) {
+  const u64 target = goep_sem_expected(s) + 1ull + (tag << GOEP_COLL_SIG_SHIFT);
+  goep_spin sp = goep_spin_start();
+  u64 v;
+  int r;
+  while ((r = goep_coll_sig_cmp(v = goep_chan_ld_relaxed_sys_u64(s.inbound), target)) == GOEP_COLL_FP_BEHIND) {
+    if (!goep_spin_ok(sp, s.wd, GOEP_OP_SEM_WAIT, s.id, s.peer, stage, target & GOEP_COLL_SIG_PROGRESS_MASK,
+                      v & GOEP_COLL_SIG_PROGRESS_MASK)) {
+      goep_coll_set_failed(c);
+      return false;
+    }
+    if ((sp.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_SIGNALLING_MASK)) {
+      return false;
+    }
+  }
+  if (r == GOEP_COLL_FP_MISMATCH) {
+    goep_coll_sig_mismatch(c, peer, fp);
+    return false;
+  }
+  (void)goep_ld_acquire_sys_u64(s.inbound);
+  goep_sem_consumed(s, target);
   return true;
 }
 
@@ -677,30 +814,34 @@ __device__ __forceinline__ const goep_semaphore& goep_coll_sem(const goep_coll_c
 // Block barrier with every peer: every thread's earlier writes (to peers'
 // memory too) are visible to the peers' blocks of the same index once they
 // pass theirs, and theirs to this block. Lane p of warp 0 signals peer p
-// (release) and waits for peer p (acquire), watching its fingerprint. The
-// entry barrier (entry = true) also writes this launch's fingerprint into
-// peer p's fp[rank] just before the signal, whose release covers it: every
-// block checks every peer's call before it moves data. Returns false, in
-// every thread, when a wait gave up; the kernel must then leave.
+// (release) and waits for peer p (acquire). The entry barrier (entry =
+// true) signals with this launch's tag and waits for the peer's signal to
+// carry the same (goep_coll_sem_wait_tag), so every block checks every
+// peer's call before it moves data; block 0 then writes the fingerprint
+// word into peer p's fp[rank], after the release so that it never waits
+// for it. Returns false, in every thread, when a wait gave up; the kernel
+// must then leave.
 __device__ __forceinline__ bool goep_coll_barrier(const goep_coll_ctx& c, u64 fp, u32 stage, bool entry = false) {
   __syncthreads();
   const u32 t = threadIdx.x;
   bool ok = true;
   if (t < c.world && t != c.rank) {
     const goep_semaphore& s = goep_coll_sem(c, t);
-    if (entry) {
+    const u64 tag = entry ? goep_coll_fp_tag(fp) : 0ull;
+    goep_coll_sem_signal_tag(s, tag);
+    if (entry && blockIdx.x == 0) {
       *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
     }
-    goep_sem_signal(s);
-    ok = goep_coll_sem_wait_fp(c, s, t, fp, stage);
+    ok = goep_coll_sem_wait_tag(c, s, t, fp, tag, stage);
   }
   return !goep_block_any_failed(!ok);
 }
 
 // Entry barrier of the zero-copy kernels, which also tells each peer which
-// buffers this rank uses: lane p writes this rank's descriptor and
-// fingerprint into peer p's mailbox slot [block][rank] and fp[rank], signals
-// and waits for peer p (checking its fingerprint), then reads peer
+// buffers this rank uses: lane p writes this rank's descriptor into peer
+// p's mailbox slot [block][rank], signals with this launch's tag (the
+// release covers the descriptor; block 0 then writes the fingerprint word,
+// as in goep_coll_barrier) and waits for peer p's tagged signal, then reads peer
 // p's descriptor and resolves peer p's send and recv pointers through the
 // registration table (as mapped on this GPU). s_in / s_out are shared
 // arrays indexed by rank; this rank's own entries are in and out.
@@ -716,10 +857,13 @@ __device__ __forceinline__ bool goep_coll_exchange(const goep_coll_ctx& c, u64 f
     *(volatile u32*)(box + 4) = out_reg;
     *(volatile u64*)(box + 8) = in_off;
     *(volatile u64*)(box + 16) = out_off;
-    *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
     const goep_semaphore& s = goep_coll_sem(c, t);
-    goep_sem_signal(s);
-    ok = goep_coll_sem_wait_fp(c, s, t, fp, GOEP_COLL_STAGE_ENTRY);
+    const u64 tag = goep_coll_fp_tag(fp);
+    goep_coll_sem_signal_tag(s, tag);
+    if (blockIdx.x == 0) {
+      *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
+    }
+    ok = goep_coll_sem_wait_tag(c, s, t, fp, tag, GOEP_COLL_STAGE_ENTRY);
     if (ok) {
       const volatile char* mine = c.mailbox[c.rank] + ((u64)blockIdx.x * GOEP_COLL_MAX_RANKS + t) * GOEP_COLL_DESC_SIZE;
       const u32 ir = *(const volatile u32*)(mine + 0);

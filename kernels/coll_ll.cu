@@ -10,13 +10,14 @@
 // another (packet_device.cuh). The flag counter advances once per round:
 // ar_ll2 takes two rounds, the others one.
 //
-// Call fingerprints (coll_common.cuh): block 0 writes this launch's word
-// into every peer's fp[rank] at the start; a packet wait that does not end
-// at its first look watches every peer's word in its slow path (every
-// GOEP_SPIN_CHECK_EVERY polls, so the fast path costs nothing); and block 0
-// checks every peer's word once more before the launch counts as done
-// (goep_coll_ll_finish: one load per peer, since the peers wrote theirs
-// before the packets this rank already has). Packets go only into the
+// Call fingerprints (coll_common.cuh): the grid's last W - 1 threads, one
+// per peer, send this launch's fingerprint to their peer as one LL16 packet
+// before their data work and check that peer's after it
+// (goep_coll_ll_fp_check), before
+// the launch counts as done; block 0 also writes the fingerprint word into
+// every peer's fp[rank] at the start, which a packet wait that does not end
+// at its first look watches in its slow path (every GOEP_SPIN_CHECK_EVERY
+// polls, so the fast path costs nothing). Packets go only into the
 // peers' packet buffers at offsets the launcher checked against them, so a
 // mismatched peer can make the data wrong but never write out of bounds;
 // the check makes the call an error on every rank.
@@ -62,7 +63,7 @@ __device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goe
       goep_coll_set_failed(c);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp)) {
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_PACKETS_MASK)) {
       return false;
     }
   }
@@ -82,17 +83,16 @@ __device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const
   return true;
 }
 
-// The end of an LL launch: lane p of block 0 checks that peer p's
-// fingerprint is this launch's (goep_coll_fp_settle; a lane whose own wait
-// gave up skips it, and a lane that waits while another thread failed sees
-// the abort flag), then every block arrives once for both the packet flag
-// and the launch counter: the last one publishes flag and advances the
-// counter (goep_ll_flag_end's protocol). The check adds one load per peer
-// and no block barrier to the launch.
-__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, u32 flag) {
-  const u32 t = threadIdx.x;
-  if (blockIdx.x == 0 && ok && t < c.world && t != c.rank) {
-    (void)goep_coll_fp_settle(c, t, fp);
+// The end of an LL launch: each fingerprint thread checks its peer's
+// fingerprint packet (goep_coll_ll_fp_check, skipped when its own wait gave
+// up), then every block arrives once for both the packet flag and the
+// launch counter: the last one publishes flag and advances the counter
+// (goep_ll_flag_end's protocol), after every thread of the launch, that
+// check included, is done with it.
+__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, u32 fpp, u32 first,
+                                                    u32 flag) {
+  if (fpp < c.world && ok) {
+    (void)goep_coll_ll_fp_check(c, fpp, first, fp);
   }
   __syncthreads();
   if (threadIdx.x != 0) {
@@ -111,6 +111,19 @@ __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 
     f->value = flag;
     goep_coll_advance(c);
   }
+}
+
+// The start of an LL launch after goep_coll_begin: block 0 publishes the
+// fingerprint word, each fingerprint thread sends its peer this launch's
+// packet (before its data work). Returns the thread's fingerprint peer
+// (goep_coll_ll_fp_peer).
+__device__ __forceinline__ u32 goep_coll_ll_start(const goep_coll_ctx& c, u64 fp, u32 first) {
+  goep_coll_publish_fp(c, fp);
+  const u32 fpp = goep_coll_ll_fp_peer(c);
+  if (fpp < c.world) {
+    goep_coll_ll_fp_put(c, fpp, first, fp);
+  }
+  return fpp;
 }
 
 // ---------------------------------------------------------------------------
@@ -155,12 +168,12 @@ extern "C" __global__ void goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void
   if (fp == 0) {
     return;
   }
-  goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
   const u64 bytes = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll1_run, c, (const char*)in, (char*)out, bytes, flag, op, fp);
-  goep_coll_ll_finish(c, fp, ok, flag);
+  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -234,13 +247,13 @@ extern "C" __global__ void goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void
   if (fp == 0) {
     return;
   }
-  goep_coll_publish_fp(c, fp);
   const u32 f1 = goep_ll_flag_begin(c.flag);
   const u32 f2 = goep_ll_flag_next(f1);
+  const u32 fpp = goep_coll_ll_start(c, fp, f1);
   const u64 bytes = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll2_run, c, (const char*)in, (char*)out, bytes, f1, f2, op, fp);
-  goep_coll_ll_finish(c, fp, ok, f2);
+  goep_coll_ll_finish(c, fp, ok, fpp, f1, f2);
 }
 
 // ---------------------------------------------------------------------------
@@ -285,10 +298,10 @@ extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void*
   if (fp == 0) {
     return;
   }
-  goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
   const bool ok = goep_coll_ag_ll_run(c, (const char*)in, (char*)out, bytes, flag, fp);
-  goep_coll_ll_finish(c, fp, ok, flag);
+  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -340,33 +353,26 @@ extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void*
   if (fp == 0) {
     return;
   }
-  goep_coll_publish_fp(c, fp);
   const u32 flag = goep_ll_flag_begin(c.flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
   const u64 part = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_rs_ll_run, c, (const char*)in, (char*)out, part, flag, op, fp);
-  goep_coll_ll_finish(c, fp, ok, flag);
+  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
 }
 
 // ---------------------------------------------------------------------------
 // A call that moves no data (count 0) still takes its place in the call
-// sequence: one block publishes the fingerprint, checks every peer's and
-// advances the launch counter, so that "count 0 on one rank, data on
-// another" is a mismatch on both instead of pairing the next calls wrongly.
+// sequence: one LL round (it advances the packet flag) of fingerprint
+// packets only, so that "count 0 on one rank, data on another" is a
+// mismatch on both instead of pairing the next calls wrongly.
 extern "C" __global__ void goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape) {
   __shared__ goep_coll_ctx c;
   const u64 fp = goep_coll_begin(c, ctx, shape);
   if (fp == 0) {
     return;
   }
-  goep_coll_publish_fp(c, fp);
-  bool ok = true;
-  const u32 t = threadIdx.x;
-  if (blockIdx.x == 0 && t < c.world && t != c.rank) {
-    ok = goep_coll_fp_settle(c, t, fp);
-  }
-  if (goep_block_any_failed(!ok)) {
-    return;
-  }
-  goep_coll_end(c);
+  const u32 flag = goep_ll_flag_begin(c.flag);
+  const u32 fpp = goep_coll_ll_start(c, fp, flag);
+  goep_coll_ll_finish(c, fp, true, fpp, flag, flag);
 }

@@ -242,16 +242,11 @@ func channelsGoroutines(ctx context.Context, o chanOpts, stdout io.Writer) error
 
 // channelsProcess runs this process's rank of a launched job.
 func channelsProcess(ctx context.Context, env bootstrap.EnvInfo, o chanOpts, stdout io.Writer) (err error) {
-	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
+	bs, dev, release, err := joinProcess(ctx, env, o.kind)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := openProcessDevice(o.kind, env.LocalRank)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
+	defer func() { err = errors.Join(err, release()) }()
 	var mine chanOutcome
 	comm, err := channels.NewCommunicator(bs, dev, o.commConfig())
 	if err != nil {

@@ -54,16 +54,11 @@ func collGoroutines(ctx context.Context, o collOpts, stdout io.Writer) error {
 }
 
 func collProcess(ctx context.Context, env bootstrap.EnvInfo, o collOpts, stdout io.Writer) (err error) {
-	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
+	bs, dev, release, err := joinProcess(ctx, env, o.kind)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := openProcessDevice(o.kind, env.LocalRank)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
+	defer func() { err = errors.Join(err, release()) }()
 	c, err := collectives.New(ctx, bs, dev, o.config())
 	if err != nil {
 		return err

@@ -1,11 +1,14 @@
 package bench
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strconv"
 	"strings"
 
+	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -107,4 +110,18 @@ func goroutineRanks(cmd string, kind device.Kind, ranks, most, least int) (int, 
 		return 0, fmt.Errorf("%s needs at least %d ranks (have %d): give --ranks (ranks may share a GPU) or --backend host", cmd, least, n)
 	}
 	return n, nil
+}
+
+// joinProcess is what every launched subcommand does first: join the
+// job's bootstrap and open this process's device (GPU localRank, or the
+// host backend). release closes both, device first; callers join its
+// error into theirs.
+func joinProcess(ctx context.Context, env bootstrap.EnvInfo, kind device.Kind) (bs bootstrap.Bootstrap, dev device.Device, release func() error, err error) {
+	if bs, err = bootstrap.ConnectFromEnv(ctx, env, 0); err != nil {
+		return nil, nil, nil, err
+	}
+	if dev, err = openProcessDevice(kind, env.LocalRank); err != nil {
+		return nil, nil, nil, errors.Join(err, bs.Close())
+	}
+	return bs, dev, func() error { return errors.Join(dev.Close(), bs.Close()) }, nil
 }

@@ -167,16 +167,11 @@ func internodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdo
 	if _, err := ep.SizeHints(o.interConfig(env.Size), env.Size); err != nil {
 		return err
 	}
-	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
+	bs, dev, release, err := joinProcess(ctx, env, o.kind)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := openProcessDevice(o.kind, env.LocalRank)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
+	defer func() { err = errors.Join(err, release()) }()
 	nodes := o.nodes
 	if nodes == 0 {
 		t, err := internode.ParseVirtualNodes(envVirtualNodes(), env.Size)

@@ -88,16 +88,11 @@ func intranodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdo
 	if _, err := ep.SizeHints(o.config(env.Size), env.Size); err != nil {
 		return err
 	}
-	bs, err := bootstrap.ConnectFromEnv(ctx, env, 0)
+	bs, dev, release, err := joinProcess(ctx, env, o.kind)
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, bs.Close()) }()
-	dev, err := openProcessDevice(o.kind, env.LocalRank)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, dev.Close()) }()
+	defer func() { err = errors.Join(err, release()) }()
 	if env.Rank == 0 {
 		o.progress.printf("%s: %d ranks, %s backend: setting up buffers", launchedBy(env), env.Size, o.kind)
 	}

@@ -1,5 +1,10 @@
 package internode
 
+import (
+	"encoding/binary"
+	"fmt"
+)
+
 // SetNotifyTestHook installs the notify twin's hook between waits and
 // reads (nil removes it); stages are NotifyStageNet and NotifyStageNVL.
 func SetNotifyTestHook(h func(rank int, round uint64, stage int)) { notifyTestHook = h }
@@ -8,3 +13,48 @@ const (
 	NotifyStageNet = stageNotifyNet
 	NotifyStageNVL = stageNotifyNVL
 )
+
+// DebugCounters reads this rank's protocol counters (a diagnostic for a
+// test that timed out: which arrivals landed, against the round each step
+// waits for). It copies device memory synchronously: call it only when no
+// kernel of this rank runs.
+func (nt *Notify) DebugCounters() (string, error) {
+	s, dl := nt.shape, nt.dl
+	n, p := s.Nodes, s.RanksPerNode
+	read := func(base uintptr, off, words int) ([]uint64, error) {
+		b := make([]byte, 8*words)
+		if err := nt.dev.CopyOut(b, base+uintptr(off)); err != nil {
+			return nil, err
+		}
+		v := make([]uint64, words)
+		for j := range v {
+			v[j] = binary.LittleEndian.Uint64(b[8*j:])
+		}
+		return v, nil
+	}
+	type part struct {
+		name  string
+		base  uintptr
+		off   int
+		words int
+		want  uint64
+	}
+	parts := []part{
+		{"notify net [node]", nt.rdma.Ptr, 0, n, nt.round},
+		{"notify nvl [forwarder]", nt.nvl.Ptr, 0, p, nt.round},
+		{"dispatch net [node]", nt.rdma.Ptr, dl.netCounters, n, nt.dispRound},
+		{"dispatch ready (own)", nt.nvl.Ptr, dl.ready, 1, nt.dispRound},
+		{"dispatch nvl [forwarder]", nt.nvl.Ptr, dl.nvlCounters, p, nt.dispRound},
+		{"combine ready (own)", nt.nvl.Ptr, dl.combReady, 1, nt.combRound},
+		{"combine net [node]", nt.rdma.Ptr, dl.combCounters, n, nt.combRound},
+	}
+	out := fmt.Sprintf("rank %d (node %d, local %d):", nt.rank, s.Node(nt.rank), s.Local(nt.rank))
+	for _, pt := range parts {
+		v, err := read(pt.base, pt.off, pt.words)
+		if err != nil {
+			return out, fmt.Errorf("internode: rank %d: counters %s: %w", nt.rank, pt.name, err)
+		}
+		out += fmt.Sprintf(" %s %v want %d;", pt.name, v, pt.want)
+	}
+	return out, nil
+}

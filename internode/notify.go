@@ -283,6 +283,22 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		}
 	}
 
+	// Where kernels run, learn the placement before any connection exists:
+	// with ranks sharing a GPU a connection then takes the communicator's
+	// one connection stream, made at Placement while no kernel spins (as
+	// the Buffer orders it: Placement before NewNotify). Made before
+	// Placement, each TCP connection makes its own tx and rx streams,
+	// two more streams per peer and rank in the GPU's hardware queues,
+	// which ranks sharing a GPU must keep few (ARCHITECTURE.md, "Ranks
+	// sharing a GPU"); issue 14's open failure of TestDevicePointersGPU is
+	// suspected to be that (DESIGN.md). Collective, as setupKernels'
+	// later call, which returns the same result.
+	if runsKernels(dev) {
+		if _, err := comm.Placement(ctx); err != nil {
+			return nil, err
+		}
+	}
+
 	// Port channels to the ranks of this local index on the other nodes.
 	nt.port = make([]devapi.PortChannel, s.Nodes)
 	var net []int

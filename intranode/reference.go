@@ -396,7 +396,9 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 			clear(acc)
 			for c := count[g]; c < count[g+1]; c++ {
 				r, i := fromRank[c], fromRow[c]
-				for j, v := range in[r].Y[i*h : (i+1)*h] {
+				y := in[r].Y[i*h : (i+1)*h]
+				acc := acc[:len(y)] // one length: no bounds check per element
+				for j, v := range y {
 					acc[j] += kernels.BF16ToFloat32(v)
 				}
 				if withWeights {

@@ -291,6 +291,18 @@ func BenchmarkReferenceDispatch(b *testing.B) {
 }
 
 func BenchmarkReferenceCombine(b *testing.B) {
+	s, tokens, out, comb := benchCombineInputs(b)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := ReferenceCombine(s, tokens, out, comb); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchCombineInputs is the dispatch of benchReferenceInputs and random
+// finite BF16 rows to send back, with the received weights.
+func benchCombineInputs(b *testing.B) (Shape, []int, []RankOutput, []CombineInput) {
 	s, in := benchReferenceInputs(b)
 	out, err := ReferenceDispatch(s, in, 0)
 	require.NoError(b, err)
@@ -305,12 +317,7 @@ func BenchmarkReferenceCombine(b *testing.B) {
 		}
 		comb[rank] = CombineInput{Y: y, Weights: o.RecvWeights}
 	}
-	b.ResetTimer()
-	for range b.N {
-		if _, err := ReferenceCombine(s, tokens, out, comb); err != nil {
-			b.Fatal(err)
-		}
-	}
+	return s, tokens, out, comb
 }
 
 var benchTokens = flag.Int("intranode.benchtokens", 4096, "tokens a rank in BenchmarkReference*")
@@ -336,4 +343,26 @@ func benchReferenceInputs(b *testing.B) (Shape, []RankInput) {
 		in[rank] = RankInput{X: x, TopK: ids, Weights: w}
 	}
 	return s, in
+}
+
+// The plain loops at the same shape: the single-core baseline the split
+// references are measured against.
+func BenchmarkPlainDispatch(b *testing.B) {
+	s, in := benchReferenceInputs(b)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := plainDispatch(s, in, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPlainCombine(b *testing.B) {
+	s, tokens, out, comb := benchCombineInputs(b)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := plainCombine(s, tokens, out, comb); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -15,6 +15,13 @@ import (
 // over whole arrays with no notion of channels, rings or SMs. GPU results
 // and the host backend are checked against it.
 //
+// GPU-sized checks (8 ranks x 4096 tokens of hidden 7168) move gigabytes
+// here, so the loops are split over cores, but only across outputs that
+// no two goroutines share: every output element is computed by the same
+// operations in the same order as the single loops (kept in
+// reference_plain_test.go, which the split versions must equal bit for bit).
+// Nothing here calls a kernel or its twin.
+//
 // Layout conventions (DeepEP's): rank r owns experts [r*E/R, (r+1)*E/R). A
 // token goes to rank r once if any of its top-k experts lives there. A rank
 // receives tokens ordered by source rank, then by token index at the source.

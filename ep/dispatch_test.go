@@ -324,7 +324,9 @@ func checkDispatch(t *testing.T, s spec, r *rig, rank int, res ep.DispatchResult
 	if worst { // padding rows name no expert
 		pad := fromDev[int64](t, d, res.RecvTopK.Ptr+uintptr(8*n*s.topk), (b.MaxRecv()-n)*s.topk)
 		for i, v := range pad {
-			require.Equal(t, int64(-1), v, "%s: rank %d padding row %d", what, rank, n+i/s.topk)
+			if v != -1 { // require only on a failure: it costs microseconds a call, and there are 10^5 ids
+				require.Equal(t, int64(-1), v, "%s: rank %d padding row %d", what, rank, n+i/s.topk)
+			}
 		}
 	}
 }

@@ -1,13 +1,16 @@
 package ep_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -300,9 +303,21 @@ func poison(t testing.TB, d ep.Device, p uintptr, n int) {
 	}
 }
 
-// sameSlice fails with the first differing index instead of a huge diff.
-func sameSlice[T comparable](t testing.TB, want, got []T, format string, a ...any) {
+// integer is what sameSlice compares: types whose == is equality of bytes,
+// so that whole slices compare as memory (floats go through sameFloats).
+type integer interface {
+	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 | ~int | ~uint
+}
+
+// sameSlice fails with the first differing index instead of a megabyte diff.
+// GPU-sized checks compare hundreds of megabytes: the whole slices compare
+// as bytes first (memcmp speed), and only a difference is walked element by
+// element to report it.
+func sameSlice[T integer](t testing.TB, want, got []T, format string, a ...any) {
 	t.Helper()
+	if len(want) == len(got) && bytes.Equal(bytesOf(want), bytesOf(got)) {
+		return
+	}
 	what := fmt.Sprintf(format, a...)
 	require.Equal(t, len(want), len(got), "%s: length", what)
 	for i := range want {
@@ -316,10 +331,16 @@ func sameSlice[T comparable](t testing.TB, want, got []T, format string, a ...an
 			t.Fatalf("%s: %d of %d elements differ; first at %d: want %v, got %v", what, n, len(want), i, want[i], got[i])
 		}
 	}
+	t.Fatalf("%s: bytes differ but no element does", what) // unreachable for integers
 }
 
+// sameFloats compares float32 slices bit for bit (as bytes; their bits
+// only to report a difference).
 func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
 	t.Helper()
+	if len(want) == len(got) && bytes.Equal(bytesOf(want), bytesOf(got)) {
+		return
+	}
 	w, g := make([]uint32, len(want)), make([]uint32, len(got))
 	for i, v := range want {
 		w[i] = math.Float32bits(v)
@@ -330,19 +351,45 @@ func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
 	sameSlice(t, w, g, format, a...)
 }
 
-// randBF16 draws BF16 values of either sign, magnitudes 2^-8..2^8.
+// randBF16 draws BF16 values of either sign, magnitudes 2^-8..2^8 (on all
+// cores: GPU-sized tests draw billions).
 func randBF16(rng *rand.Rand, n int) []uint16 {
 	x := make([]uint16, n)
-	var bits uint64
-	for i := range x {
-		if i%4 == 0 {
-			bits = rng.Uint64()
+	fillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
+		var bits uint64
+		for i := lo; i < hi; i++ {
+			if (i-lo)%4 == 0 {
+				bits = rng.Uint64()
+			}
+			v := uint16(bits)
+			bits >>= 16
+			x[i] = v&0x8000 | (119+(v>>8)&15)<<7 | v&0x7f
 		}
-		v := uint16(bits)
-		bits >>= 16
-		x[i] = v&0x8000 | (119+(v>>8)&15)<<7 | v&0x7f
-	}
+	})
 	return x
+}
+
+// fillChunks fills n elements in chunks on all cores: f fills [lo, hi)
+// from its own PCG stream, seeded by one draw of rng and the chunk's
+// index, so the values depend on rng and n only, not on the core count.
+// GPU-sized tests draw billions of values; one stream on one core took
+// seconds a round.
+func fillChunks(rng *rand.Rand, n int, f func(rng *rand.Rand, lo, hi int)) {
+	seed := rng.Uint64()
+	const chunk = 1 << 16
+	chunks := (n + chunk - 1) / chunk
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(chunks, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
+				f(rand.New(rand.NewPCG(seed, uint64(c))), c*chunk, min(n, (c+1)*chunk))
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func randF32(rng *rand.Rand, n int) []float32 {
@@ -355,8 +402,15 @@ func randF32(rng *rand.Rand, n int) []float32 {
 
 func randFP8(rng *rand.Rand, n int) []uint8 {
 	x := make([]uint8, n)
-	for i := range x {
-		x[i] = uint8(rng.Uint32()) & 0x7e // finite E4M3
-	}
+	fillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
+		var bits uint64
+		for i := lo; i < hi; i++ {
+			if (i-lo)%8 == 0 {
+				bits = rng.Uint64()
+			}
+			x[i] = uint8(bits) & 0x7e // finite E4M3
+			bits >>= 8
+		}
+	})
 	return x
 }

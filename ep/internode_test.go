@@ -136,7 +136,9 @@ func checkInterDispatch(t *testing.T, r *rig, rank int, s internode.Shape, ir in
 		sameSlice(t, []int32{int32(n)}, fromDev[int32](t, d, res.RecvCount.Ptr, 1), "%s: received count on the device", what)
 		ids := fromDev[int64](t, d, res.RecvTopK.Ptr, r.bufs[rank].MaxRecv()*k)
 		for i, v := range ids[n*k:] {
-			require.Equal(t, int64(-1), v, "%s: top-k id %d past the received rows", what, n*k+i)
+			if v != -1 { // require only on a failure (microseconds a call)
+				require.Equal(t, int64(-1), v, "%s: top-k id %d past the received rows", what, n*k+i)
+			}
 		}
 	} else {
 		require.Equal(t, n, res.NumRecv, what)

@@ -1,6 +1,7 @@
 package intranode_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -9,6 +10,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -65,9 +68,21 @@ func alloc(t testing.TB, d device.Device, n int) device.Buffer {
 	return b
 }
 
+// integer is what sameSlice compares: types whose == is equality of bytes,
+// so that whole slices compare as memory (floats go through sameFloats).
+type integer interface {
+	~int8 | ~uint8 | ~int16 | ~uint16 | ~int32 | ~uint32 | ~int64 | ~uint64 | ~int | ~uint
+}
+
 // sameSlice fails with the first differing index instead of a megabyte diff.
-func sameSlice[T comparable](t testing.TB, want, got []T, format string, a ...any) {
+// GPU-sized checks compare hundreds of megabytes: the whole slices compare
+// as bytes first (memcmp speed), and only a difference is walked element by
+// element to report it.
+func sameSlice[T integer](t testing.TB, want, got []T, format string, a ...any) {
 	t.Helper()
+	if len(want) == len(got) && bytes.Equal(bytesOf(want), bytesOf(got)) {
+		return
+	}
 	what := fmt.Sprintf(format, a...)
 	require.Equal(t, len(want), len(got), "%s: length", what)
 	for i := range want {
@@ -81,11 +96,16 @@ func sameSlice[T comparable](t testing.TB, want, got []T, format string, a ...an
 			t.Fatalf("%s: %d of %d elements differ; first at %d: want %v, got %v", what, n, len(want), i, want[i], got[i])
 		}
 	}
+	t.Fatalf("%s: bytes differ but no element does", what) // unreachable for integers
 }
 
-// sameFloats compares float32 slices bit for bit.
+// sameFloats compares float32 slices bit for bit (as bytes; their bits
+// only to report a difference).
 func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
 	t.Helper()
+	if len(want) == len(got) && bytes.Equal(bytesOf(want), bytesOf(got)) {
+		return
+	}
 	w, g := make([]uint32, len(want)), make([]uint32, len(got))
 	for i, v := range want {
 		w[i] = math.Float32bits(v)
@@ -164,25 +184,51 @@ type rankData struct {
 }
 
 // randBF16 draws BF16 values of either sign with magnitudes in [2^-8, 2^8)
-// and random mantissas (cheaply: GPU-sized tests draw billions); special
-// mixes in +-0, +-inf, NaN, subnormals and the largest finite value.
+// and random mantissas (cheaply, on all cores: GPU-sized tests draw
+// billions); special mixes in +-0, +-inf, NaN, subnormals and the largest
+// finite value.
 func randBF16(rng *rand.Rand, n int, special bool) []uint16 {
 	x := make([]uint16, n)
 	specials := []uint16{0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x8003, 0x7f7f}
-	var bits uint64
-	for i := range x {
-		if i%4 == 0 {
-			bits = rng.Uint64()
+	fillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
+		var bits uint64
+		for i := lo; i < hi; i++ {
+			if (i-lo)%4 == 0 {
+				bits = rng.Uint64()
+			}
+			v := uint16(bits)
+			bits >>= 16
+			exp := 119 + uint16(v>>8)&15 // 2^-8 .. 2^7
+			x[i] = v&0x8000 | exp<<7 | v&0x7f
+			if special && v&0x3f00 == 0x1100 { // 1 in 64
+				x[i] = specials[int(v>>7)%len(specials)]
+			}
 		}
-		v := uint16(bits)
-		bits >>= 16
-		exp := 119 + uint16(v>>8)&15 // 2^-8 .. 2^7
-		x[i] = v&0x8000 | exp<<7 | v&0x7f
-		if special && v&0x3f00 == 0x1100 { // 1 in 64
-			x[i] = specials[int(v>>7)%len(specials)]
-		}
-	}
+	})
 	return x
+}
+
+// fillChunks fills n elements in chunks on all cores: f fills [lo, hi)
+// from its own PCG stream, seeded by one draw of rng and the chunk's
+// index, so the values depend on rng and n only, not on the core count.
+// GPU-sized tests draw billions of values; one stream on one core took
+// seconds a round.
+func fillChunks(rng *rand.Rand, n int, f func(rng *rand.Rand, lo, hi int)) {
+	seed := rng.Uint64()
+	const chunk = 1 << 16
+	chunks := (n + chunk - 1) / chunk
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(chunks, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
+				f(rand.New(rand.NewPCG(seed, uint64(c))), c*chunk, min(n, (c+1)*chunk))
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func randF32(rng *rand.Rand, n int) []float32 {
@@ -200,12 +246,14 @@ func newInputs(t testing.TB, s spec, r int, ids []int64, seed uint64) intranode.
 	in := intranode.RankInput{TopK: ids}
 	if s.fp8 {
 		in.XFP8 = make([]uint8, n*s.hidden)
-		for i := 0; i < len(in.XFP8); i += 8 {
-			v := rng.Uint64()
-			for j := i; j < min(i+8, len(in.XFP8)); j++ {
-				in.XFP8[j] = uint8(v >> (8 * (j - i)))
+		fillChunks(rng, len(in.XFP8), func(rng *rand.Rand, lo, hi int) {
+			for i := lo; i < hi; i += 8 {
+				v := rng.Uint64()
+				for j := i; j < min(i+8, hi); j++ {
+					in.XFP8[j] = uint8(v >> (8 * (j - i)))
+				}
 			}
-		}
+		})
 		in.Scales = randF32(rng, n*s.hidden/128)
 	} else {
 		in.X = randBF16(rng, n*s.hidden, false)

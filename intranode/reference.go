@@ -3,6 +3,9 @@ package intranode
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 
 	"github.com/goep-dev/goep/internal/checked"
 	"github.com/goep-dev/goep/kernels"
@@ -11,6 +14,13 @@ import (
 // The plain-Go semantics of intranode dispatch and combine, written as loops
 // over whole arrays with no notion of channels, rings or SMs. GPU results
 // and the host backend are checked against it.
+//
+// GPU-sized checks (8 ranks x 4096 tokens of hidden 7168) move gigabytes
+// here, so the loops are split over cores, but only across outputs that
+// no two goroutines share: every output element is computed by the same
+// operations in the same order as the single loops (kept in
+// reference_plain_test.go, which the split versions must equal bit for bit).
+// Nothing here calls a kernel or its twin.
 //
 // Layout conventions (DeepEP's): rank r owns experts [r*E/R, (r+1)*E/R). A
 // token goes to rank r once if any of its top-k experts lives there. A rank
@@ -108,43 +118,100 @@ func ReferenceDispatch(s Shape, in []RankInput, alignment int) ([]RankOutput, er
 		}
 	}
 	le := s.LocalExperts()
-	out := make([]RankOutput, s.Ranks)
-	for dst := range out {
-		o := &out[dst]
-		o.RankPrefix = make([]int32, s.Ranks)
-		perExpert := make([]int, le)
-		for src, x := range in {
-			for t := 0; t < x.Tokens(s); t++ {
-				row := x.TopK[t*s.TopK : (t+1)*s.TopK]
-				if !hitsRank(row, dst, le) {
-					continue
-				}
-				o.RecvSrcRank = append(o.RecvSrcRank, int32(src))
-				o.RecvSrcToken = append(o.RecvSrcToken, int32(t))
-				for k, e := range row {
-					w := float32(0)
-					local := int64(-1)
-					if e >= 0 && int(e)/le == dst {
-						local = e - int64(dst*le)
-						perExpert[local]++
-						if x.Weights != nil {
-							w = x.Weights[t*s.TopK+k]
-						}
-					}
-					o.RecvTopK = append(o.RecvTopK, local)
-					if x.Weights != nil {
-						o.RecvWeights = append(o.RecvWeights, w)
-					}
-				}
-				h := s.Hidden
-				if fp8 {
-					o.RecvXFP8 = append(o.RecvXFP8, x.XFP8[t*h:(t+1)*h]...)
-					o.RecvScales = append(o.RecvScales, x.Scales[t*h/128:(t+1)*h/128]...)
-				} else {
-					o.RecvX = append(o.RecvX, x.X[t*h:(t+1)*h]...)
+	R := s.Ranks
+	// Two passes: count what each (destination, source) pair carries, then
+	// fill exact-size outputs. Each pair writes its own disjoint range of
+	// its destination's arrays, so the pairs run on all cores; the bytes
+	// are those of the plain loop (rows ordered by source, then token).
+	rows := make([]int, R*R)      // [dst*R+src]: tokens src sends dst
+	perPair := make([][]int, R*R) // [dst*R+src]: (token, local expert) pairs by expert
+	parallel(R, func(src int) {
+		x := in[src]
+		for t := 0; t < x.Tokens(s); t++ {
+			row := x.TopK[t*s.TopK : (t+1)*s.TopK]
+			for dst := 0; dst < R; dst++ {
+				if hitsRank(row, dst, le) {
+					rows[dst*R+src]++
 				}
 			}
-			o.RankPrefix[src] = int32(len(o.RecvSrcRank))
+		}
+	})
+	out := make([]RankOutput, R)
+	rowStart := make([]int, R*R) // first output row of each pair
+	wStart := make([]int, R*R)   // first output row of weights (sources with weights only)
+	h := s.Hidden
+	// Each destination's arrays are made on its own goroutine: zeroing
+	// gigabytes on one core was a good part of the time.
+	parallel(R, func(dst int) {
+		o := &out[dst]
+		o.RankPrefix = make([]int32, R)
+		n, nw := 0, 0
+		for src := range in {
+			rowStart[dst*R+src], wStart[dst*R+src] = n, nw
+			n += rows[dst*R+src]
+			if in[src].Weights != nil {
+				nw += rows[dst*R+src]
+			}
+			o.RankPrefix[src] = int32(n)
+		}
+		// Nil, not empty, for nothing received: what appending to nil gave.
+		o.RecvSrcRank = makeOrNil[int32](n)
+		o.RecvSrcToken = makeOrNil[int32](n)
+		o.RecvTopK = makeOrNil[int64](n * s.TopK)
+		o.RecvWeights = makeOrNil[float32](nw * s.TopK)
+		if fp8 {
+			o.RecvXFP8 = makeOrNil[uint8](n * h)
+			o.RecvScales = makeOrNil[float32](n * h / 128)
+		} else {
+			o.RecvX = makeOrNil[uint16](n * h)
+		}
+	})
+	parallel(R*R, func(p int) {
+		dst, src := p/R, p%R
+		o, x := &out[dst], in[src]
+		perExpert := make([]int, le)
+		i, iw := rowStart[p], wStart[p]
+		for t := 0; t < x.Tokens(s); t++ {
+			row := x.TopK[t*s.TopK : (t+1)*s.TopK]
+			if !hitsRank(row, dst, le) {
+				continue
+			}
+			o.RecvSrcRank[i] = int32(src)
+			o.RecvSrcToken[i] = int32(t)
+			for k, e := range row {
+				w := float32(0)
+				local := int64(-1)
+				if e >= 0 && int(e)/le == dst {
+					local = e - int64(dst*le)
+					perExpert[local]++
+					if x.Weights != nil {
+						w = x.Weights[t*s.TopK+k]
+					}
+				}
+				o.RecvTopK[i*s.TopK+k] = local
+				if x.Weights != nil {
+					o.RecvWeights[iw*s.TopK+k] = w
+				}
+			}
+			if fp8 {
+				copy(o.RecvXFP8[i*h:(i+1)*h], x.XFP8[t*h:(t+1)*h])
+				copy(o.RecvScales[i*h/128:(i+1)*h/128], x.Scales[t*h/128:(t+1)*h/128])
+			} else {
+				copy(o.RecvX[i*h:(i+1)*h], x.X[t*h:(t+1)*h])
+			}
+			i++
+			if x.Weights != nil {
+				iw++
+			}
+		}
+		perPair[p] = perExpert
+	})
+	for dst := range out {
+		perExpert := make([]int, le)
+		for src := 0; src < R; src++ {
+			for e, n := range perPair[dst*R+src] {
+				perExpert[e] += n
+			}
 		}
 		for e, n := range perExpert {
 			if alignment > 1 {
@@ -152,9 +219,45 @@ func ReferenceDispatch(s Shape, in []RankInput, alignment int) ([]RankOutput, er
 			}
 			perExpert[e] = n
 		}
-		o.TokensPerLocalExpert = perExpert
+		out[dst].TokensPerLocalExpert = perExpert
 	}
 	return out, nil
+}
+
+func makeOrNil[T any](n int) []T {
+	if n == 0 {
+		return nil
+	}
+	return make([]T, n)
+}
+
+// parallel calls f(0..n-1) on up to GOMAXPROCS goroutines and returns when
+// all calls have. The references use it only across outputs that no two
+// calls share, so results do not depend on the schedule.
+func parallel(n int, f func(i int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := 0; i < n; i++ {
+			f(i)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 func hitsRank(row []int64, rank, localExperts int) bool {
@@ -224,21 +327,33 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 		return nil, fmt.Errorf("intranode: combine needs %d ranks of layout, input and token counts", s.Ranks)
 	}
 	h := s.Hidden
-	acc := make([][]float32, s.Ranks)
 	out := make([]CombineOutput, s.Ranks)
 	withWeights := in[0].Weights != nil
-	for r := range acc {
+	first := make([]int, s.Ranks+1) // first[r]: global index of rank r's token 0
+	for r := range out {
 		// Sizes from the caller are checked before any make: a count times
 		// hidden that overflows (or is negative) is an error, not a panic.
 		n, ok := checked.Mul(tokens[r], h)
 		if !ok || tokens[r] > math.MaxInt/max(s.TopK, 1) {
 			return nil, fmt.Errorf("intranode: rank %d: %d tokens of hidden %d: negative or too large", r, tokens[r], h)
 		}
-		acc[r] = make([]float32, n)
+		if first[r] > math.MaxInt-tokens[r]-1 {
+			return nil, fmt.Errorf("intranode: rank %d: %d tokens: the total over all ranks overflows", r, tokens[r])
+		}
+		first[r+1] = first[r] + tokens[r]
+		for j, b := range [][]uint16{in[r].Bias0, in[r].Bias1} {
+			if b != nil && len(b) < n {
+				return nil, fmt.Errorf("intranode: rank %d: bias %d has %d values for %d tokens of hidden %d", r, j, len(b), tokens[r], h)
+			}
+		}
 		if withWeights {
 			out[r].Weights = make([]float32, tokens[r]*s.TopK)
 		}
 	}
+	// Which received rows come back to each token, in the order the plain
+	// loop (over receiving ranks, then their rows) adds them: a CSR index
+	// over all ranks' tokens, rows ordered by (receiving rank, row).
+	count := make([]int, first[s.Ranks]+1)
 	for r, d := range dispatched {
 		n := d.Received()
 		if len(in[r].Y) != n*h {
@@ -247,32 +362,71 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 		if withWeights && len(in[r].Weights) != n*s.TopK {
 			return nil, fmt.Errorf("intranode: rank %d: %d combine weights for %d tokens of top-k %d", r, len(in[r].Weights), n, s.TopK)
 		}
+		if len(d.RecvSrcToken) != n {
+			return nil, fmt.Errorf("intranode: rank %d: %d source tokens for %d received rows", r, len(d.RecvSrcToken), n)
+		}
 		for i := 0; i < n; i++ {
 			src, t := int(d.RecvSrcRank[i]), int(d.RecvSrcToken[i])
-			dst := acc[src][t*h : (t+1)*h]
-			for j, v := range in[r].Y[i*h : (i+1)*h] {
-				dst[j] += kernels.BF16ToFloat32(v)
+			if src < 0 || src >= s.Ranks || t < 0 || t >= tokens[src] {
+				return nil, fmt.Errorf("intranode: rank %d: row %d came from rank %d token %d, outside the layout", r, i, src, t)
 			}
-			if withWeights {
-				ws := out[src].Weights[t*s.TopK : (t+1)*s.TopK]
-				for k, w := range in[r].Weights[i*s.TopK : (i+1)*s.TopK] {
-					ws[k] += w
+			count[first[src]+t+1]++
+		}
+	}
+	for g := 1; g < len(count); g++ {
+		count[g] += count[g-1]
+	}
+	fromRank := make([]int, count[len(count)-1]) // [count[g], count[g+1]): token g's rows
+	fromRow := make([]int, len(fromRank))
+	fill := append([]int(nil), count[:len(count)-1]...)
+	for r, d := range dispatched {
+		for i := 0; i < d.Received(); i++ {
+			g := first[d.RecvSrcRank[i]] + int(d.RecvSrcToken[i])
+			fromRank[fill[g]], fromRow[fill[g]] = r, i
+			fill[g]++
+		}
+	}
+	parallel(s.Ranks, func(r int) { out[r].X = make([]uint16, tokens[r]*h) }) // zeroing on all cores
+	// Every token is an independent output: blocks of tokens run on all
+	// cores, each element summed in fp32 in the order above, then the
+	// biases, then the cast.
+	const block = 64
+	blocks := (first[s.Ranks] + block - 1) / block
+	parallel(blocks, func(b int) {
+		acc := make([]float32, h)
+		for g := b * block; g < min((b+1)*block, first[s.Ranks]); g++ {
+			owner := 0
+			for first[owner+1] <= g {
+				owner++
+			}
+			t := g - first[owner]
+			clear(acc)
+			for c := count[g]; c < count[g+1]; c++ {
+				r, i := fromRank[c], fromRow[c]
+				y := in[r].Y[i*h : (i+1)*h]
+				acc := acc[:len(y)] // one length: no bounds check per element
+				for j, v := range y {
+					acc[j] += kernels.BF16ToFloat32(v)
+				}
+				if withWeights {
+					ws := out[owner].Weights[t*s.TopK : (t+1)*s.TopK]
+					for k, w := range in[r].Weights[i*s.TopK : (i+1)*s.TopK] {
+						ws[k] += w
+					}
 				}
 			}
-		}
-	}
-	for r := range out {
-		x := make([]uint16, len(acc[r]))
-		for j, v := range acc[r] {
-			if b := in[r].Bias0; b != nil {
-				v += kernels.BF16ToFloat32(b[j])
+			x := out[owner].X[t*h : (t+1)*h]
+			b0, b1 := in[owner].Bias0, in[owner].Bias1
+			for j, v := range acc {
+				if b0 != nil {
+					v += kernels.BF16ToFloat32(b0[t*h+j])
+				}
+				if b1 != nil {
+					v += kernels.BF16ToFloat32(b1[t*h+j])
+				}
+				x[j] = kernels.Float32ToBF16(v)
 			}
-			if b := in[r].Bias1; b != nil {
-				v += kernels.BF16ToFloat32(b[j])
-			}
-			x[j] = kernels.Float32ToBF16(v)
 		}
-		out[r].X = x
-	}
+	})
 	return out, nil
 }

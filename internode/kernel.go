@@ -337,17 +337,14 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	if err := nt.launchDispatch(ks.stream, ks.ids, tokens, d, dd); err != nil {
 		return nil, true, nil, err
 	}
-	if err := ks.stream.Synchronize(); err != nil {
+	done, skipped, err := ks.stepStatus(nt.dev, uint64(d))
+	if err != nil {
 		return nil, true, nil, err
 	}
-	st := make([]byte, 8)
-	if err := nt.dev.CopyOut(st, ks.dout()); err != nil {
-		return nil, true, nil, err
-	}
-	if le.Uint32(st) != uint32(d) {
+	if !done {
 		return nil, false, nil, nil
 	}
-	if le.Uint32(st[4:]) != 0 {
+	if skipped {
 		return nil, true, errors.New("a relayed row's place lies outside the receive region (or more rows were relayed than the relay region holds): the kernel skipped it"), nil
 	}
 
@@ -502,17 +499,14 @@ func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int,
 	if err := nt.launchCombine(ks.stream, tokens, c, weights, dc); err != nil {
 		return nil, true, nil, err
 	}
-	if err := ks.stream.Synchronize(); err != nil {
+	done, skipped, err := ks.stepStatus(nt.dev, uint64(c))
+	if err != nil {
 		return nil, true, nil, err
 	}
-	st := make([]byte, 8)
-	if err := nt.dev.CopyOut(st, ks.dout()); err != nil {
-		return nil, true, nil, err
-	}
-	if le.Uint32(st) != uint32(c) {
+	if !done {
 		return nil, false, nil, nil
 	}
-	if le.Uint32(st[4:]) != 0 {
+	if skipped {
 		return nil, true, errors.New("a relayed token's row or partial slot lies outside its region: the kernel skipped it"), nil
 	}
 	out = &CombineOutput{}
@@ -567,3 +561,19 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights 
 // dout is dispatch's status words (status, bad): after notify's output,
 // which dispatch reads.
 func (ks *kernelState) dout() uintptr { return ks.out + uintptr(4*ks.outInts) }
+
+// stepStatus waits for the kernels' stream and reads the dispatch/combine
+// status words: done says the step finished round r (else one of its waits
+// gave up: the watchdog record names it), skipped that it left out a row
+// whose place lay outside its region.
+func (ks *kernelState) stepStatus(dev device.Device, r uint64) (done, skipped bool, err error) {
+	if err := ks.stream.Synchronize(); err != nil {
+		return false, false, err
+	}
+	st := make([]byte, 8)
+	if err := dev.CopyOut(st, ks.dout()); err != nil {
+		return false, false, err
+	}
+	le := binary.LittleEndian
+	return le.Uint32(st) == uint32(r), le.Uint32(st[4:]) != 0, nil
+}

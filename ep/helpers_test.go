@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -21,6 +19,7 @@ import (
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/parallel"
 )
 
 // gpuIters sets the rounds of the repeated-calls test on GPUs
@@ -355,7 +354,7 @@ func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
 // cores: GPU-sized tests draw billions).
 func randBF16(rng *rand.Rand, n int) []uint16 {
 	x := make([]uint16, n)
-	fillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
+	parallel.FillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
 		var bits uint64
 		for i := lo; i < hi; i++ {
 			if (i-lo)%4 == 0 {
@@ -369,29 +368,6 @@ func randBF16(rng *rand.Rand, n int) []uint16 {
 	return x
 }
 
-// fillChunks fills n elements in chunks on all cores: f fills [lo, hi)
-// from its own PCG stream, seeded by one draw of rng and the chunk's
-// index, so the values depend on rng and n only, not on the core count.
-// GPU-sized tests draw billions of values; one stream on one core took
-// seconds a round.
-func fillChunks(rng *rand.Rand, n int, f func(rng *rand.Rand, lo, hi int)) {
-	seed := rng.Uint64()
-	const chunk = 1 << 16
-	chunks := (n + chunk - 1) / chunk
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(chunks, runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
-				f(rand.New(rand.NewPCG(seed, uint64(c))), c*chunk, min(n, (c+1)*chunk))
-			}
-		}()
-	}
-	wg.Wait()
-}
-
 func randF32(rng *rand.Rand, n int) []float32 {
 	w := make([]float32, n)
 	for i := range w {
@@ -402,7 +378,7 @@ func randF32(rng *rand.Rand, n int) []float32 {
 
 func randFP8(rng *rand.Rand, n int) []uint8 {
 	x := make([]uint8, n)
-	fillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
+	parallel.FillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
 		var bits uint64
 		for i := lo; i < hi; i++ {
 			if (i-lo)%8 == 0 {

@@ -10,8 +10,6 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -19,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/parallel"
 	"github.com/goep-dev/goep/intranode"
 	"github.com/goep-dev/goep/routing"
 )
@@ -190,7 +189,7 @@ type rankData struct {
 func randBF16(rng *rand.Rand, n int, special bool) []uint16 {
 	x := make([]uint16, n)
 	specials := []uint16{0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x8003, 0x7f7f}
-	fillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
+	parallel.FillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
 		var bits uint64
 		for i := lo; i < hi; i++ {
 			if (i-lo)%4 == 0 {
@@ -208,29 +207,6 @@ func randBF16(rng *rand.Rand, n int, special bool) []uint16 {
 	return x
 }
 
-// fillChunks fills n elements in chunks on all cores: f fills [lo, hi)
-// from its own PCG stream, seeded by one draw of rng and the chunk's
-// index, so the values depend on rng and n only, not on the core count.
-// GPU-sized tests draw billions of values; one stream on one core took
-// seconds a round.
-func fillChunks(rng *rand.Rand, n int, f func(rng *rand.Rand, lo, hi int)) {
-	seed := rng.Uint64()
-	const chunk = 1 << 16
-	chunks := (n + chunk - 1) / chunk
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(chunks, runtime.GOMAXPROCS(0)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c := int(next.Add(1) - 1); c < chunks; c = int(next.Add(1) - 1) {
-				f(rand.New(rand.NewPCG(seed, uint64(c))), c*chunk, min(n, (c+1)*chunk))
-			}
-		}()
-	}
-	wg.Wait()
-}
-
 func randF32(rng *rand.Rand, n int) []float32 {
 	w := make([]float32, n)
 	for i := range w {
@@ -246,7 +222,7 @@ func newInputs(t testing.TB, s spec, r int, ids []int64, seed uint64) intranode.
 	in := intranode.RankInput{TopK: ids}
 	if s.fp8 {
 		in.XFP8 = make([]uint8, n*s.hidden)
-		fillChunks(rng, len(in.XFP8), func(rng *rand.Rand, lo, hi int) {
+		parallel.FillChunks(rng, len(in.XFP8), func(rng *rand.Rand, lo, hi int) {
 			for i := lo; i < hi; i += 8 {
 				v := rng.Uint64()
 				for j := i; j < min(i+8, hi); j++ {

@@ -3,11 +3,9 @@ package intranode
 import (
 	"fmt"
 	"math"
-	"runtime"
-	"sync"
-	"sync/atomic"
 
 	"github.com/goep-dev/goep/internal/checked"
+	"github.com/goep-dev/goep/internal/parallel"
 	"github.com/goep-dev/goep/kernels"
 )
 
@@ -125,7 +123,7 @@ func ReferenceDispatch(s Shape, in []RankInput, alignment int) ([]RankOutput, er
 	// are those of the plain loop (rows ordered by source, then token).
 	rows := make([]int, R*R)      // [dst*R+src]: tokens src sends dst
 	perPair := make([][]int, R*R) // [dst*R+src]: (token, local expert) pairs by expert
-	parallel(R, func(src int) {
+	parallel.For(R, func(src int) {
 		x := in[src]
 		for t := 0; t < x.Tokens(s); t++ {
 			row := x.TopK[t*s.TopK : (t+1)*s.TopK]
@@ -142,7 +140,7 @@ func ReferenceDispatch(s Shape, in []RankInput, alignment int) ([]RankOutput, er
 	h := s.Hidden
 	// Each destination's arrays are made on its own goroutine: zeroing
 	// gigabytes on one core was a good part of the time.
-	parallel(R, func(dst int) {
+	parallel.For(R, func(dst int) {
 		o := &out[dst]
 		o.RankPrefix = make([]int32, R)
 		n, nw := 0, 0
@@ -166,7 +164,7 @@ func ReferenceDispatch(s Shape, in []RankInput, alignment int) ([]RankOutput, er
 			o.RecvX = makeOrNil[uint16](n * h)
 		}
 	})
-	parallel(R*R, func(p int) {
+	parallel.For(R*R, func(p int) {
 		dst, src := p/R, p%R
 		o, x := &out[dst], in[src]
 		perExpert := make([]int, le)
@@ -229,35 +227,6 @@ func makeOrNil[T any](n int) []T {
 		return nil
 	}
 	return make([]T, n)
-}
-
-// parallel calls f(0..n-1) on up to GOMAXPROCS goroutines and returns when
-// all calls have. The references use it only across outputs that no two
-// calls share, so results do not depend on the schedule.
-func parallel(n int, f func(i int)) {
-	workers := min(n, runtime.GOMAXPROCS(0))
-	if workers <= 1 {
-		for i := 0; i < n; i++ {
-			f(i)
-		}
-		return
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				f(i)
-			}
-		}()
-	}
-	wg.Wait()
 }
 
 func hitsRank(row []int64, rank, localExperts int) bool {
@@ -386,13 +355,13 @@ func ReferenceCombine(s Shape, tokens []int, dispatched []RankOutput, in []Combi
 			fill[g]++
 		}
 	}
-	parallel(s.Ranks, func(r int) { out[r].X = make([]uint16, tokens[r]*h) }) // zeroing on all cores
+	parallel.For(s.Ranks, func(r int) { out[r].X = make([]uint16, tokens[r]*h) }) // zeroing on all cores
 	// Every token is an independent output: blocks of tokens run on all
 	// cores, each element summed in fp32 in the order above, then the
 	// biases, then the cast.
 	const block = 64
 	blocks := (first[s.Ranks] + block - 1) / block
-	parallel(blocks, func(b int) {
+	parallel.For(blocks, func(b int) {
 		acc := make([]float32, h)
 		for g := b * block; g < min((b+1)*block, first[s.Ranks]); g++ {
 			owner := 0

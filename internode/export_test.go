@@ -19,6 +19,9 @@ const (
 // waits for). It copies device memory synchronously: call it only when no
 // kernel of this rank runs.
 func (nt *Notify) DebugCounters() (string, error) {
+	if nt == nil || nt.dev == nil || nt.rdma.Ptr == 0 || nt.nvl.Ptr == 0 {
+		return "", fmt.Errorf("internode: debug counters: no notify set up (nil, or closed)")
+	}
 	s, dl := nt.shape, nt.dl
 	n, p := s.Nodes, s.RanksPerNode
 	read := func(base uintptr, off, words int) ([]uint64, error) {

@@ -72,7 +72,10 @@ func TestEmulatedKernelsMatchReference(t *testing.T) {
 				}
 				defer b.Free()
 				seed := uint32(ranks * 1000)
-				sizes := []int{1, 3, 8, 17, 100, 1023, 4100, 20011}
+				// Odd and even, below and above a block's share, one
+				// multi-block and one large count (CI runs these on 2
+				// cores: each size costs seconds).
+				sizes := []int{1, 8, 17, 1023, 4100, 20011}
 				if ranks == 4 {
 					sizes = []int{5, 257, 4100, 30011}
 				}

@@ -5,7 +5,7 @@
 #   scripts/gpu-jobs.sh SPEC...   one worker per SPEC, a CUDA_VISIBLE_DEVICES value ("0", "0,1", ...)
 # e.g. `scripts/gpu-jobs.sh 0 1 2 3` (four one-GPU workers) or `scripts/gpu-jobs.sh 0,1 2,3` (two-GPU workers).
 # Jobs come from $JOBS (default scripts/gpu-jobs.txt): lines "dir bin chunk [extra args...]": every top-level
-# test of bin (run in dir), `chunk` tests to a job. Workers pull jobs until the queue is empty or $BUDGET seconds
+# test of bin (run in dir), `chunk` tests to a job; "chunk@REGEX" keeps only the tests REGEX matches. Workers pull jobs until the queue is empty or $BUDGET seconds
 # (default 540) have passed. Binaries may come as .devcache/devbin.tar.xz (xz keeps them under the carry limit).
 # Everything comes back as $OUT/logs.tgz, $OUT/results.txt and two summaries (the device tool returns few files).
 # The CPU emulation is switched off here (CXX): CI runs it.
@@ -27,7 +27,9 @@ n=0
 while read -r dir bin chunk extra; do
 	[ -z "$dir" ] && continue
 	case $dir in \#*) continue ;; esac
-	mapfile -t tests < <(cd "$dir" && "$BIN/$bin" -test.list '.*' 2>/dev/null | grep -E '^(Test|Example)')
+	filter='.*'
+	case $chunk in *@*) filter=${chunk#*@}; chunk=${chunk%%@*} ;; esac
+	mapfile -t tests < <(cd "$dir" && "$BIN/$bin" -test.list "$filter" 2>/dev/null | grep -E '^(Test|Example)')
 	for ((i = 0; i < ${#tests[@]}; i += chunk)); do
 		re=$(IFS='|'; echo "${tests[*]:i:chunk}")
 		n=$((n + 1))

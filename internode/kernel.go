@@ -67,6 +67,90 @@ type kernelState struct {
 	bias0, bias1, cwaits uintptr
 	outInts              int
 	stream               device.Stream
+	// blocks and threads are the dispatch and combine grid (SetLaunch).
+	blocks, threads int
+}
+
+// Launch defaults of the dispatch and combine kernels (NotifyConfig.SMs,
+// Threads).
+const (
+	DefaultSMs             = 16
+	DefaultThreads         = 512
+	DefaultEmulatedThreads = 64
+	maxThreads             = 1024
+)
+
+// outWords is the dispatch/combine words after notify's output
+// (internode.cu's GOEP_INN_OUT_WORDS: status, bad, three block arrival
+// counters), cleared before each launch.
+const outWords = 5
+
+// resolveLaunch turns a requested grid into the one launched: sms 0 is
+// DefaultSMs capped by the device's SMs and the spin budget; a request
+// above the spin budget is an error (CheckSpinLaunch's).
+func (nt *Notify) resolveLaunch(sms, threads int) (blocks, thr int, err error) {
+	dev := nt.dev.Info()
+	thr = threads
+	if thr == 0 {
+		thr = DefaultThreads
+		if dev.Kind != device.CUDA {
+			thr = DefaultEmulatedThreads
+		}
+	}
+	if thr < 32 || thr > maxThreads || thr%32 != 0 {
+		return 0, 0, fmt.Errorf("%d threads per block: want a multiple of 32 in 32..%d", threads, maxThreads)
+	}
+	if sms < 0 {
+		return 0, 0, fmt.Errorf("%d SMs: want >= 0", sms)
+	}
+	blocks = sms
+	if blocks == 0 {
+		blocks = DefaultSMs
+		if dev.SMs > 0 && blocks > dev.SMs {
+			blocks = dev.SMs
+		}
+		if pl, err := nt.comm.Placement(context.Background()); err == nil && pl.SpinBlocks > 0 && blocks > pl.SpinBlocks {
+			blocks = pl.SpinBlocks
+		}
+	}
+	if err := nt.comm.CheckSpinLaunch("internode dispatch/combine", blocks); err != nil {
+		return 0, 0, err
+	}
+	return blocks, thr, nil
+}
+
+// SetLaunch sets the grid of later dispatch and combine launches (as
+// NotifyConfig.SMs and Threads; 0 picks the default): for sweeps. Call it
+// between rounds, never while this rank's kernels may still run; other
+// ranks need not pass the same.
+func (nt *Notify) SetLaunch(sms, threads int) error {
+	if nt == nil {
+		return errors.New("internode: nil Notify")
+	}
+	if nt.err != nil {
+		return fmt.Errorf("internode: rank %d: SetLaunch: %w", nt.rank, nt.err)
+	}
+	if nt.kern == nil {
+		return fmt.Errorf("internode: rank %d: SetLaunch: kernels do not run on this device (the host backend runs the Go twins)", nt.rank)
+	}
+	b, t, err := nt.resolveLaunch(sms, threads)
+	if err != nil {
+		return fmt.Errorf("internode: rank %d: %w", nt.rank, err)
+	}
+	nt.kern.blocks, nt.kern.threads = b, t
+	return nil
+}
+
+// Launch is the dispatch and combine grid in use (blocks, threads per
+// block); zeros where kernels do not run.
+func (nt *Notify) Launch() (blocks, threads int) {
+	if nt == nil {
+		return 0, 0
+	}
+	if nt.kern == nil {
+		return 0, 0
+	}
+	return nt.kern.blocks, nt.kern.threads
 }
 
 // notifyOutInts is the length of the notify kernel's int32 output
@@ -99,7 +183,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oPorts := take(portsBytes)
 	oPeers := take(8 * p)
 	oWaits := take(4 * (n + p))
-	oOut := take(4*ks.outInts + 8) // notify's output, then dispatch's status words
+	oOut := take(4*ks.outInts + 4*outWords) // notify's output, then dispatch's and combine's words
 	oIDs := take(8 * maxIDs)
 	m, h := nt.cfg.MaxTokens, s.Hidden
 	oDlay := take(2 * dlayBytes) // the layout for BF16 rows, then for FP8 rows
@@ -168,6 +252,9 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		return err
 	}
 	if err := nt.comm.CheckSpinLaunch("internode notify", 1); err != nil {
+		return err
+	}
+	if ks.blocks, ks.threads, err = nt.resolveLaunch(nt.cfg.SMs, nt.cfg.Threads); err != nil {
 		return err
 	}
 	return nt.comm.Barrier(ctx)
@@ -395,11 +482,11 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d ui
 	// Clear the status words in stream order: a kernel that gives up
 	// leaves them clear (dispatch and combine share theirs, and both count
 	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, st); err != nil {
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
 	nt.dispXBytes = s.xBytes(a.FP8) // combine finds the relay rows' metadata after x
-	return nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
+	return nt.dev.Launch(KernelDispatch, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args)
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
@@ -552,10 +639,10 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights 
 	// Clear the status words in stream order: a kernel that gives up
 	// leaves them clear (dispatch and combine share theirs, and both count
 	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, st); err != nil {
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
-	return nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
+	return nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args)
 }
 
 // dout is dispatch's status words (status, bad): after notify's output,

@@ -72,6 +72,18 @@ type NotifyConfig struct {
 	// device copy of each round's top-k ids, and Run takes at most
 	// MaxTokens tokens there.
 	MaxTokens int
+	// SMs is the grid (blocks, about one per SM) of the dispatch and
+	// combine kernels where kernels run; 0 means DefaultSMs, capped by the
+	// device's SMs and by the spin budget of ranks sharing a GPU (every
+	// block of every such rank must be resident at once). A value above
+	// the spin budget is refused at setup. Ranks may pass different
+	// values (each grid counts its own blocks).
+	SMs int
+	// Threads per block of the dispatch and combine kernels: a multiple of
+	// 32 in 32..1024; 0 means DefaultThreads on a GPU and
+	// DefaultEmulatedThreads in the CPU emulation (its threads are OS
+	// threads).
+	Threads int
 }
 
 // NotifyResult is what one rank holds after a notify round.

@@ -191,7 +191,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oScales := take(m * 4 * (h / FP8Block))
 	oWeights := take(4 * maxIDs)
 	oScratch := take(4 * m * n)
-	oDwaits := take(4 * (n + 2*p))
+	oDwaits := take(4 * (2*n + 3*p))
 	oBias0 := take(m * 2 * h)
 	oBias1 := take(m * 2 * h)
 	oCwaits := take(4 * (p + n))
@@ -209,7 +209,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		at  uintptr
 		ids []uint32
 	}{
-		{ks.dwaits, append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...)},
+		{ks.dwaits, append(append(append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...), nt.doneNetWait...), nt.doneNVLWait...)},
 		{ks.cwaits, append(append([]uint32(nil), nt.combReady...), nt.combNetWait...)},
 	} {
 		b := make([]byte, 4*len(t.ids))
@@ -466,19 +466,23 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 // a (X zero: route only).
 func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d uint64, a DeviceDispatch) error {
 	s, ks := nt.shape, nt.kern
-	fp8Arg := 0
+	fp8Arg, cached := 0, 0
 	if a.FP8 {
 		fp8Arg = 1
+	}
+	if a.Cached {
+		cached = 1
 	}
 	// Offsets of notify's outputs that dispatch reads on the device.
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
-	args := device.NewArgs(33).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
+	args := device.NewArgs(35).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
 		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlayFor(a.FP8)).
 		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout()).
 		U64Int(int(a.ScaleStrides[0])).U64Int(int(a.ScaleStrides[1])).
-		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken)
+		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken).
+		I32Int(cached).U64(nt.steps)
 	// Clear the status words in stream order: a kernel that gives up
 	// leaves them clear (dispatch and combine share theirs, and both count
 	// rounds from 1).
@@ -486,11 +490,15 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d ui
 		return err
 	}
 	nt.dispXBytes = s.xBytes(a.FP8) // combine finds the relay rows' metadata after x
-	return nt.dev.Launch(KernelDispatch, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args)
+	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
+		return err
+	}
+	nt.steps++
+	return nil
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 112
+const dlayBytes = 128
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -523,6 +531,8 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool) []byte {
 		le.PutUint64(lay[72+8*j:], uint64(v))
 	}
 	le.PutUint32(lay[104:], uint32(dl.partialRow))
+	le.PutUint64(lay[112:], uint64(dl.doneNet))
+	le.PutUint64(lay[120:], uint64(dl.doneNVL))
 	return lay
 }
 
@@ -642,7 +652,11 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights 
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
-	return nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args)
+	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
+		return err
+	}
+	nt.steps++
+	return nil
 }
 
 // dout is dispatch's status words (status, bad): after notify's output,

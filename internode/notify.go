@@ -136,6 +136,11 @@ type Notify struct {
 	dispRound                           uint64
 	dispatched                          bool
 	dispNetWait, dispNVLWait, readyWait []uint32
+	// doneNetWait[n], doneNVLWait[l]: a cached dispatch's waits for the
+	// earlier steps of forwarder (n, i) and of local rank l (kernels only).
+	doneNetWait, doneNVLWait []uint32
+	// steps is the dispatch and combine kernels this rank launched.
+	steps uint64
 	// Combine state (combine.go): rounds done, whether this round's ran,
 	// wait ids.
 	combRound  uint64
@@ -368,6 +373,14 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		nt.combReady = make([]uint32, p)
 		for l := range nt.combReady {
 			nt.combReady[l] = comm.NewWaitID(fmt.Sprintf("internode combine: expert outputs of rank %d (node %d)", s.Rank(a, l), a))
+		}
+		nt.doneNetWait = make([]uint32, s.Nodes)
+		for n := range nt.doneNetWait {
+			nt.doneNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode cached dispatch: earlier steps of rank %d (node %d), over the network", s.Rank(n, i), n))
+		}
+		nt.doneNVLWait = make([]uint32, p)
+		for l := range nt.doneNVLWait {
+			nt.doneNVLWait[l] = comm.NewWaitID(fmt.Sprintf("internode cached dispatch: earlier steps of rank %d (node %d)", s.Rank(a, l), a))
 		}
 	}
 	if runsKernels(dev) {

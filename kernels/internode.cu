@@ -270,13 +270,16 @@ struct goep_inn_dispatch_layout {
   u64 comb_counters, comb_recv, comb_send;  // RDMA buffer (combine)
   u64 comb_ready;                           // NVLink workspace (combine)
   i32 partial_row, reserved;
+  u64 done_net;  // RDMA buffer: u64 [N], steps finished by forwarder (n, local)
+  u64 done_nvl;  // NVLink workspace: u64 [P], steps finished by local rank l
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 112, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 128, "goep: goep_inn_dispatch_layout layout");
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
 #define GOEP_INN_STAGE_DISPATCH_NVL 52
 #define GOEP_INN_STAGE_DISPATCH_PUT 53
+#define GOEP_INN_STAGE_DISPATCH_DONE 54
 
 // Dispatch's and combine's words in out: status (the round's low 32 bits
 // when every wait succeeded), bad (a relayed row whose place lies outside
@@ -370,6 +373,30 @@ __device__ __forceinline__ void goep_inn_chunk(int n, int b, int g, int& lo, int
   hi = min(n, lo + per);
 }
 
+// Tells the ranks this step's regions touch that this rank finished one
+// more dispatch or combine kernel: every local rank over NVLink (after a
+// system fence: a release) and forwarder (n, local) of every other node
+// with a port-channel atomic add. A dispatch with no notify round before
+// it (cached) waits on these before it overwrites relay and receive rows
+// that a peer's earlier step may still read. The last block calls it.
+__device__ __forceinline__ bool goep_inn_step_done(const goep_inn_dispatch_layout& dl, int nodes, int p, int node,
+                                                   int local, const u64* peer_nvl, const goep_port_channel* ports,
+                                                   u32 stage) {
+  bool ok = true;
+  if (threadIdx.x == 0) {
+    goep_fence_acq_rel_sys();
+    for (int l = 0; l < p; ++l) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.done_nvl) + local, 1);
+    }
+  }
+  for (int n = threadIdx.x; n < nodes; n += blockDim.x) {
+    if (n != node) {
+      ok &= goep_pc_atomic_add(ports[n], dl.done_net + 8ull * node, 1, stage);
+    }
+  }
+  return ok;
+}
+
 // Largest ranks per node the dispatch kernel's shared tables hold (the
 // target masks are 8 bits).
 #define GOEP_INN_MAX_P 8
@@ -382,7 +409,8 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
                             u64 round, const goep_inn_dispatch_layout* dlp, const i32* rank_prefix, const i32* relay_count, i32* scratch,
                             u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
                             const u32* wait_ids, i32* out, i64 scale_st0, i64 scale_st1, u8* out_x,
-                            float* out_scales, i64* out_topk, float* out_weights, i32* out_src);
+                            float* out_scales, i64* out_topk, float* out_weights, i32* out_src, int cached,
+                            u64 steps);
 }
 
 // Dispatch round d (see internode/dispatch.go for the same steps in Go).
@@ -399,7 +427,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
                                                    const u64* peer_nvl, const goep_port_channel* ports,
                                                    goep_watchdog* wd, const u32* wait_ids, i32* out,
                                                    i64 scale_st0, i64 scale_st1, u8* out_x, float* out_scales,
-                                                   i64* out_topk, float* out_weights, i32* out_src) {
+                                                   i64* out_topk, float* out_weights, i32* out_src,
+                                                   int cached, u64 steps) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
   const int blk = blockIdx.x, g = gridDim.x, gwarp = blk * warps + warp, gwarps = g * warps;
   const goep_inn_dispatch_layout dl = *dlp;
@@ -432,6 +461,22 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // walks the chunk in order for destination node n: the token's row there
   // (prefix over the source's tokens to n), target mask and per-target
   // slots (index among its tokens to that rank).
+  bool ok = true;
+  if (cached) {
+    // No notify round since this rank's last steps: forwarder (n, local)
+    // of every other node must have finished its earlier steps (it read
+    // its relay rows, and this rank's staged rows have left) before this
+    // block overwrites the staging and puts new rows there.
+    for (int n = tid; n < nodes; n += nt) {
+      if (n != node) {
+        ok &= goep_wait_ge_u64((const u64*)(rdma + dl.done_net) + n, steps, wd, wait_ids[nodes + 2 * p + n],
+                               (u32)(n * p + local), GOEP_INN_STAGE_DISPATCH_DONE);
+      }
+    }
+    if (goep_block_any_failed(!ok)) {
+      return;
+    }
+  }
   int t0, t1;
   goep_inn_chunk(num_tokens, blk, g, t0, t1);
   for (int j = tid; j < nodes * (1 + GOEP_INN_MAX_P); j += nt) {
@@ -537,7 +582,6 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // it moves). The last block to finish its puts adds every node's
   // counter: its add is pushed after every block's put, and the transport
   // applies a channel's operations in push order.
-  bool ok = true;
   for (int n = tid; n < nodes; n += nt) {
     const int lo = row_lo[n], hi = min(row_hi[n], dl.max_tokens);
     if (n != node && hi > lo) {
@@ -565,10 +609,17 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // 3. Forward: every source node's rows landed and every local rank's
   // bases published (every block waits for itself); a warp of the grid
   // per relayed row writes it to each target.
-  for (int j = tid; j < nodes + p; j += nt) {
+  for (int j = tid; j < nodes + p + (cached ? p : 0); j += nt) {
     if (j < nodes) {
       ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + j, round, wd, wait_ids[j], (u32)(j * p + local),
                              GOEP_INN_STAGE_DISPATCH_NET);
+    } else if (j >= nodes + p) {
+      // Cached: every local rank finished its earlier steps (unpacked its
+      // rows, and as forwarder read its peers' rows in a combine) before
+      // this rank writes their receive rows.
+      const int l = j - nodes - p;
+      ok &= goep_wait_ge_u64((const u64*)(nvl + dl.done_nvl) + l, steps, wd, wait_ids[2 * nodes + 2 * p + l],
+                             (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_DONE);
     } else {
       const int l = j - nodes;
       ok &= goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
@@ -666,9 +717,14 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
     }
   }
-  if (goep_inn_arrive(arrive + 2, &last) && tid == 0) {
-    __threadfence_system();
-    *(volatile i32*)out = (i32)(u32)round;
+  if (goep_inn_arrive(arrive + 2, &last)) {
+    if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_DISPATCH_DONE))) {
+      return;
+    }
+    if (tid == 0) {
+      __threadfence_system();
+      *(volatile i32*)out = (i32)(u32)round;
+    }
   }
 }
 
@@ -919,8 +975,13 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       }
     }
   }
-  if (goep_inn_arrive(arrive + 2, &last) && tid == 0) {
-    __threadfence_system();
-    *(volatile i32*)out = (i32)(u32)round;
+  if (goep_inn_arrive(arrive + 2, &last)) {
+    if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT))) {
+      return;
+    }
+    if (tid == 0) {
+      __threadfence_system();
+      *(volatile i32*)out = (i32)(u32)round;
+    }
   }
 }

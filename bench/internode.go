@@ -83,6 +83,8 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	gpus := addGPUsFlag(fs)
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
+	interSMs := fs.Int("sms", 0, "blocks of the internode dispatch and combine kernels (0: internode.DefaultSMs within the spin budget of ranks sharing a GPU)")
+	interThreads := fs.Int("threads", 0, "threads per block of the internode dispatch and combine kernels (0: internode.DefaultThreads)")
 	kind, set, err := parseBackend(fs, args, backend, gpus)
 	if err != nil {
 		return err
@@ -93,6 +95,10 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("--tokens: %w", err)
 	}
 	o.tuneIters, o.sms, o.tuneSMs = 2, []int{0}, nil
+	if *interSMs < 0 || *interThreads < 0 {
+		return fmt.Errorf("--sms %d, --threads %d: want >= 0", *interSMs, *interThreads)
+	}
+	o.interSMs, o.interThreads = *interSMs, *interThreads
 	if err := o.validate(); err != nil {
 		return err
 	}
@@ -158,6 +164,8 @@ func envVirtualNodes() string { return os.Getenv(internode.VirtualNodesEnv) }
 func (o inOpts) interConfig(ranks int) ep.Config {
 	c := o.config(ranks)
 	c.VirtualNodes = o.nodes
+	// The internode kernels' one grid (buffer passes Dispatch's on).
+	c.Dispatch.SMs, c.Dispatch.Threads = o.interSMs, o.interThreads
 	return c
 }
 

@@ -17,27 +17,30 @@ func init() {
 
 // inOpts are the flags of `ep-bench intranode`.
 type inOpts struct {
-	kind                  device.Kind
-	tokens                []int
-	hidden, topk, experts int
-	masked                int
-	seed                  uint64
-	fp8, graph            bool
-	sms                   []int // 0: the Buffer's default
-	dispatchThreads       int
-	copyMode              ep.CopyMode
-	combineThreads        int
-	warmup, iters         int
-	flushMiB              int
-	tune                  bool
-	tuneSMs               []int
-	tuneWarmup, tuneIters int
-	ranks                 int
-	nodes                 int // internode: virtual nodes (0: from the environment)
-	timeout               time.Duration
-	jsonPath, plotPrefix  string
-	progress              *progress // nil: quiet
-	showLaunch            bool      // print SMs and threads (GPUs, or asked for on the host backend)
+	kind device.Kind
+	// interSMs, interThreads: ep-bench internode's --sms and --threads
+	// (the internode kernels' grid; 0: internode's defaults).
+	interSMs, interThreads int
+	tokens                 []int
+	hidden, topk, experts  int
+	masked                 int
+	seed                   uint64
+	fp8, graph             bool
+	sms                    []int // 0: the Buffer's default
+	dispatchThreads        int
+	copyMode               ep.CopyMode
+	combineThreads         int
+	warmup, iters          int
+	flushMiB               int
+	tune                   bool
+	tuneSMs                []int
+	tuneWarmup, tuneIters  int
+	ranks                  int
+	nodes                  int // internode: virtual nodes (0: from the environment)
+	timeout                time.Duration
+	jsonPath, plotPrefix   string
+	progress               *progress // nil: quiet
+	showLaunch             bool      // print SMs and threads (GPUs, or asked for on the host backend)
 }
 
 func runIntranode(ctx context.Context, args []string, stdout, stderr io.Writer) error {

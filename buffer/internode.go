@@ -189,7 +189,10 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 		return b.errorf("internode mode (%v): a %s device runs neither the host twins nor the CUDA kernels", t, k)
 	}
 	shape := internode.Shape{Topology: t, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts}
-	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens})
+	// The internode kernels take one grid for dispatch and combine: the
+	// caller's Dispatch SMs and threads (0: internode's defaults, within
+	// the spin budget of ranks sharing a GPU).
+	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}

@@ -22,15 +22,17 @@ import (
 //
 // What package internode's kernels keep between calls decides two things
 // (as for the host twins, buffer/internode.go):
-//   - a cached dispatch runs a notify round again with the slot's copy of
-//     the routing (the counts are exchanged again, the outcome is the
-//     same): the dispatch kernel reads the layout of the latest notify
-//     round only, and two dispatches without a notify round between them
-//     could overwrite relay rows a forwarder still reads;
-//   - a combine of any dispatch but the latest, or a second combine of
-//     one, first replays the handle's notify round and a route-only
-//     dispatch (relay rows and slots, no payload, no receive outputs), on
-//     the same stream. Every rank makes the same choice from the same
+//   - a cached dispatch of the handle whose routing was dispatched last
+//     runs no notify round (internode.DeviceDispatch.Cached: the kernel
+//     reads that round's layout, still in place, and waits for its peers'
+//     earlier steps instead); a cached dispatch of another handle runs a
+//     notify round again with the slot's copy of the routing (the counts
+//     are exchanged again, the outcome is the same), since the dispatch
+//     kernel reads the layout of the latest notify round only;
+//   - a combine of any dispatch but the latest first replays the handle's
+//     notify round and a route-only dispatch (relay rows and slots, no
+//     payload, no receive outputs), on the same stream; a second combine
+//     of the latest needs the route-only dispatch only, cached. Every rank makes the same choice from the same
 //     call order.
 
 // dispatchInternodeDevice is Dispatch in the internode mode on CUDA.
@@ -74,10 +76,13 @@ func (b *Buffer) dispatchInternodeDevice(ctx context.Context, c DispatchCall) (D
 			dn.HostRecvCount, dn.HostExpertCounts = b.mapped.Dev+mappedRecvCount, b.mapped.Dev+mappedExpertCounts
 		}
 	}
-	if err := in.notify.RunAsync(s, dn); err != nil {
-		return out, b.Fail(b.errorf("%s: %w", op, err))
+	cachedHere := c.Cached && in.last == st.seq
+	if !cachedHere {
+		if err := in.notify.RunAsync(s, dn); err != nil {
+			return out, b.Fail(b.errorf("%s: %w", op, err))
+		}
 	}
-	dd := internode.DeviceDispatch{X: c.X, FP8: c.FP8, Scales: c.Scales, ScaleStrides: c.ScaleStrides, Weights: c.Weights,
+	dd := internode.DeviceDispatch{Cached: cachedHere, X: c.X, FP8: c.FP8, Scales: c.Scales, ScaleStrides: c.ScaleStrides, Weights: c.Weights,
 		RecvX: b.recvPtr(l.X), RecvTopK: b.recvPtr(l.TopK), RecvSrcToken: b.recvPtr(l.SrcToken)}
 	if c.FP8 {
 		dd.RecvScales = b.recvPtr(l.Scales)
@@ -120,11 +125,17 @@ func (b *Buffer) combineInternodeDevice(c CombineCall) error {
 		return b.errorf("%s: handle slot %d holds a routing of %d tokens, the call has %d", op, c.Slot, st.tokens, c.Tokens)
 	}
 	if in.last != st.seq || in.combined {
-		slot := b.slot(c.Slot, c.Tokens)
-		if err := in.notify.RunAsync(c.Stream, internode.DeviceNotify{TopK: slot.topk, Tokens: st.tokens}); err != nil {
-			return b.Fail(b.errorf("%s: replaying the handle's notify: %w", op, err))
+		// A second combine of the handle dispatched last needs only a
+		// cached route-only dispatch (its layout is the latest notify
+		// round's); another handle's needs its notify round again.
+		cached := in.last == st.seq
+		if !cached {
+			slot := b.slot(c.Slot, c.Tokens)
+			if err := in.notify.RunAsync(c.Stream, internode.DeviceNotify{TopK: slot.topk, Tokens: st.tokens}); err != nil {
+				return b.Fail(b.errorf("%s: replaying the handle's notify: %w", op, err))
+			}
 		}
-		if err := in.notify.DispatchAsync(c.Stream, internode.DeviceDispatch{RouteOnly: true}); err != nil {
+		if err := in.notify.DispatchAsync(c.Stream, internode.DeviceDispatch{RouteOnly: true, Cached: cached}); err != nil {
 			return b.Fail(b.errorf("%s: replaying the handle's dispatch: %w", op, err))
 		}
 		in.last = st.seq

@@ -60,6 +60,15 @@ type DeviceDispatch struct {
 	// outputs zero, BF16). A combine of an earlier dispatch replays its
 	// notify round and a route-only dispatch first.
 	RouteOnly bool
+	// Cached dispatches the last notify round's tokens again without a
+	// notify round before it (the layout is that round's, so the ids in
+	// DeviceNotify.TopK must be the same): DeepEP's cached mode. Allowed
+	// after that round's dispatch (or after another cached one, or a
+	// combine); the kernel waits, instead of the notify round, until each
+	// rank whose relay or receive rows it writes has finished its earlier
+	// dispatch and combine kernels. It may carry other rows, weights,
+	// format or RouteOnly than the earlier dispatches.
+	Cached bool
 	// Weights is float32 [T][TopK], optional (every rank the same).
 	Weights uintptr
 	// Receive outputs, [World*MaxTokens] rows of which the first N (the
@@ -172,8 +181,13 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("internode: rank %d: dispatch after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...)
 	}
-	if !nt.dev0.ok || nt.dispatched {
-		return fail("run a device-pointer notify round (RunAsync) first (one dispatch per round)")
+	switch {
+	case !nt.dev0.ok:
+		return fail("run a device-pointer notify round (RunAsync) first")
+	case nt.dispatched && !a.Cached:
+		return fail("one dispatch per notify round (pass Cached to dispatch its tokens again without one)")
+	case !nt.dispatched && a.Cached:
+		return fail("a cached dispatch follows its notify round's dispatch")
 	}
 	t := nt.dev0.tokens
 	switch {
@@ -197,7 +211,7 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 		nt.err = fail("%w", err)
 		return nt.err
 	}
-	nt.dispatched = true
+	nt.dispatched, nt.combined = true, false
 	nt.dispRound++
 	if err := nt.launchDispatch(st, nt.dev0.ids, t, nt.dispRound, a); err != nil {
 		nt.err = fail("%w", err)

@@ -64,7 +64,14 @@ type dispatchLayout struct {
 	partialRow                       int
 	combCounters, combRecv, combSend int
 	combReady                        int
-	rdmaBytes, nvlBytes              int
+	// Step completion counters (the kernels only: a dispatch with no
+	// notify round before it waits on them, devptr.go's cached dispatch):
+	// doneNet[n] in the RDMA buffer counts the dispatch and combine
+	// kernels finished by forwarder (n, own local index), added over the
+	// port channel; doneNVL[l] in the NVLink workspace those of local rank
+	// l, added over NVLink.
+	doneNet, doneNVL    int
+	rdmaBytes, nvlBytes int
 }
 
 func align16(n int64) int64 { return (n + 15) &^ 15 }
@@ -94,14 +101,16 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	combCounters := send + n*mt*relayRow
 	combRecv := align16(combCounters + 8*n)
 	combSend := combRecv + n*mt*partialRow
-	rdmaBytes := combSend + n*mt*partialRow
+	doneNet := combSend + n*mt*partialRow
+	rdmaBytes := doneNet + 8*n
 	v := align16(int64(s.nvlBytes()))
 	nvlCounters := v
 	ready := v + 8*p
 	bases := ready + 8
 	recv := align16(bases + 4*w)
 	combReady := recv + w*mt*recvRow
-	nvlBytes := combReady + 8
+	doneNVL := combReady + 8
+	nvlBytes := doneNVL + 8*p
 	if rdmaBytes > math.MaxInt || nvlBytes > math.MaxInt {
 		return dl, fmt.Errorf("dispatch buffers of %d and %d bytes do not fit an int", rdmaBytes, nvlBytes)
 	}
@@ -109,6 +118,7 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	dl.netCounters, dl.relay, dl.send, dl.rdmaBytes = int(netCounters), int(relay), int(send), int(rdmaBytes)
 	dl.nvlCounters, dl.ready, dl.bases, dl.recv, dl.nvlBytes = int(nvlCounters), int(ready), int(bases), int(recv), int(nvlBytes)
 	dl.partialRow, dl.combCounters, dl.combRecv, dl.combSend, dl.combReady = int(partialRow), int(combCounters), int(combRecv), int(combSend), int(combReady)
+	dl.doneNet, dl.doneNVL = int(doneNet), int(doneNVL)
 	return dl, nil
 }
 
@@ -118,6 +128,7 @@ const (
 	stageDispatchReady
 	stageDispatchNVL
 	stageDispatchPut
+	stageDispatchDone // a cached dispatch's wait for its peers' earlier steps (kernels only)
 )
 
 // Dispatch moves this rank's rows for the last notify round (Run's ids

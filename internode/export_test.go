@@ -51,6 +51,11 @@ func (nt *Notify) DebugCounters() (string, error) {
 		{"combine ready (own)", nt.nvl.Ptr, dl.combReady, 1, nt.combRound},
 		{"combine net [node]", nt.rdma.Ptr, dl.combCounters, n, nt.combRound},
 	}
+	if nt.kern != nil {
+		// The kernels' step counters (the own node's network entry stays 0).
+		parts = append(parts, part{"steps done net [node]", nt.rdma.Ptr, dl.doneNet, n, nt.steps},
+			part{"steps done nvl [local]", nt.nvl.Ptr, dl.doneNVL, p, nt.steps})
+	}
 	out := fmt.Sprintf("rank %d (node %d, local %d):", nt.rank, s.Node(nt.rank), s.Local(nt.rank))
 	for _, pt := range parts {
 		v, err := read(pt.base, pt.off, pt.words)

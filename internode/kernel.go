@@ -67,6 +67,90 @@ type kernelState struct {
 	bias0, bias1, cwaits uintptr
 	outInts              int
 	stream               device.Stream
+	// blocks and threads are the dispatch and combine grid (SetLaunch).
+	blocks, threads int
+}
+
+// Launch defaults of the dispatch and combine kernels (NotifyConfig.SMs,
+// Threads).
+const (
+	DefaultSMs             = 16
+	DefaultThreads         = 512
+	DefaultEmulatedThreads = 64
+	maxThreads             = 1024
+)
+
+// outWords is the dispatch/combine words after notify's output
+// (internode.cu's GOEP_INN_OUT_WORDS: status, bad, three block arrival
+// counters), cleared before each launch.
+const outWords = 5
+
+// resolveLaunch turns a requested grid into the one launched: sms 0 is
+// DefaultSMs capped by the device's SMs and the spin budget; a request
+// above the spin budget is an error (CheckSpinLaunch's).
+func (nt *Notify) resolveLaunch(sms, threads int) (blocks, thr int, err error) {
+	dev := nt.dev.Info()
+	thr = threads
+	if thr == 0 {
+		thr = DefaultThreads
+		if dev.Kind != device.CUDA {
+			thr = DefaultEmulatedThreads
+		}
+	}
+	if thr < 32 || thr > maxThreads || thr%32 != 0 {
+		return 0, 0, fmt.Errorf("%d threads per block: want a multiple of 32 in 32..%d", threads, maxThreads)
+	}
+	if sms < 0 {
+		return 0, 0, fmt.Errorf("%d SMs: want >= 0", sms)
+	}
+	blocks = sms
+	if blocks == 0 {
+		blocks = DefaultSMs
+		if dev.SMs > 0 && blocks > dev.SMs {
+			blocks = dev.SMs
+		}
+		if pl, err := nt.comm.Placement(context.Background()); err == nil && pl.SpinBlocks > 0 && blocks > pl.SpinBlocks {
+			blocks = pl.SpinBlocks
+		}
+	}
+	if err := nt.comm.CheckSpinLaunch("internode dispatch/combine", blocks); err != nil {
+		return 0, 0, err
+	}
+	return blocks, thr, nil
+}
+
+// SetLaunch sets the grid of later dispatch and combine launches (as
+// NotifyConfig.SMs and Threads; 0 picks the default): for sweeps. Call it
+// between rounds, never while this rank's kernels may still run; other
+// ranks need not pass the same.
+func (nt *Notify) SetLaunch(sms, threads int) error {
+	if nt == nil {
+		return errors.New("internode: nil Notify")
+	}
+	if nt.err != nil {
+		return fmt.Errorf("internode: rank %d: SetLaunch: %w", nt.rank, nt.err)
+	}
+	if nt.kern == nil {
+		return fmt.Errorf("internode: rank %d: SetLaunch: kernels do not run on this device (the host backend runs the Go twins)", nt.rank)
+	}
+	b, t, err := nt.resolveLaunch(sms, threads)
+	if err != nil {
+		return fmt.Errorf("internode: rank %d: %w", nt.rank, err)
+	}
+	nt.kern.blocks, nt.kern.threads = b, t
+	return nil
+}
+
+// Launch is the dispatch and combine grid in use (blocks, threads per
+// block); zeros where kernels do not run.
+func (nt *Notify) Launch() (blocks, threads int) {
+	if nt == nil {
+		return 0, 0
+	}
+	if nt.kern == nil {
+		return 0, 0
+	}
+	return nt.kern.blocks, nt.kern.threads
 }
 
 // notifyOutInts is the length of the notify kernel's int32 output
@@ -99,7 +183,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oPorts := take(portsBytes)
 	oPeers := take(8 * p)
 	oWaits := take(4 * (n + p))
-	oOut := take(4*ks.outInts + 8) // notify's output, then dispatch's status words
+	oOut := take(4*ks.outInts + 4*outWords) // notify's output, then dispatch's and combine's words
 	oIDs := take(8 * maxIDs)
 	m, h := nt.cfg.MaxTokens, s.Hidden
 	oDlay := take(2 * dlayBytes) // the layout for BF16 rows, then for FP8 rows
@@ -107,7 +191,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oScales := take(m * 4 * (h / FP8Block))
 	oWeights := take(4 * maxIDs)
 	oScratch := take(4 * m * n)
-	oDwaits := take(4 * (n + 2*p))
+	oDwaits := take(4 * (2*n + 3*p))
 	oBias0 := take(m * 2 * h)
 	oBias1 := take(m * 2 * h)
 	oCwaits := take(4 * (p + n))
@@ -125,7 +209,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		at  uintptr
 		ids []uint32
 	}{
-		{ks.dwaits, append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...)},
+		{ks.dwaits, append(append(append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...), nt.doneNetWait...), nt.doneNVLWait...)},
 		{ks.cwaits, append(append([]uint32(nil), nt.combReady...), nt.combNetWait...)},
 	} {
 		b := make([]byte, 4*len(t.ids))
@@ -168,6 +252,9 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		return err
 	}
 	if err := nt.comm.CheckSpinLaunch("internode notify", 1); err != nil {
+		return err
+	}
+	if ks.blocks, ks.threads, err = nt.resolveLaunch(nt.cfg.SMs, nt.cfg.Threads); err != nil {
 		return err
 	}
 	return nt.comm.Barrier(ctx)
@@ -379,31 +466,39 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 // a (X zero: route only).
 func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d uint64, a DeviceDispatch) error {
 	s, ks := nt.shape, nt.kern
-	fp8Arg := 0
+	fp8Arg, cached := 0, 0
 	if a.FP8 {
 		fp8Arg = 1
+	}
+	if a.Cached {
+		cached = 1
 	}
 	// Offsets of notify's outputs that dispatch reads on the device.
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
-	args := device.NewArgs(33).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
+	args := device.NewArgs(35).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
 		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlayFor(a.FP8)).
 		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout()).
 		U64Int(int(a.ScaleStrides[0])).U64Int(int(a.ScaleStrides[1])).
-		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken)
+		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken).
+		I32Int(cached).U64(nt.steps)
 	// Clear the status words in stream order: a kernel that gives up
 	// leaves them clear (dispatch and combine share theirs, and both count
 	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, st); err != nil {
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
 	nt.dispXBytes = s.xBytes(a.FP8) // combine finds the relay rows' metadata after x
-	return nt.dev.Launch(KernelDispatch, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
+	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
+		return err
+	}
+	nt.steps++
+	return nil
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 112
+const dlayBytes = 128
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -436,6 +531,8 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool) []byte {
 		le.PutUint64(lay[72+8*j:], uint64(v))
 	}
 	le.PutUint32(lay[104:], uint32(dl.partialRow))
+	le.PutUint64(lay[112:], uint64(dl.doneNet))
+	le.PutUint64(lay[120:], uint64(dl.doneNVL))
 	return lay
 }
 
@@ -552,10 +649,14 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights 
 	// Clear the status words in stream order: a kernel that gives up
 	// leaves them clear (dispatch and combine share theirs, and both count
 	// rounds from 1).
-	if err := nt.dev.MemsetAsync(ks.dout(), 0, 8, st); err != nil {
+	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
-	return nt.dev.Launch(KernelCombine, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
+	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
+		return err
+	}
+	nt.steps++
+	return nil
 }
 
 // dout is dispatch's status words (status, bad): after notify's output,

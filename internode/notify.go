@@ -72,6 +72,18 @@ type NotifyConfig struct {
 	// device copy of each round's top-k ids, and Run takes at most
 	// MaxTokens tokens there.
 	MaxTokens int
+	// SMs is the grid (blocks, about one per SM) of the dispatch and
+	// combine kernels where kernels run; 0 means DefaultSMs, capped by the
+	// device's SMs and by the spin budget of ranks sharing a GPU (every
+	// block of every such rank must be resident at once). A value above
+	// the spin budget is refused at setup. Ranks may pass different
+	// values (each grid counts its own blocks).
+	SMs int
+	// Threads per block of the dispatch and combine kernels: a multiple of
+	// 32 in 32..1024; 0 means DefaultThreads on a GPU and
+	// DefaultEmulatedThreads in the CPU emulation (its threads are OS
+	// threads).
+	Threads int
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -124,6 +136,11 @@ type Notify struct {
 	dispRound                           uint64
 	dispatched                          bool
 	dispNetWait, dispNVLWait, readyWait []uint32
+	// doneNetWait[n], doneNVLWait[l]: a cached dispatch's waits for the
+	// earlier steps of forwarder (n, i) and of local rank l (kernels only).
+	doneNetWait, doneNVLWait []uint32
+	// steps is the dispatch and combine kernels this rank launched.
+	steps uint64
 	// Combine state (combine.go): rounds done, whether this round's ran,
 	// wait ids.
 	combRound  uint64
@@ -356,6 +373,14 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		nt.combReady = make([]uint32, p)
 		for l := range nt.combReady {
 			nt.combReady[l] = comm.NewWaitID(fmt.Sprintf("internode combine: expert outputs of rank %d (node %d)", s.Rank(a, l), a))
+		}
+		nt.doneNetWait = make([]uint32, s.Nodes)
+		for n := range nt.doneNetWait {
+			nt.doneNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode cached dispatch: earlier steps of rank %d (node %d), over the network", s.Rank(n, i), n))
+		}
+		nt.doneNVLWait = make([]uint32, p)
+		for l := range nt.doneNVLWait {
+			nt.doneNVLWait[l] = comm.NewWaitID(fmt.Sprintf("internode cached dispatch: earlier steps of rank %d (node %d)", s.Rank(a, l), a))
 		}
 	}
 	if runsKernels(dev) {

@@ -270,18 +270,138 @@ struct goep_inn_dispatch_layout {
   u64 comb_counters, comb_recv, comb_send;  // RDMA buffer (combine)
   u64 comb_ready;                           // NVLink workspace (combine)
   i32 partial_row, reserved;
+  u64 done_net;  // RDMA buffer: u64 [N], steps finished by forwarder (n, local)
+  u64 done_nvl;  // NVLink workspace: u64 [P], steps finished by local rank l
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 112, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 128, "goep: goep_inn_dispatch_layout layout");
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
 #define GOEP_INN_STAGE_DISPATCH_NVL 52
 #define GOEP_INN_STAGE_DISPATCH_PUT 53
+#define GOEP_INN_STAGE_DISPATCH_DONE 54
 
-// Dispatch's status words in out: status (the round's low 32 bits when
-// every wait succeeded), bad (a relayed row whose place lies outside the
-// receive region, or more relayed rows than the region holds: the row is
-// skipped and the host reports it).
+// Dispatch's and combine's words in out: status (the round's low 32 bits
+// when every wait succeeded), bad (a relayed row whose place lies outside
+// the receive region, or more relayed rows than the region holds: the row
+// is skipped and the host reports it), then three arrival counters of the
+// grid's blocks (u32, one per phase). The launcher clears all five in
+// stream order before each launch, so a kernel that gives up leaves the
+// status clear and the next launch starts its counters from 0.
+#define GOEP_INN_OUT_WORDS 5
+
+// Multi-block kernels. Every block of a launch takes every role in turn
+// (sender, forwarder, receiver) on its share of the rows; no block ever
+// waits for another block of its own grid, only for other ranks (their
+// blocks must be co-resident with ours: the launcher keeps the grid within
+// the spin budget of ranks sharing a GPU). Where a step must follow all of
+// the grid's blocks (a counter a peer waits on, the status word), the
+// blocks arrive on a counter and the last to arrive does it:
+// goep_inn_arrive returns true in exactly one block, after a system fence
+// pair that makes every block's earlier writes visible before the last
+// block's next write (release by each arriving thread 0, acquire by the
+// last one).
+__device__ __forceinline__ bool goep_inn_arrive(u32* ctr, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    goep_fence_acq_rel_sys();
+    const u32 old = atomicAdd(ctr, 1u);
+    *flag = old == gridDim.x - 1 ? 1 : 0;
+    if (*flag) {
+      goep_fence_acq_rel_sys();
+    }
+  }
+  __syncthreads();
+  return *flag != 0;
+}
+
+// Copies bytes (a multiple of 4) with one warp, 16 bytes a lane where both
+// ends and the size allow it (rows are 16-aligned; FP8 rows of H + H/32
+// bytes and callers' tensors may not be).
+__device__ __forceinline__ void goep_inn_warp_copy(void* dst, const void* src, u64 bytes, int lane) {
+  if ((((u64)dst | (u64)src | bytes) & 15) == 0) {
+    uint4* d = (uint4*)dst;
+    const uint4* s = (const uint4*)src;
+    for (u64 q = lane; q < bytes / 16; q += 32) {
+      d[q] = s[q];
+    }
+  } else {
+    u32* d = (u32*)dst;
+    const u32* s = (const u32*)src;
+    for (u64 q = lane; q < bytes / 4; q += 32) {
+      d[q] = s[q];
+    }
+  }
+}
+
+// Eight BF16 values at p (a multiple of 8 elements into a row) as floats:
+// one 16-byte load where p is 16-aligned.
+__device__ __forceinline__ void goep_inn_ld8_bf16(const u16* p, float* f) {
+  if (((u64)p & 15) == 0) {
+    const uint4 v = *(const uint4*)p;
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+    for (int e = 0; e < 4; ++e) {
+      f[2 * e] = goep_bf16_bits_to_f32((u16)(w[e] & 0xffffu));
+      f[2 * e + 1] = goep_bf16_bits_to_f32((u16)(w[e] >> 16));
+    }
+  } else {
+    for (int e = 0; e < 8; ++e) {
+      f[e] = goep_bf16_bits_to_f32(p[e]);
+    }
+  }
+}
+
+// Rounds eight floats to BF16 (RNE) and stores them at p.
+__device__ __forceinline__ void goep_inn_st8_bf16(u16* p, const float* f) {
+  if (((u64)p & 15) == 0) {
+    u32 w[4];
+    for (int e = 0; e < 4; ++e) {
+      w[e] = (u32)goep_f32_to_bf16_bits(f[2 * e]) | (u32)goep_f32_to_bf16_bits(f[2 * e + 1]) << 16;
+    }
+    *(uint4*)p = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    for (int e = 0; e < 8; ++e) {
+      p[e] = goep_f32_to_bf16_bits(f[e]);
+    }
+  }
+}
+
+// A token chunk of block b of g over n items: [lo, hi).
+__device__ __forceinline__ void goep_inn_chunk(int n, int b, int g, int& lo, int& hi) {
+  const int per = (n + g - 1) / g;
+  lo = min(n, b * per);
+  hi = min(n, lo + per);
+}
+
+// Tells the ranks this step's regions touch that this rank finished one
+// more dispatch or combine kernel: every local rank over NVLink (after a
+// system fence: a release) and forwarder (n, local) of every other node
+// with a port-channel atomic add. A dispatch with no notify round before
+// it (cached) waits on these before it overwrites relay and receive rows
+// that a peer's earlier step may still read. The last block calls it.
+__device__ __forceinline__ bool goep_inn_step_done(const goep_inn_dispatch_layout& dl, int nodes, int p, int node,
+                                                   int local, const u64* peer_nvl, const goep_port_channel* ports,
+                                                   u32 stage) {
+  bool ok = true;
+  if (threadIdx.x == 0) {
+    goep_fence_acq_rel_sys();
+    for (int l = 0; l < p; ++l) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.done_nvl) + local, 1);
+    }
+  }
+  for (int n = threadIdx.x; n < nodes; n += blockDim.x) {
+    if (n != node) {
+      ok &= goep_pc_atomic_add(ports[n], dl.done_net + 8ull * node, 1, stage);
+    }
+  }
+  return ok;
+}
+
+// Largest ranks per node the dispatch kernel's shared tables hold (the
+// target masks are 8 bits).
+#define GOEP_INN_MAX_P 8
+#define GOEP_INN_MAX_NODES 64
+
 extern "C" {
 __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
     goep_internode_dispatch(const u8* x, const float* scales, const i64* ids, const float* weights, int num_tokens,
@@ -289,9 +409,15 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
                             u64 round, const goep_inn_dispatch_layout* dlp, const i32* rank_prefix, const i32* relay_count, i32* scratch,
                             u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
                             const u32* wait_ids, i32* out, i64 scale_st0, i64 scale_st1, u8* out_x,
-                            float* out_scales, i64* out_topk, float* out_weights, i32* out_src);
+                            float* out_scales, i64* out_topk, float* out_weights, i32* out_src, int cached,
+                            u64 steps);
 }
 
+// Dispatch round d (see internode/dispatch.go for the same steps in Go).
+// Block b of G packs and sends the tokens of its chunk of the token range
+// (a contiguous run of rows at each destination node: one put per node and
+// block, large messages for the proxy), forwards a share of every source
+// node's relayed rows, and unpacks a share of the received rows.
 extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* scales, const i64* ids,
                                                    const float* weights, int num_tokens, int hidden, int k,
                                                    int num_experts, int nodes, int p, int node, int local, int fp8,
@@ -301,37 +427,100 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
                                                    const u64* peer_nvl, const goep_port_channel* ports,
                                                    goep_watchdog* wd, const u32* wait_ids, i32* out,
                                                    i64 scale_st0, i64 scale_st1, u8* out_x, float* out_scales,
-                                                   i64* out_topk, float* out_weights, i32* out_src) {
+                                                   i64* out_topk, float* out_weights, i32* out_src,
+                                                   int cached, u64 steps) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+  const int blk = blockIdx.x, g = gridDim.x, gwarp = blk * warps + warp, gwarps = g * warps;
   const goep_inn_dispatch_layout dl = *dlp;
   const int w = nodes * p, le = num_experts / w, xb = dl.xb, xw = xb / 4;
   const int h = hidden;
-  __shared__ int rows_to[64];
+  u32* arrive = (u32*)(out + 2);
+  // Per destination node: rows of the tokens before this block's chunk
+  // ([n][0]) and slots at each target local rank ([n][1 + l]); then this
+  // block's first and end row per node.
+  __shared__ int base[GOEP_INN_MAX_NODES * (1 + GOEP_INN_MAX_P)];
+  __shared__ int row_lo[GOEP_INN_MAX_NODES];
+  __shared__ int row_hi[GOEP_INN_MAX_NODES];
+  __shared__ int last;
 
-  // 1. Publish the receive bases (first row of each source rank here).
-  if (tid == 0) {
-    out[1] = 0;
+  // 1. Block 0 publishes the receive bases (first row of each source rank
+  // here).
+  if (blk == 0) {
+    for (int r = tid; r < w; r += nt) {
+      ((i32*)(nvl + dl.bases))[r] = r > 0 ? rank_prefix[r - 1] : 0;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      goep_fence_acq_rel_sys();
+      goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.ready), 1);
+    }
   }
-  for (int r = tid; r < w; r += nt) {
-    ((i32*)(nvl + dl.bases))[r] = r > 0 ? rank_prefix[r - 1] : 0;
+
+  // 2. Pack this block's chunk [t0, t1). Count what the earlier tokens
+  // take at each node (rows, and slots per target rank), then thread n
+  // walks the chunk in order for destination node n: the token's row there
+  // (prefix over the source's tokens to n), target mask and per-target
+  // slots (index among its tokens to that rank).
+  bool ok = true;
+  if (cached) {
+    // No notify round since this rank's last steps: forwarder (n, local)
+    // of every other node must have finished its earlier steps (it read
+    // its relay rows, and this rank's staged rows have left) before this
+    // block overwrites the staging and puts new rows there.
+    for (int n = tid; n < nodes; n += nt) {
+      if (n != node) {
+        ok &= goep_wait_ge_u64((const u64*)(rdma + dl.done_net) + n, steps, wd, wait_ids[nodes + 2 * p + n],
+                               (u32)(n * p + local), GOEP_INN_STAGE_DISPATCH_DONE);
+      }
+    }
+    if (goep_block_any_failed(!ok)) {
+      return;
+    }
+  }
+  int t0, t1;
+  goep_inn_chunk(num_tokens, blk, g, t0, t1);
+  for (int j = tid; j < nodes * (1 + GOEP_INN_MAX_P); j += nt) {
+    base[j] = 0;
   }
   __syncthreads();
-  if (tid == 0) {
-    goep_fence_acq_rel_sys();
-    goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.ready), 1);
+  for (int t = tid; t < t0; t += nt) {
+    const i64* row = ids + (i64)t * k;
+    for (int j = 0; j < k; ++j) {
+      const i64 e = row[j];
+      if (e < 0 || e >= num_experts) {
+        continue;
+      }
+      const int r = (int)(e / le), n = r / p;
+      bool seen_rank = false, seen_node = false;
+      for (int q = 0; q < j; ++q) {
+        const i64 y = row[q];
+        if (y < 0 || y >= num_experts) {
+          continue;
+        }
+        const int ry = (int)(y / le);
+        seen_rank |= ry == r;
+        seen_node |= ry / p == n;
+      }
+      if (!seen_rank) {
+        atomicAdd(&base[n * (1 + GOEP_INN_MAX_P) + 1 + r % p], 1);
+      }
+      if (!seen_node) {
+        atomicAdd(&base[n * (1 + GOEP_INN_MAX_P)], 1);
+      }
+    }
   }
-
-  // 2. Pack. Thread n walks the tokens in order for destination node n:
-  // the token's row there (prefix over its tokens to n), target mask and
-  // per-target slots (index among its tokens to that rank); then the
-  // block copies the rows' payload, and thread n sends node n's rows.
-  if (tid < nodes) {
-    const int n = tid;
+  __syncthreads();
+  for (int n = tid; n < nodes; n += nt) {
     u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
                                    : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
-    int cnt = 0;
-    int slots[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int t = 0; t < num_tokens; ++t) {
+    const int* bn = base + n * (1 + GOEP_INN_MAX_P);
+    int cnt = bn[0];
+    int slots[GOEP_INN_MAX_P];
+    for (int l = 0; l < GOEP_INN_MAX_P; ++l) {
+      slots[l] = bn[1 + l];
+    }
+    row_lo[n] = cnt;
+    for (int t = t0; t < t1; ++t) {
       u32 mask = 0;
       for (int j = 0; j < k; ++j) {
         const i64 e = ids[(i64)t * k + j];
@@ -347,21 +536,23 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         continue;
       }
       scratch[(i64)t * nodes + n] = cnt;
-      i32* meta = (i32*)(region + (u64)cnt * dl.relay_row + xb + 12 * k);
-      meta[0] = t;
-      meta[1] = (i32)mask;
-      for (int l = 0; l < p; ++l) {
-        meta[2 + l] = (mask >> l & 1) ? slots[l]++ : -1;
+      if (cnt < dl.max_tokens) {
+        i32* meta = (i32*)(region + (u64)cnt * dl.relay_row + xb + 12 * k);
+        meta[0] = t;
+        meta[1] = (i32)mask;
+        for (int l = 0; l < p; ++l) {
+          meta[2 + l] = (mask >> l & 1) ? slots[l]++ : -1;
+        }
       }
       ++cnt;
     }
-    rows_to[n] = cnt;
+    row_hi[n] = cnt;
   }
   __syncthreads();
-  for (int item = warp; item < num_tokens * nodes; item += warps) {
+  for (int item = t0 * nodes + warp; item < t1 * nodes; item += warps) {
     const int t = item / nodes, n = item % nodes;
     const int row = scratch[item];
-    if (row < 0) {
+    if (row < 0 || row >= dl.max_tokens) {
       continue;
     }
     u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
@@ -370,19 +561,13 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (x == nullptr) {
       // Route only (a replay for combine): the rows' payload is not read.
     } else if (fp8) {
-      const u32* src = (const u32*)(x + (u64)t * h);
-      for (int q = lane; q < h / 4; q += 32) {
-        dst[q] = src[q];
-      }
+      goep_inn_warp_copy(dst, x + (u64)t * h, (u64)h, lane);
       // Scales at element strides (token, column).
       for (int q = lane; q < h / 128; q += 32) {
         dst[h / 4 + q] = __float_as_uint(scales[(i64)t * scale_st0 + (i64)q * scale_st1]);
       }
     } else {
-      const u32* src = (const u32*)(x + (u64)t * xb);
-      for (int q = lane; q < xw; q += 32) {
-        dst[q] = src[q];
-      }
+      goep_inn_warp_copy(dst, x + (u64)t * xb, (u64)xb, lane);
     }
     for (int j = lane; j < k; j += 32) {
       const u64 e = (u64)ids[(i64)t * k + j];
@@ -392,32 +577,54 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     }
   }
   __syncthreads();
-  bool ok = true;
-  if (tid < nodes) {
-    if (tid == node) {
-      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.net_counters) + node, 1);
-    } else {
-      const goep_port_channel& ch = ports[tid];
-      const int cnt = rows_to[tid];
-      ok = (cnt == 0 || goep_pc_put(ch, dl.relay + (u64)node * dl.max_tokens * dl.relay_row,
-                                    dl.send + (u64)tid * dl.max_tokens * dl.relay_row, (u64)cnt * dl.relay_row,
-                                    GOEP_INN_STAGE_DISPATCH_PUT)) &&
-           goep_pc_atomic_add(ch, dl.net_counters + 8ull * node, 1, GOEP_INN_STAGE_DISPATCH_PUT);
+  // One put per other node of this block's run of rows there (the FIFO
+  // push fences system-wide, after the barrier: the block's rows are what
+  // it moves). The last block to finish its puts adds every node's
+  // counter: its add is pushed after every block's put, and the transport
+  // applies a channel's operations in push order.
+  for (int n = tid; n < nodes; n += nt) {
+    const int lo = row_lo[n], hi = min(row_hi[n], dl.max_tokens);
+    if (n != node && hi > lo) {
+      ok &= goep_pc_put(ports[n], dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
+                        dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row, (u64)(hi - lo) * dl.relay_row,
+                        GOEP_INN_STAGE_DISPATCH_PUT);
     }
   }
   if (goep_block_any_failed(!ok)) {
     return;
   }
+  if (goep_inn_arrive(arrive, &last)) {
+    for (int n = tid; n < nodes; n += nt) {
+      if (n == node) {
+        goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.net_counters) + node, 1);
+      } else {
+        ok &= goep_pc_atomic_add(ports[n], dl.net_counters + 8ull * node, 1, GOEP_INN_STAGE_DISPATCH_PUT);
+      }
+    }
+    if (goep_block_any_failed(!ok)) {
+      return;
+    }
+  }
 
   // 3. Forward: every source node's rows landed and every local rank's
-  // bases published; a warp per relayed row writes it to each target.
-  if (tid < nodes) {
-    ok = goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + tid, round, wd, wait_ids[tid],
-                          (u32)(tid * p + local), GOEP_INN_STAGE_DISPATCH_NET);
-  } else if (tid >= 64 && tid < 64 + p) {
-    const int l = tid - 64;
-    ok = goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
-                          (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_READY);
+  // bases published (every block waits for itself); a warp of the grid
+  // per relayed row writes it to each target.
+  for (int j = tid; j < nodes + p + (cached ? p : 0); j += nt) {
+    if (j < nodes) {
+      ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + j, round, wd, wait_ids[j], (u32)(j * p + local),
+                             GOEP_INN_STAGE_DISPATCH_NET);
+    } else if (j >= nodes + p) {
+      // Cached: every local rank finished its earlier steps (unpacked its
+      // rows, and as forwarder read its peers' rows in a combine) before
+      // this rank writes their receive rows.
+      const int l = j - nodes - p;
+      ok &= goep_wait_ge_u64((const u64*)(nvl + dl.done_nvl) + l, steps, wd, wait_ids[2 * nodes + 2 * p + l],
+                             (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_DONE);
+    } else {
+      const int l = j - nodes;
+      ok &= goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
+                             (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_READY);
+    }
   }
   if (goep_block_any_failed(!ok)) {
     return;
@@ -431,7 +638,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
       continue;
     }
-    for (int j = warp; j < rows; j += warps) {
+    for (int j = gwarp; j < rows; j += gwarps) {
       const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
       const i32* meta = (const i32*)(row + xw + 3 * k);
       const u32 mask = (u32)meta[1];
@@ -441,18 +648,16 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         }
         const int dst_rank = node * p + l;
         const i32 slot = meta[2 + l];
-        const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
-        const i64 pos = (i64)base + slot;
-        if (slot < 0 || base < 0 || pos >= capacity) {
+        const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+        const i64 pos = (i64)b0 + slot;
+        if (slot < 0 || b0 < 0 || pos >= capacity) {
           if (lane == 0) {
             out[1] = 1;
           }
           continue;
         }
         u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
-        for (int q = lane; q < xw; q += 32) {
-          rr[q] = row[q];
-        }
+        goep_inn_warp_copy(rr, row, (u64)xb, lane);
         for (int jj = lane; jj < k; jj += 32) {
           const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
           const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
@@ -468,42 +673,35 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
     }
   }
-  __syncthreads();
-  if (tid == 0) {
-    goep_fence_acq_rel_sys();
+  if (goep_inn_arrive(arrive + 1, &last) && tid == 0) {
     for (int l = 0; l < p; ++l) {
       goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
     }
   }
 
   // 4. Receive: every forwarder of the node has placed its rows.
-  if (tid < p) {
-    ok = goep_wait_ge_u64((const u64*)(nvl + dl.nvl_counters) + tid, round, wd, wait_ids[nodes + p + tid],
-                          (u32)(node * p + tid), GOEP_INN_STAGE_DISPATCH_NVL);
+  for (int j = tid; j < p; j += nt) {
+    ok &= goep_wait_ge_u64((const u64*)(nvl + dl.nvl_counters) + j, round, wd, wait_ids[nodes + p + j],
+                           (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
   }
   if (goep_block_any_failed(!ok)) {
     return;
   }
   // 5. The device-pointer form: unpack the received rows into the
   // caller's separate regions (x, FP8 scales, local ids, weights, source
-  // token), a warp per row; the count is notify's, on the device.
+  // token), a warp of the grid per row; the count is notify's, on the
+  // device.
   if (out_x != nullptr) {
     const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
-    for (i64 r = warp; r < n; r += warps) {
+    for (i64 r = gwarp; r < n; r += gwarps) {
       const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
       if (fp8) {
-        u32* ox = (u32*)(out_x + (u64)r * h);
-        for (int q = lane; q < h / 4; q += 32) {
-          ox[q] = rr[q];
-        }
+        goep_inn_warp_copy(out_x + (u64)r * h, rr, (u64)h, lane);
         for (int q = lane; q < h / 128; q += 32) {
           out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
         }
       } else {
-        u32* ox = (u32*)(out_x + (u64)r * 2 * h);
-        for (int q = lane; q < xw; q += 32) {
-          ox[q] = rr[q];
-        }
+        goep_inn_warp_copy(out_x + (u64)r * 2 * h, rr, (u64)xb, lane);
       }
       u32* ot = (u32*)(out_topk + r * k);
       for (int q = lane; q < 2 * k; q += 32) {
@@ -518,22 +716,27 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         out_src[r] = (i32)rr[xw + 3 * k + 1];
       }
     }
-    __syncthreads();
   }
-  if (tid == 0) {
-    __threadfence_system();
-    *(volatile i32*)out = (i32)(u32)round;
+  if (goep_inn_arrive(arrive + 2, &last)) {
+    if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_DISPATCH_DONE))) {
+      return;
+    }
+    if (tid == 0) {
+      __threadfence_system();
+      *(volatile i32*)out = (i32)(u32)round;
+    }
   }
 }
 
 // ---------------------------------------------------------------------------
 // Combine (see internode/combine.go for the same steps in Go). The expert
-// outputs (y BF16 [H], weights fp32 [K]) are already in this rank's
-// receive rows (the host copies them there in stream order before the
-// launch). Partial rows: x fp32 [H] for the own node and under fp32
-// partials, BF16 [H] otherwise, then weights fp32 [K]; stride rounded up
-// to 16 bytes. scratch[t][n] is dispatch's row of token t at node n (its
-// partial slot), -1 where t has no expert there.
+// outputs (y BF16 [H], weights fp32 [K]) are in this rank's receive rows
+// (the slice form's host copy put them there in stream order before the
+// launch; the device-pointer form's step 1 copies them). Partial rows: x
+// fp32 [H] for the own node and under fp32 partials, BF16 [H] otherwise,
+// then weights fp32 [K]; stride rounded up to 16 bytes. scratch[t][n] is
+// dispatch's row of token t at node n (its partial slot), -1 where t has no
+// expert there.
 #define GOEP_INN_STAGE_COMBINE_READY 60
 #define GOEP_INN_STAGE_COMBINE_NET 61
 #define GOEP_INN_STAGE_COMBINE_PUT 62
@@ -555,6 +758,11 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
                            const i32* rank_prefix);
 }
 
+// Combine round c. Block b of G copies a share of the expert outputs in,
+// reduces its chunk of every source node's relayed tokens (a contiguous
+// run of partial rows: one put per node and block), and sums a share of
+// this rank's tokens. Every element's additions keep the reference's
+// order, so the result is bit for bit the one-block kernel's.
 extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node,
                                                   int local, int weights, int fp32, u64 round,
                                                   const goep_inn_dispatch_layout* dlp, const i32* relay_count,
@@ -564,44 +772,43 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
                                                   const u32* wait_ids, i32* out, const u16* y_in,
                                                   const float* w_in, const i32* rank_prefix) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
+  const int blk = blockIdx.x, g = gridDim.x, gwarp = blk * warps + warp, gwarps = g * warps;
   const goep_inn_dispatch_layout dl = *dlp;
-  const int w = nodes * p, h = hidden, xw = dl.xb / 4;
+  const int w = nodes * p, h = hidden;
   const i64 capacity = (i64)w * dl.max_tokens;
+  u32* arrive = (u32*)(out + 2);
+  __shared__ int last;
 
   // 1. The device-pointer form copies this rank's expert outputs (y BF16
   // [n][H], weights fp32 [n][K], n = notify's received count, on the
-  // device) into its receive rows; the slice form's host copy did it
-  // before the launch. Every forwarder of the node finished writing these
-  // rows in dispatch (this rank waited for them), so nobody else touches
-  // them now. Then tell the node's forwarders.
+  // device) into its receive rows. Every forwarder of the node finished
+  // writing these rows in dispatch (this rank waited for them), so nobody
+  // else touches them now. Then the last block tells the node's
+  // forwarders.
   if (y_in != nullptr) {
     const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
-    for (i64 r = warp; r < n; r += warps) {
+    for (i64 r = gwarp; r < n; r += gwarps) {
       u32* rr = (u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
-      const u32* yr = (const u32*)(y_in + r * h);
-      for (int q = lane; q < h / 2; q += 32) {
-        rr[q] = yr[q];
-      }
+      goep_inn_warp_copy(rr, y_in + r * h, 2ull * h, lane);
       if (w_in != nullptr) {
         for (int q = lane; q < k; q += 32) {
           rr[h / 2 + q] = __float_as_uint(w_in[r * k + q]);
         }
       }
     }
-    __syncthreads();
   }
-  if (tid == 0) {
-    out[1] = 0;
-    goep_fence_acq_rel_sys();
+  if (goep_inn_arrive(arrive, &last) && tid == 0) {
     goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.comb_ready), 1);
   }
 
-  // 2. As forwarder: every local rank's outputs are in place; a warp per
-  // relayed token sums its targets' rows from +0 in ascending local rank.
+  // 2. As forwarder: every local rank's outputs are in place; block b
+  // takes its chunk of each source node's relayed tokens, a warp per token
+  // summing its targets' rows from +0 in ascending local rank, eight
+  // elements a lane.
   bool ok = true;
-  if (tid < p) {
-    ok = goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[tid] + dl.comb_ready), round, wd, wait_ids[tid],
-                          (u32)(node * p + tid), GOEP_INN_STAGE_COMBINE_READY);
+  for (int j = tid; j < p; j += nt) {
+    ok &= goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[j] + dl.comb_ready), round, wd, wait_ids[j],
+                           (u32)(node * p + j), GOEP_INN_STAGE_COMBINE_READY);
   }
   if (goep_block_any_failed(!ok)) {
     return;
@@ -614,20 +821,25 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       }
       continue;
     }
+    int lo, hi;
+    goep_inn_chunk(rows, blk, g, lo, hi);
     const u64 stride = goep_inn_partial_stride(src, node, fp32, h, k);
     const int pxb = goep_inn_partial_xb(src, node, fp32, h);
     u8* region = rdma + (src == node ? dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row
                                      : dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row);
-    for (int j = warp; j < rows; j += warps) {
+    for (int j = lo + warp; j < hi; j += warps) {
       const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
-      const i32* meta = (const i32*)(row + xw + 3 * k);
+      const i32* meta = (const i32*)(row + dl.xb / 4 + 3 * k);
       const u32 mask = (u32)meta[1];
+      const u8* trow[GOEP_INN_MAX_P];
+      int nt_rows = 0;
       bool in_range = true;
       for (int l = 0; l < p; ++l) {
         if (mask >> l & 1) {
-          const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
-          const i64 pos = (i64)base + meta[2 + l];
-          in_range &= meta[2 + l] >= 0 && base >= 0 && pos < capacity;
+          const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+          const i64 pos = (i64)b0 + meta[2 + l];
+          in_range &= meta[2 + l] >= 0 && b0 >= 0 && pos < capacity;
+          trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
         }
       }
       if (!in_range) {
@@ -637,61 +849,74 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
         continue;
       }
       u8* pr = region + (u64)j * stride;
-      for (int q = lane; q < h + k; q += 32) {
-        float acc = 0.0f;
-        for (int l = 0; l < p; ++l) {
-          if ((mask >> l & 1) == 0) {
-            continue;
-          }
-          const i32 base = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
-          const u8* rr = (const u8*)peer_nvl[l] + dl.recv + (u64)(base + meta[2 + l]) * dl.recv_row;
-          if (q < h) {
-            acc += goep_bf16_bits_to_f32(((const u16*)rr)[q]);
-          } else if (weights) {
-            acc += ((const float*)(rr + 2 * h))[q - h];
+      for (int q = lane * 8; q < h; q += 32 * 8) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int r = 0; r < nt_rows; ++r) {
+          float v[8];
+          goep_inn_ld8_bf16((const u16*)trow[r] + q, v);
+          for (int e = 0; e < 8; ++e) {
+            acc[e] += v[e];
           }
         }
-        if (q >= h) {
-          ((float*)(pr + pxb))[q - h] = acc;
-        } else if (pxb == 4 * h) {
-          ((float*)pr)[q] = acc;
+        if (pxb == 4 * h) {
+          // Two 16-byte stores (as uint4: the bits of the floats).
+          uint4* d = (uint4*)((float*)pr + q);
+          d[0] = make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]),
+                            __float_as_uint(acc[3]));
+          d[1] = make_uint4(__float_as_uint(acc[4]), __float_as_uint(acc[5]), __float_as_uint(acc[6]),
+                            __float_as_uint(acc[7]));
         } else {
-          ((u16*)pr)[q] = goep_f32_to_bf16_bits(acc);
+          goep_inn_st8_bf16((u16*)pr + q, acc);
         }
       }
+      for (int q = lane; q < k; q += 32) {
+        float acc = 0.0f;
+        if (weights) {
+          for (int r = 0; r < nt_rows; ++r) {
+            acc += ((const float*)(trow[r] + 2 * h))[q];
+          }
+        }
+        ((float*)(pr + pxb))[q] = acc;
+      }
     }
-  }
-  __syncthreads();
-  if (tid < nodes) {
-    if (tid == node) {
-      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.comb_counters) + node, 1);
-    } else {
-      const goep_port_channel& ch = ports[tid];
-      const int rows = relay_count[tid];
-      const u64 stride = goep_inn_partial_stride(tid, node, fp32, h, k);
-      ok = (rows <= 0 || rows > dl.max_tokens ||
-            goep_pc_put(ch, dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row,
-                        dl.comb_send + (u64)tid * dl.max_tokens * dl.partial_row, (u64)rows * stride,
-                        GOEP_INN_STAGE_COMBINE_PUT)) &&
-           goep_pc_atomic_add(ch, dl.comb_counters + 8ull * node, 1, GOEP_INN_STAGE_COMBINE_PUT);
+    // This block's run of partial rows to the source's node (the FIFO push
+    // fences after the barrier).
+    __syncthreads();
+    if (src != node && hi > lo && tid == 0) {
+      ok = goep_pc_put(ports[src], dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)lo * stride,
+                       dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)lo * stride,
+                       (u64)(hi - lo) * stride, GOEP_INN_STAGE_COMBINE_PUT);
     }
   }
   if (goep_block_any_failed(!ok)) {
     return;
+  }
+  if (goep_inn_arrive(arrive + 1, &last)) {
+    for (int n = tid; n < nodes; n += nt) {
+      if (n == node) {
+        goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.comb_counters) + node, 1);
+      } else {
+        ok &= goep_pc_atomic_add(ports[n], dl.comb_counters + 8ull * node, 1, GOEP_INN_STAGE_COMBINE_PUT);
+      }
+    }
+    if (goep_block_any_failed(!ok)) {
+      return;
+    }
   }
 
-  // 3. As source: every node's partials landed; a warp per token sums them
-  // in ascending node from +0, adds bias0 then bias1, rounds once.
-  if (tid < nodes) {
-    ok = goep_wait_ge_u64((const u64*)(rdma + dl.comb_counters) + tid, round, wd, wait_ids[p + tid],
-                          (u32)(tid * p + local), GOEP_INN_STAGE_COMBINE_NET);
+  // 3. As source: every node's partials landed; a warp of the grid per
+  // token sums them in ascending node from +0, adds bias0 then bias1,
+  // rounds once, eight elements a lane.
+  for (int j = tid; j < nodes; j += nt) {
+    ok &= goep_wait_ge_u64((const u64*)(rdma + dl.comb_counters) + j, round, wd, wait_ids[p + j],
+                           (u32)(j * p + local), GOEP_INN_STAGE_COMBINE_NET);
   }
   if (goep_block_any_failed(!ok)) {
     return;
   }
-  for (int t = warp; t < num_tokens; t += warps) {
-    for (int q = lane; q < h + k; q += 32) {
-      float acc = 0.0f;
+  for (int t = gwarp; t < num_tokens; t += gwarps) {
+    for (int q = lane * 8; q < h; q += 32 * 8) {
+      float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       for (int n = 0; n < nodes; ++n) {
         const i32 j = scratch[(i64)t * nodes + n];
         if (j < 0) {
@@ -704,30 +929,59 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
         const int pxb = goep_inn_partial_xb(n, node, fp32, h);
         const u8* pr = rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
                        (u64)j * goep_inn_partial_stride(n, node, fp32, h, k);
-        if (q >= h) {
-          acc += ((const float*)(pr + pxb))[q - h];
-        } else if (pxb == 4 * h) {
-          acc += ((const float*)pr)[q];
+        float v[8];
+        if (pxb == 4 * h) {
+          const uint4 a = ((const uint4*)((const float*)pr + q))[0];
+          const uint4 b = ((const uint4*)((const float*)pr + q))[1];
+          const u32 bits[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          for (int e = 0; e < 8; ++e) {
+            v[e] = __uint_as_float(bits[e]);
+          }
         } else {
-          acc += goep_bf16_bits_to_f32(((const u16*)pr)[q]);
+          goep_inn_ld8_bf16((const u16*)pr + q, v);
+        }
+        for (int e = 0; e < 8; ++e) {
+          acc[e] += v[e];
         }
       }
-      if (q < h) {
-        if (bias0) {
-          acc += goep_bf16_bits_to_f32(bias0[(i64)t * h + q]);
+      float b[8];
+      if (bias0) {
+        goep_inn_ld8_bf16(bias0 + (i64)t * h + q, b);
+        for (int e = 0; e < 8; ++e) {
+          acc[e] += b[e];
         }
-        if (bias1) {
-          acc += goep_bf16_bits_to_f32(bias1[(i64)t * h + q]);
+      }
+      if (bias1) {
+        goep_inn_ld8_bf16(bias1 + (i64)t * h + q, b);
+        for (int e = 0; e < 8; ++e) {
+          acc[e] += b[e];
         }
-        out_x[(i64)t * h + q] = goep_f32_to_bf16_bits(acc);
-      } else if (weights) {
-        out_w[(i64)t * k + (q - h)] = acc;
+      }
+      goep_inn_st8_bf16(out_x + (i64)t * h + q, acc);
+    }
+    if (weights) {
+      for (int q = lane; q < k; q += 32) {
+        float acc = 0.0f;
+        for (int n = 0; n < nodes; ++n) {
+          const i32 j = scratch[(i64)t * nodes + n];
+          if (j < 0 || j >= dl.max_tokens) {
+            continue;
+          }
+          const u8* pr = rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
+                         (u64)j * goep_inn_partial_stride(n, node, fp32, h, k);
+          acc += ((const float*)(pr + goep_inn_partial_xb(n, node, fp32, h)))[q];
+        }
+        out_w[(i64)t * k + q] = acc;
       }
     }
   }
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence_system();
-    *(volatile i32*)out = (i32)(u32)round;
+  if (goep_inn_arrive(arrive + 2, &last)) {
+    if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT))) {
+      return;
+    }
+    if (tid == 0) {
+      __threadfence_system();
+      *(volatile i32*)out = (i32)(u32)round;
+    }
   }
 }

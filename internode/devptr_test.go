@@ -40,11 +40,12 @@ func TestEmulatedDevicePointers(t *testing.T) {
 
 // The same on the GPUs present (ranks spread over them), 2 x 2 and 2 x 4,
 // with the test's stream made after NewNotify (as a Buffer's caller makes
-// its stream) and before it. Issue 14's open failure (round 4 timing out
-// in combine on one H100, the emulation passing) is suspected to be the
-// ranks' streams sharing the GPU's hardware queues (DESIGN.md): a
-// different outcome for the two stream orders on the same binary would
-// say so. On failure every rank's timeline and counters are logged.
+// its stream) and before it. On failure every rank's timeline and
+// counters are logged (now and 1 s later: an arrival lost, or one held
+// until the wait gave up). Issue 14's failure (round 4, the last, timing
+// out in combine on a forwarder's atomic add that landed right after the
+// timeout, on 2 GPUs) was the test freeing its memory before its peers
+// were done (checkDeviceRounds).
 func TestDevicePointersGPU(t *testing.T) {
 	skipNoGPU(t)
 	t.Logf("CUDA_DEVICE_MAX_CONNECTIONS=%q (goep sets 32 before cuInit unless set)", os.Getenv("CUDA_DEVICE_MAX_CONNECTIONS"))
@@ -223,13 +224,20 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 
 	tl := &devTimeline{start: time.Now(), ev: make([][]string, w)}
 	dumps := make([]string, w)
-	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	// The test's memory and stream are made before any rank's first launch
+	// (a barrier after them) and freed only once every rank is done (the
+	// harness runs the free after all ranks returned): a rank that freed
+	// as soon as its own last round ended held its GPU's later launches,
+	// among them the proxy's atomic add that a peer's combine still waited
+	// for, until that wait timed out (ARCHITECTURE.md, "No allocation or
+	// free while a peer spins"); round 4 failed only because it was last.
+	errs := runNotifyRanksFree(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
 		me := c.Rank()
 		var st device.Stream
 		if early {
 			var err error
 			if st, err = c.Device().NewStream(); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens})
@@ -237,13 +245,16 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 			if st != nil {
 				_ = st.Close()
 			}
-			return nil, err
+			return nil, nil, err
 		}
 		m, err := newDevMem(c.Device(), s, maxTokens, st)
 		if err != nil {
-			return nt, err
+			return nt, nil, err
 		}
-		defer m.free()
+		free := func() error { m.free(); return nil }
+		if err := c.Barrier(ctx); err != nil {
+			return nt, free, err
+		}
 		m.tl, m.rank = tl, me
 		for e, rd := range rounds {
 			m.roundNo = e + 1
@@ -254,7 +265,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 				time.Sleep(time.Second)
 				d1, derr1 := nt.DebugCounters()
 				dumps[me] = fmt.Sprintf("at failure: %s (%v)\n    1 s later: %s (%v)", d0, derr, d1, derr1)
-				return nt, fmt.Errorf("round %d (%+v): %w", e+1, rd, err)
+				return nt, free, fmt.Errorf("round %d (%+v): %w", e+1, rd, err)
 			}
 		}
 		if b == emuBackend {
@@ -269,10 +280,10 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 				strings.Count(d, fmt.Sprintf("want %d;", steps)) != 5 ||
 				!strings.Contains(d, fmt.Sprintf("combine net [node] [%d %d] want", steps, steps)) ||
 				!doneCountsWithin(d, 2*steps) {
-				return nt, fmt.Errorf("counters after %d rounds (%d dispatches): %q (%v)", len(rounds), steps, d, err)
+				return nt, free, fmt.Errorf("counters after %d rounds (%d dispatches): %q (%v)", len(rounds), steps, d, err)
 			}
 		}
-		return nt, nil
+		return nt, free, nil
 	})
 	failed := false
 	for _, err := range errs {

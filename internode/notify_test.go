@@ -69,6 +69,22 @@ func runLocal(ctx context.Context, b backend, w int, fn func(ctx context.Context
 
 func runNotifyRanksOn(t *testing.T, b backend, topo internode.Topology, wait time.Duration, fn func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error)) []error {
 	t.Helper()
+	return runNotifyRanksFree(t, b, topo, wait, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
+		nt, err := fn(ctx, c)
+		return nt, nil, err
+	})
+}
+
+// runNotifyRanksFree is runNotifyRanksOn for a fn that also hands back a
+// free of its own device memory (nil: none), run once every rank's fn has
+// returned and before the Notify closes. Freeing earlier, inside fn, is
+// freeing while a peer's kernel may still spin: CUDA may hold launches
+// issued after a free (or a stream's destruction) behind the kernels
+// already running in the context (ARCHITECTURE.md, "No allocation or free
+// while a peer spins"), among them the proxy's atomic add that kernel
+// waits for, which then lands only once its wait has timed out.
+func runNotifyRanksFree(t *testing.T, b backend, topo internode.Topology, wait time.Duration, fn func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error)) []error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	w := topo.World()
@@ -80,11 +96,15 @@ func runNotifyRanksOn(t *testing.T, b backend, topo internode.Topology, wait tim
 			c, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: wait},
 				Network: channels.NetworkConfig{VirtualNodes: topo.Nodes, Sockets: 2, ChunkBytes: 16 << 10}})
 			var nt *internode.Notify
+			var free func() error
 			if err == nil {
-				nt, err = fn(ctx, c)
+				nt, free, err = fn(ctx, c)
 			}
 			done.Done()
 			done.Wait()
+			if free != nil {
+				err = errors.Join(err, free())
+			}
 			if nt != nil {
 				err = errors.Join(err, nt.Close())
 			}

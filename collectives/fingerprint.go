@@ -14,17 +14,21 @@ import (
 // replays and direct calls stay in step); the rest is the call's shape as
 // the launcher packs it (abi.Shape): collective, dtype, reduction,
 // algorithm, the grid of a bulk kernel and the element count (folded to 31
-// bits). The messages a launch sends anyway carry it: LL kernels send the
-// whole word to every peer as one more LL packet, bulk kernels add its
-// 32-bit tag to their entry semaphore signals, so a matching call costs no
-// extra load, fence or barrier on its critical path. The word is also
-// written into each peer's control block, read only by waits that are
-// behind and to name the fields. A call of count 0 launches
-// goep_coll_fp_sync, one round of fingerprint packets only. A peer whose
-// packet or tag differs, or whose word is at the same sequence number with
-// another shape, ends the launch on every rank with a *MismatchError
-// (errors.Is(err, ErrMismatch)) that names the peer and the fields; the
-// communicator then refuses calls until Close.
+// bits). The messages a launch sends anyway carry its 32-bit tag: LL
+// kernels fold it into the flags of every data packet (a packet of another
+// call is never accepted, and every LL launch reads at least one packet
+// from every peer), bulk kernels add it to their entry semaphore signals,
+// so a matching call runs exactly the loads, stores and compares it ran
+// before fingerprints. The whole word is published into each peer's
+// control block only off the fast path (bulk kernels after their entry
+// signal, LL kernels once a wait is behind), read by waits that are behind
+// and to name the fields. A call of count 0 launches goep_coll_fp_sync, one
+// LL round of one packet per peer. A peer whose packet or tag differs, or
+// whose published word is at the same launch with another shape, ends the
+// launch on every rank with a *MismatchError (errors.Is(err, ErrMismatch))
+// that names the peer and the fields; the communicator then refuses calls
+// until Close. (The host kernel twins keep the earlier protocol: a word per
+// launch and a check against it.)
 //
 // Calls that launch no native kernel are not in the sequence: the NCCL
 // fallback and registered plans (their ranks must agree by other means: a

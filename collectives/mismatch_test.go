@@ -116,6 +116,21 @@ func mmCases(algo string) []mmCase {
 			return []mmCall{base, x}
 		}},
 	}
+	if algo == collectives.AlgoLL2 {
+		// One word in all: the pieces of ranks 1.. are empty, so those ranks
+		// exchange no data packet (only their presence packets, which must
+		// carry the call's tag too): a matched tiny call, then count 1
+		// against 2 (still one word) on the deviant rank.
+		cases = append(cases, mmCase{name: "tiny-count", bad: 1, field: "count", calls: func(r, w int, base mmCall) []mmCall {
+			x := base
+			x.count = 1
+			y := x
+			if dev(r, w) {
+				y.count = 2
+			}
+			return []mmCall{x, y}
+		}})
+	}
 	switch algo {
 	case collectives.AlgoScratch:
 		cases = append(cases, mmCase{name: "grid", field: "grid", calls: func(r, w int, base mmCall) []mmCall {

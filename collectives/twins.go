@@ -223,7 +223,8 @@ func (c *twinCtx) begin(shape uint64) bool {
 	return true
 }
 
-// publish is goep_coll_publish_fp: the fingerprint into every peer's
+// publish is the twins' publication (the kernels' protocol before their tags
+// moved into the LL flags: every launch writes its word): the fingerprint into every peer's
 // fp[rank].
 func (c twinCtx) publish() {
 	for p := range c.World {
@@ -245,7 +246,7 @@ func (c twinCtx) mismatch(peer uint32, theirs uint64) {
 	c.setFailed()
 }
 
-// Results of twinFPCompare (goep_coll_fp_cmp).
+// Results of twinFPCompare (as the kernels' GOEP_COLL_FP_*).
 const (
 	twinFPBehind = iota
 	twinFPSame

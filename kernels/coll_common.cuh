@@ -17,43 +17,50 @@
 //   - mailboxes, where zero-copy kernels publish which registered buffer and
 //     offset they use (the peer reads its own mapping in the regs table);
 //   - the control block of every rank (GOEP_COLL_CTRL_*, in its scratch
-//     buffer after the mailboxes, zeroed once at setup): fp[src], the call
-//     fingerprint of src's latest launch, and fingerprint packets [2][src],
-//     both written by src. This rank's launch counter and failed flag live
-//     in its own goep_coll_ctx (seq, failed), which every launch copies
-//     anyway: reading them costs no extra load at the start of a kernel.
+//     buffer after the mailboxes, zeroed once at setup): pub[src], the
+//     fingerprint src published last (an LL16 packet, written by src). This
+//     rank's launch counter and failed flag live in its own goep_coll_ctx
+//     (seq, failed), which every launch copies anyway: reading them costs no
+//     extra load at the start of a kernel.
 //
 // Call fingerprint (always on; collectives/fingerprint.go packs and decodes
 // it): bits 0..11 the launch's sequence number, ctx.seq + 1 at its start
 // (the kernels advance ctx.seq themselves, so CUDA-graph replays and
 // direct calls stay in step), bits 12..63 the call's shape as the launcher
 // packed it (kind, dtype, op, algorithm, bulk grid, count), passed as the
-// kernel's last argument.
-//
-// The messages a launch exchanges anyway carry it, so that a matching call
-// pays no extra load, fence or barrier on its critical path:
-//   - LL kernels (and goep_coll_fp_sync, count 0): one LL16 packet per peer
-//     whose payload is the whole fingerprint, sent and read like the data
-//     packets by the grid's last W - 1 threads, one per peer
-//     (goep_coll_ll_fp_put / _check);
-//     a packet of this launch with another payload is a mismatch;
-//   - bulk kernels: each block's entry signal adds the fingerprint's 32-bit
-//     tag above the signal count (goep_coll_sem_signal_tag); the entry wait
-//     reaches its target only with the same tag in the same register
-//     comparison that sees the count (goep_coll_sem_wait_tag).
-// The fp[src] word is written off the fast path (LL: block 0 at the start,
-// a relaxed store no release follows; bulk: block 0 right after its entry
-// signal) and read only off it: by a wait that is still behind (every
-// GOEP_SPIN_CHECK_EVERY polls, goep_coll_fp_watch: a peer at this sequence
-// number in another kind of kernel may send nothing this wait could see) and,
-// after a bulk tag that differs, to name the fields. The first thread to
-// see a mismatch fills the watchdog record with stage
+// kernel's last argument. Its 32-bit tag (goep_coll_fp_tag) rides in the
+// messages a launch exchanges anyway, so that a matching call pays no
+// extra instruction on its critical path beyond comparing the flags it
+// compared before fingerprints, no extra load, store, fence or wait:
+//   - LL kernels: the tag (without the sequence number) is folded into the
+//     flags of every data packet (goep_coll_llf): a packet is accepted only
+//     with this round's flag AND this call's tag, so accepting it proves
+//     the sender made the same call. Every LL launch reads at least one
+//     packet from every peer (count 0: goep_coll_fp_sync; ll2's empty
+//     pieces: a presence packet), so no rank can finish a launch that
+//     differs from any peer's;
+//   - bulk kernels: each block's entry signal adds the tag above the signal
+//     count (goep_coll_sem_signal_tag); the entry wait reaches its target
+//     only with the same tag in the same register comparison that sees the
+//     count (goep_coll_sem_wait_tag).
+// The whole word, needed to name the fields and to see a peer that is in
+// another kind of kernel (it sends nothing a wait could see), is published
+// into every peer's pub[rank] only off the fast path: by bulk kernels'
+// block 0 right after its entry signal (no release follows it), and by LL
+// kernels only once one of their waits is behind (goep_coll_ll_publish,
+// every GOEP_SPIN_CHECK_EVERY polls, or at once on a packet of this round
+// with another tag). A published word carries the full 32-bit launch
+// number as its packet flag, so a word published many launches ago is
+// never taken for this launch's. Waits that are behind read the peers'
+// published words (goep_coll_fp_watch): a peer at this launch with another
+// word is a mismatch. Since a mismatched rank can never accept a packet or
+// signal of a peer whose call differs, every rank of a mismatched launch
+// ends up waiting, publishes, and sees a peer's word that differs from its
+// own (whatever two ranks differ in, every rank differs from one of them):
+// the mismatch fails every rank, never a hang until the timeout. The first
+// thread to see a mismatch fills the watchdog record with stage
 // GOEP_COLL_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
-// observed = the peer's, raises the abort flag and the kernel leaves. No
-// rank finishes a launch before it saw every peer's fingerprint (LL) or tag
-// (bulk, at every block's entry barrier, before any data moves) of that
-// launch equal to its own, so a mismatch fails every rank: whatever two
-// ranks differ in, every rank differs from one of them.
+// observed = the peer's, raises the abort flag and the kernel leaves.
 //
 // ctx.failed: once any wait of a launch gave up (mismatch or timeout),
 // every later launch of this rank leaves at once without writing to a peer,
@@ -94,16 +101,16 @@
 #define GOEP_COLL_STAGE_LL1 5
 #define GOEP_COLL_STAGE_LL2 6
 #define GOEP_COLL_STAGE_MISMATCH 7  // a peer's call fingerprint differs (not a timeout)
-#define GOEP_COLL_STAGE_FP 8        // waiting for a peer's fingerprint of this launch (it has not started it)
+#define GOEP_COLL_STAGE_FP 8        // waiting for a count-0 call's packet (goep_coll_fp_sync; the twins: a fingerprint)
 
 // Control block byte offsets (GOEP_COLL_CTRL_BYTES per rank), written by
 // peers only.
-#define GOEP_COLL_CTRL_FP 0       // u64[GOEP_COLL_MAX_RANKS]: fp[src], written by src
-#define GOEP_COLL_CTRL_FP_PKT 64  // goep_ll16[2][GOEP_COLL_MAX_RANKS]: LL launches' fingerprint packets [seq & 1][src]
-#define GOEP_COLL_CTRL_BYTES 320
+#define GOEP_COLL_CTRL_FP 0    // u64[GOEP_COLL_MAX_RANKS]: the host kernel twins' fp[src] (collectives/twins.go)
+#define GOEP_COLL_CTRL_PUB 64  // goep_ll16[GOEP_COLL_MAX_RANKS]: pub[src], src's published fingerprint
+#define GOEP_COLL_CTRL_BYTES 192
 #define GOEP_COLL_FP_SEQ_MASK 0xfffull
-static_assert(GOEP_COLL_CTRL_FP + GOEP_COLL_MAX_RANKS * 8 <= GOEP_COLL_CTRL_FP_PKT, "goep: coll ctrl");
-static_assert(GOEP_COLL_CTRL_FP_PKT + 2 * GOEP_COLL_MAX_RANKS * 16 <= GOEP_COLL_CTRL_BYTES, "goep: coll ctrl");
+static_assert(GOEP_COLL_CTRL_FP + GOEP_COLL_MAX_RANKS * 8 <= GOEP_COLL_CTRL_PUB, "goep: coll ctrl");
+static_assert(GOEP_COLL_CTRL_PUB + GOEP_COLL_MAX_RANKS * 16 <= GOEP_COLL_CTRL_BYTES, "goep: coll ctrl");
 
 // Semaphore values of the bulk kernels: bits 0..31 the progress part (the
 // signals so far), bits 32..63 the running sum of the tags (goep_coll_fp_tag)
@@ -143,7 +150,7 @@ struct goep_coll_ctx {
   u64 seq;                     // launches completed
   u64 failed;                  // nonzero once a wait gave up
   u32 arrived;                 // blocks of the running bulk launch that finished
-  u32 pad;
+  u32 pad;                     // zero; in a block's shared copy: nonzero once it published (goep_coll_ll_publish)
   struct goep_coll_ctx* self;  // this struct's own device address
 };
 static_assert(sizeof(goep_coll_ctx) == 384, "goep: goep_coll_ctx layout");
@@ -506,14 +513,13 @@ __device__ __forceinline__ u64 goep_coll_gthreads() { return (u64)gridDim.x * bl
 // ---------------------------------------------------------------------------
 // Call fingerprints (see the top of this file).
 
-__device__ __forceinline__ u64* goep_coll_ctrl_u64(char* ctrl, u32 off) { return (u64*)(ctrl + off); }
-// fp[src] in rank p's control block.
-__device__ __forceinline__ u64* goep_coll_fp_slot(const goep_coll_ctx& c, u32 p, u32 src) {
-  return goep_coll_ctrl_u64(c.ctrl[p], GOEP_COLL_CTRL_FP) + src;
-}
-// The fingerprint packet slot [par][src] in rank p's control block.
-__device__ __forceinline__ goep_ll16* goep_coll_fp_pkt(const goep_coll_ctx& c, u32 p, u32 par, u32 src) {
-  return (goep_ll16*)(c.ctrl[p] + GOEP_COLL_CTRL_FP_PKT) + par * GOEP_COLL_MAX_RANKS + src;
+// This launch's number, the flag of the fingerprint it publishes: the low
+// 32 bits of ctx.seq + 1 (the fingerprint keeps only 12 of them).
+__device__ __forceinline__ u32 goep_coll_launch_no(const goep_coll_ctx& c) { return (u32)(c.seq + 1ull); }
+
+// pub[src] in rank p's control block.
+__device__ __forceinline__ goep_ll16* goep_coll_pub_slot(const goep_coll_ctx& c, u32 p, u32 src) {
+  return (goep_ll16*)(c.ctrl[p] + GOEP_COLL_CTRL_PUB) + src;
 }
 
 // Kernel prologue: copies the context into shared memory (one pass of
@@ -535,15 +541,23 @@ __device__ __forceinline__ u64 goep_coll_begin(goep_coll_ctx& dst, const goep_co
   return (shape & ~GOEP_COLL_FP_SEQ_MASK) | ((dst.seq + 1ull) & GOEP_COLL_FP_SEQ_MASK);
 }
 
-// Block 0, lane p: this launch's fingerprint into peer p's fp[rank]
-// (relaxed, for the slow path of the peer's waits and to name the fields of
-// a mismatch; never just before a release of the same thread, which would
-// then wait for it).
-__device__ __forceinline__ void goep_coll_publish_fp(const goep_coll_ctx& c, u64 fp) {
-  const u32 t = threadIdx.x;
-  if (blockIdx.x == 0 && t < c.world && t != c.rank) {
-    *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
+// This launch's fingerprint into peer p's pub[rank] (one relaxed 16-byte
+// store, flag = the launch number: never just before a release of the same
+// thread, which would then wait for it).
+__device__ __forceinline__ void goep_coll_pub_put(const goep_coll_ctx& c, u32 p, u64 fp) {
+  goep_ll16_store(goep_coll_pub_slot(c, p, c.rank), (u32)fp, (u32)(fp >> 32), goep_coll_launch_no(c));
+}
+
+// Peer q's published fingerprint of this launch into theirs; false when q
+// has not published one for this launch (yet). A slot never written reads
+// as fp 0, which no launch has.
+__device__ __forceinline__ bool goep_coll_pub_get(const goep_coll_ctx& c, u32 q, u64& theirs) {
+  u32 lo, hi, seen;
+  if (!goep_ll16_try(goep_coll_pub_slot(c, c.rank, q), goep_coll_launch_no(c), lo, hi, seen)) {
+    return false;
   }
+  theirs = (u64)lo | ((u64)hi << 32);
+  return theirs != 0;
 }
 
 // How a peer's fingerprint compares with this launch's: the peer is behind
@@ -555,13 +569,6 @@ __device__ __forceinline__ void goep_coll_publish_fp(const goep_coll_ctx& c, u64
 #define GOEP_COLL_FP_SAME 1
 #define GOEP_COLL_FP_AHEAD 2
 #define GOEP_COLL_FP_MISMATCH 3
-__device__ __forceinline__ int goep_coll_fp_cmp(u64 mine, u64 theirs) {
-  const u64 d = (theirs - mine) & GOEP_COLL_FP_SEQ_MASK;
-  if (d != 0) {
-    return d < (GOEP_COLL_FP_SEQ_MASK + 1) / 2 ? GOEP_COLL_FP_AHEAD : GOEP_COLL_FP_BEHIND;
-  }
-  return theirs == mine ? GOEP_COLL_FP_SAME : GOEP_COLL_FP_MISMATCH;
-}
 
 // The 32-bit tag of a fingerprint that the bulk kernels' entry signals
 // carry: the word folded by XOR of its halves. Each field lands on distinct
@@ -591,32 +598,14 @@ __device__ __noinline__ void goep_coll_mismatch(const goep_coll_ctx& c, u32 peer
   goep_coll_set_failed(c);
 }
 
-// The fingerprint fields that decide whether a peer's launch sends this
-// rank's bulk waits anything at all: the algorithm (LL kernels and count-0
-// calls signal no semaphore) and the bulk grid (block b of a smaller grid
-// does not exist). abi.Shape packs them at bits 20..32.
-#define GOEP_COLL_FP_SIGNALLING_MASK (0x1fffull << 20)
-// The same for LL waits: every field but the reduction (bits 17..19), which
-// alone changes no packet's place or number: a peer that differs only there
-// sends every packet this rank waits for, its fingerprint packet included.
-#define GOEP_COLL_FP_PACKETS_MASK (~(0x7ull << 17))
-
-// One look at every peer's fingerprint word (the slow path of a wait):
-// false, with the mismatch recorded, when a peer is at this launch's
-// sequence number with a shape that differs in the bits of mask. A wait
-// looks for differences that would keep its message from ever coming (a
-// peer in another kind of kernel sends nothing this wait could see): LL
-// waits pass GOEP_COLL_FP_PACKETS_MASK (a peer with another count may never
-// send a packet this rank waits for), bulk waits
-// GOEP_COLL_FP_SIGNALLING_MASK; any other difference the message itself
-// brings (fingerprint packet, entry tag).
-__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp, u64 mask) {
+// One look at every peer's published fingerprint (the slow path of a
+// wait): false, with the mismatch recorded, when a peer published another
+// word for this launch. Any difference counts: two ranks at the same
+// launch number are at the same call of the sequence.
+__device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp) {
   for (u32 q = 0; q < c.world; ++q) {
-    if (q == c.rank) {
-      continue;
-    }
-    const u64 f = goep_chan_ld_relaxed_sys_u64(goep_coll_fp_slot(c, c.rank, q));
-    if (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_MISMATCH && ((f ^ fp) & mask) != 0) {
+    u64 f;
+    if (q != c.rank && goep_coll_pub_get(c, q, f) && f != fp) {
       goep_coll_mismatch(c, q, fp, f);
       return false;
     }
@@ -625,78 +614,122 @@ __device__ __noinline__ bool goep_coll_fp_watch(const goep_coll_ctx& c, u64 fp, 
 }
 
 // ---------------------------------------------------------------------------
-// LL launches: fingerprint packets. The last W - 1 threads of the grid
-// (those with the least data work), one per peer, send this launch's
-// fingerprint to their peer as one LL16 packet (payload: the whole word;
-// flag: the launch's first LL flag) into the peer's slot [seq & 1][rank],
-// before their data work, and read that peer's after it: a packet with the
-// flag whose payload is not this launch's word is a mismatch. The packet
-// travels and is polled like the data packets beside it, by threads that
-// are otherwise idle in small calls, so a matching call pays one 16-byte
-// store and one load per peer in parallel threads and nothing on any other
-// thread's path (no load at the end of the launch, no barrier).
+// LL launches: the tag in the packet flags. A packet {lo, fa, hi, fb} of an
+// LL round with flag f (the coll flag counter, goep_coll_ll_flag_next) and
+// call tag t = goep_coll_fp_tag of the fingerprint without its sequence
+// number carries fa = f ^ (t << 16) and fb = f ^ (t & 0xffff0000): the
+// round in the low 16 bits of both, the tag's two halves XORed into the
+// high 16 bits of one each. A reader accepts a packet only with both flags
+// equal to its own, which is the check it made before fingerprints (two
+// 32-bit compares of the same load), now also proving the sender's call
+// has the same 32-bit tag.
 //
-// Two slots: the sender rewrites slot s & 1 in launch s + 2 at the
-// earliest; it got there by finishing launch s + 1, which waited for this
-// rank's launch s + 1, which started after this rank's launch s (and its
-// read of the slot) finished. The flag tells this launch's packet from a
-// stale one exactly as it does for data packets (LL flags never repeat
-// within 2^32 rounds).
+// Stale packets (buffers are never cleared): a half written in round r'
+// with tag t' equals this round's (r, t) only when r' and r agree in their
+// low 16 bits and r' ^ r == (t' ^ t) << 16 in the high ones: never within
+// 2^16 rounds, and for the same call (t' = t) only when r' = r, as before
+// fingerprints (flags repeat after 2^32 rounds). The counter skips values
+// whose low 16 bits are 0 (and keeps parity alternating), so a tagged flag
+// is never 0, the flag of memory never written.
+//
+// A flag whose low 16 bits are this round's but whose high bits are not
+// (goep_coll_ll_suspect) is most likely a peer's packet of this round with
+// another tag: the wait publishes and looks at the peers' words at once
+// (a stale packet that happens to look so is then seen to be no mismatch,
+// and the wait goes on).
+struct goep_coll_llf {
+  u32 a, b;
+};
 
-// The peer whose fingerprint packets this thread sends and checks, or
-// GOEP_COLL_MAX_RANKS for none: thread n - 1 - i of the grid takes peer
-// rank + 1 + i (mod world).
-__device__ __forceinline__ u32 goep_coll_ll_fp_peer(const goep_coll_ctx& c) {
-  const u64 i = goep_coll_gthreads() - 1ull - goep_coll_gtid();
-  if (i + 1ull >= c.world) {
-    return GOEP_COLL_MAX_RANKS;
+__device__ __forceinline__ u32 goep_coll_ll_flag_next(u32 f) {
+  f += 1u;
+  return (f & 0xffffu) != 0u ? f : f + 2u;
+}
+__device__ __forceinline__ u32 goep_coll_ll_flag_begin(const goep_ll_flag* f) {
+  return goep_coll_ll_flag_next(*(const volatile u32*)&f->value);
+}
+
+// The call tag of fp for LL flags: the sequence number left out (rounds are
+// ordered by the flag itself), so one call repeated keeps the 2^32-round
+// flag period.
+__device__ __forceinline__ u32 goep_coll_ll_tag(u64 fp) { return (u32)goep_coll_fp_tag(fp & ~GOEP_COLL_FP_SEQ_MASK); }
+
+__device__ __forceinline__ goep_coll_llf goep_coll_llf_make(u32 flag, u32 tag) {
+  goep_coll_llf r;
+  r.a = flag ^ (tag << 16);
+  r.b = flag ^ (tag & 0xffff0000u);
+  return r;
+}
+
+__device__ __forceinline__ void goep_coll_ll_store(goep_ll16* p, u64 v, goep_coll_llf f) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" : : "l"(p), "r"((u32)v), "r"(f.a),
+               "r"((u32)(v >> 32)), "r"(f.b) : "memory");
+}
+
+// One look at a packet: 0 (with the payload) when both flags are f's, else
+// the flags' difference (f.a ^ first) | (f.b ^ second).
+__device__ __forceinline__ u32 goep_coll_ll_look(const goep_ll16* p, goep_coll_llf f, u32& lo, u32& hi) {
+  u32 a, b, c, d;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p)
+               : "memory");
+  lo = a;
+  hi = c;
+  return (b ^ f.a) | (d ^ f.b);
+}
+
+// A look's difference that says "this round, another tag".
+__device__ __forceinline__ bool goep_coll_ll_suspect(u32 diff) { return diff != 0 && (diff & 0xffffu) == 0; }
+
+// Publishes this launch's fingerprint to every peer, once per block (the
+// block's shared copy of the context remembers it in pad): the slow path
+// of LL waits. Racing threads of a block may both publish the same words.
+__device__ __noinline__ void goep_coll_ll_publish(const goep_coll_ctx& c, u64 fp) {
+  volatile u32* done = (volatile u32*)&c.pad;
+  if (*done != 0) {
+    return;
   }
-  const u32 p = c.rank + (u32)i + 1u;
-  return p >= c.world ? p - c.world : p;
+  *done = 1;
+  for (u32 q = 0; q < c.world; ++q) {
+    if (q != c.rank) {
+      goep_coll_pub_put(c, q, fp);
+    }
+  }
 }
 
-__device__ __forceinline__ void goep_coll_ll_fp_put(const goep_coll_ctx& c, u32 p, u32 flag, u64 fp) {
-  const u32 par = (u32)(c.seq + 1ull) & 1u;
-  goep_ll16_store(goep_coll_fp_pkt(c, p, par, c.rank), (u32)fp, (u32)(fp >> 32), flag);
-}
-
-// The slow path of a fingerprint packet read (its packet was not there at
-// the first look): waits like a data packet (timeout, abort, fingerprint
-// words watched). Not inlined: off the fast path.
-__device__ __noinline__ bool goep_coll_ll_fp_wait(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
-                                                  u64 fp, u64& theirs) {
+// The slow path of a packet read (the packet was not there at the first
+// look): waits for it, bounded by the watchdog; publishes and watches the
+// peers' words every GOEP_SPIN_CHECK_EVERY polls, and at every look that
+// finds a packet of this round with another tag. False when the wait gave
+// up (timeout, abort or mismatch); the rank is then marked failed.
+__device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goep_ll16* p, goep_coll_llf f, u32 from,
+                                               u32 stage, u64 fp, u32& lo, u32& hi) {
   goep_spin s = goep_spin_start();
-  u32 lo, hi, seen;
-  while (!goep_ll16_try(p, flag, lo, hi, seen)) {
-    if (!goep_spin_ok(s, c.wd, GOEP_OP_PACKET, c.ll_id[from], from, GOEP_COLL_STAGE_FP, flag, seen)) {
+  u32 diff;
+  while ((diff = goep_coll_ll_look(p, f, lo, hi)) != 0) {
+    if (!goep_spin_ok(s, c.wd, GOEP_OP_PACKET, c.ll_id[from], from, stage, f.a, f.a ^ diff)) {
       goep_coll_set_failed(c);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_PACKETS_MASK)) {
-      return false;
+    if (goep_coll_ll_suspect(diff) || (s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0) {
+      goep_coll_ll_publish(c, fp);
+      if (!goep_coll_fp_watch(c, fp)) {
+        return false;
+      }
     }
   }
-  theirs = (u64)lo | ((u64)hi << 32);
   return true;
 }
 
-// Reads peer q's fingerprint packet of this launch and compares it with fp
-// (q's fingerprint thread, after its data work). False when q made another
-// call (recorded) or the wait gave up.
-__device__ __forceinline__ bool goep_coll_ll_fp_check(const goep_coll_ctx& c, u32 q, u32 flag, u64 fp) {
-  const u32 par = (u32)(c.seq + 1ull) & 1u;
-  const goep_ll16* p = goep_coll_fp_pkt(c, c.rank, par, q);
-  u32 lo, hi, seen;
-  u64 theirs;
-  if (goep_ll16_try(p, flag, lo, hi, seen)) {
-    theirs = (u64)lo | ((u64)hi << 32);
-  } else if (!goep_coll_ll_fp_wait(c, p, flag, q, fp, theirs)) {
+// Reads a packet sent by rank `from`, bounded; false when the wait gave up.
+// A packet that is there at the first look costs what it did before
+// fingerprints: one load, two compares.
+__device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const goep_ll16* p, goep_coll_llf f,
+                                                   u32 from, u32 stage, u64 fp, u64& v) {
+  u32 lo, hi;
+  if (goep_coll_ll_look(p, f, lo, hi) != 0 && !goep_coll_ll_wait(c, p, f, from, stage, fp, lo, hi)) {
     return false;
   }
-  if (theirs != fp) {
-    goep_coll_mismatch(c, q, fp, theirs);
-    return false;
-  }
+  v = (u64)lo | ((u64)hi << 32);
   return true;
 }
 
@@ -708,11 +741,12 @@ __device__ __forceinline__ bool goep_coll_ll_fp_check(const goep_coll_ctx& c, u3
 // the others for expected + 1. A wait polls the semaphore alone, as before
 // fingerprints; once the progress part reaches its target it compares the
 // tag part with its own in registers: a matching call costs no extra load,
-// store or fence. The fingerprint word itself is written after the entry
-// signal (block 0 only: a release would otherwise wait for it) and read
-// only off the fast path: every GOEP_SPIN_CHECK_EVERY polls of a wait that
-// is behind (a peer in another kind of kernel signals nothing here) and,
-// after a tag that differs, to name the fields.
+// store or fence. The fingerprint itself is published after the entry
+// signal (block 0 only: a release would otherwise wait for it; a peer in
+// an LL kernel that waits for this rank looks for it) and the peers' are
+// read only off the fast path: every GOEP_SPIN_CHECK_EVERY polls of a wait
+// that is behind (a peer in another kind of kernel signals nothing here)
+// and, after a tag that differs, to name the fields.
 
 __device__ __forceinline__ void goep_coll_sem_signal_tag(const goep_semaphore& s, u64 tag) {
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" : : "l"(s.remote), "l"(1ull + (tag << GOEP_COLL_SIG_SHIFT))
@@ -734,25 +768,22 @@ __device__ __forceinline__ int goep_coll_sig_cmp(u64 v, u64 target) {
 }
 
 // The end of a semaphore wait that saw a signal with another tag (off the
-// fast path): names the fields from the peer's fingerprint word, which the
-// peer writes just after its entry signal without ordering it before it:
-// looks until it is no longer behind (bounded by the watchdog's timeout;
-// past it, the record keeps what is there).
+// fast path): names the fields from the peer's published fingerprint, which
+// the peer's block 0 writes just after its entry signal without ordering it
+// before it: looks until it is this launch's (bounded by the watchdog's
+// timeout; past it, the record names no fields of the peer).
 __device__ __noinline__ void goep_coll_sig_mismatch(const goep_coll_ctx& c, u32 peer, u64 fp) {
-  const u64* slot = goep_coll_fp_slot(c, c.rank, peer);
-  u64 f = goep_chan_ld_relaxed_sys_u64(slot);
+  u64 f = 0;
   const u64 start = goep_globaltimer();
-  while (goep_coll_fp_cmp(fp, f) == GOEP_COLL_FP_BEHIND && !goep_aborted(c.wd) &&
-         goep_globaltimer() - start < c.wd->timeout_ns) {
-    f = goep_chan_ld_relaxed_sys_u64(slot);
+  while (!goep_coll_pub_get(c, peer, f) && !goep_aborted(c.wd) && goep_globaltimer() - start < c.wd->timeout_ns) {
   }
   goep_coll_mismatch(c, peer, fp, f);
 }
 
 // Waits for peer's next signal on s, with tag (this launch's for an entry
 // wait, 0 for the others). Fails on a timeout, or on a mismatch: a signal
-// whose tag differs, or (slow path) the peer's fingerprint word at this
-// sequence number with another shape.
+// whose tag differs, or (slow path) a peer's published fingerprint of this
+// launch that differs.
 __device__ __noinline__ bool goep_coll_sem_wait_tag(const goep_coll_ctx& c, const goep_semaphore& s, u32 peer, u64 fp,
                                                     u64 tag, u32 stage) {
   const u64 target = goep_sem_expected(s) + 1ull + (tag << GOEP_COLL_SIG_SHIFT);
@@ -765,7 +796,7 @@ __device__ __noinline__ bool goep_coll_sem_wait_tag(const goep_coll_ctx& c, cons
       goep_coll_set_failed(c);
       return false;
     }
-    if ((sp.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_SIGNALLING_MASK)) {
+    if ((sp.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp)) {
       return false;
     }
   }
@@ -830,7 +861,7 @@ __device__ __forceinline__ bool goep_coll_barrier(const goep_coll_ctx& c, u64 fp
     const u64 tag = entry ? goep_coll_fp_tag(fp) : 0ull;
     goep_coll_sem_signal_tag(s, tag);
     if (entry && blockIdx.x == 0) {
-      *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
+      goep_coll_pub_put(c, t, fp);
     }
     ok = goep_coll_sem_wait_tag(c, s, t, fp, tag, stage);
   }
@@ -840,7 +871,7 @@ __device__ __forceinline__ bool goep_coll_barrier(const goep_coll_ctx& c, u64 fp
 // Entry barrier of the zero-copy kernels, which also tells each peer which
 // buffers this rank uses: lane p writes this rank's descriptor into peer
 // p's mailbox slot [block][rank], signals with this launch's tag (the
-// release covers the descriptor; block 0 then writes the fingerprint word,
+// release covers the descriptor; block 0 then publishes the fingerprint,
 // as in goep_coll_barrier) and waits for peer p's tagged signal, then reads peer
 // p's descriptor and resolves peer p's send and recv pointers through the
 // registration table (as mapped on this GPU). s_in / s_out are shared
@@ -861,7 +892,7 @@ __device__ __forceinline__ bool goep_coll_exchange(const goep_coll_ctx& c, u64 f
     const u64 tag = goep_coll_fp_tag(fp);
     goep_coll_sem_signal_tag(s, tag);
     if (blockIdx.x == 0) {
-      *(volatile u64*)goep_coll_fp_slot(c, t, c.rank) = fp;
+      goep_coll_pub_put(c, t, fp);
     }
     ok = goep_coll_sem_wait_tag(c, s, t, fp, tag, GOEP_COLL_STAGE_ENTRY);
     if (ok) {

@@ -10,17 +10,16 @@
 // another (packet_device.cuh). The flag counter advances once per round:
 // ar_ll2 takes two rounds, the others one.
 //
-// Call fingerprints (coll_common.cuh): the grid's last W - 1 threads, one
-// per peer, send this launch's fingerprint to their peer as one LL16 packet
-// before their data work and check that peer's after it
-// (goep_coll_ll_fp_check), before
-// the launch counts as done; block 0 also writes the fingerprint word into
-// every peer's fp[rank] at the start, which a packet wait that does not end
-// at its first look watches in its slow path (every GOEP_SPIN_CHECK_EVERY
-// polls, so the fast path costs nothing). Packets go only into the
-// peers' packet buffers at offsets the launcher checked against them, so a
-// mismatched peer can make the data wrong but never write out of bounds;
-// the check makes the call an error on every rank.
+// Call fingerprints (coll_common.cuh): every packet's flags carry the
+// call's tag (goep_coll_llf), so a matched call sends and reads exactly the
+// packets it did before fingerprints, with the same load and compares;
+// only a wait that is behind publishes and looks at the peers' words.
+// Every launch reads at least one packet from every peer (a count-0 call
+// and ll2's empty pieces send one packet each for that), so no rank
+// finishes a launch that any peer made differently. Packets go only into
+// the peers' packet buffers at offsets the launcher checked against them,
+// so a mismatched peer can make the data wrong but never write out of
+// bounds; the check makes the call an error on every rank.
 //
 // Work is dealt by global thread index over 8-byte words; the host sizes
 // the grid (at most one block per SM, so that all blocks are resident: a
@@ -47,53 +46,11 @@ __device__ __forceinline__ goep_ll16* goep_coll_pkt(const goep_coll_ctx& c, u32 
   return (goep_ll16*)(c.packets[p] + base) + slot * words + k;
 }
 
-__device__ __forceinline__ void goep_coll_put_word(goep_ll16* p, u64 v, u32 flag) {
-  goep_ll16_store(p, (u32)v, (u32)(v >> 32), flag);
-}
-
-// The slow path of a packet read: goep_ll16_read that also watches every
-// peer's fingerprint whenever it looks at the timer. False when the wait
-// gave up (timeout, abort or mismatch); the rank is then marked failed.
-__device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
-                                               u32 stage, u64 fp, u32& lo, u32& hi) {
-  goep_spin s = goep_spin_start();
-  u32 seen;
-  while (!goep_ll16_try(p, flag, lo, hi, seen)) {
-    if (!goep_spin_ok(s, c.wd, GOEP_OP_PACKET, c.ll_id[from], from, stage, flag, seen)) {
-      goep_coll_set_failed(c);
-      return false;
-    }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_coll_fp_watch(c, fp, GOEP_COLL_FP_PACKETS_MASK)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Reads a packet sent by rank `from`, bounded; false when the wait gave up.
-// A packet that is there at the first look costs what it did before
-// fingerprints.
-__device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const goep_ll16* p, u32 flag, u32 from,
-                                                   u32 stage, u64 fp, u64& v) {
-  u32 lo, hi, seen;
-  if (!goep_ll16_try(p, flag, lo, hi, seen) && !goep_coll_ll_wait(c, p, flag, from, stage, fp, lo, hi)) {
-    return false;
-  }
-  v = (u64)lo | ((u64)hi << 32);
-  return true;
-}
-
-// The end of an LL launch: each fingerprint thread checks its peer's
-// fingerprint packet (goep_coll_ll_fp_check, skipped when its own wait gave
-// up), then every block arrives once for both the packet flag and the
-// launch counter: the last one publishes flag and advances the counter
-// (goep_ll_flag_end's protocol), after every thread of the launch, that
-// check included, is done with it.
-__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 fp, bool ok, u32 fpp, u32 first,
-                                                    u32 flag) {
-  if (fpp < c.world && ok) {
-    (void)goep_coll_ll_fp_check(c, fpp, first, fp);
-  }
+// The end of an LL launch: every block arrives once for both the packet
+// flag and the launch counter: the last one publishes flag and advances the
+// counter (goep_ll_flag_end's protocol) after every thread of the launch is
+// done with them.
+__device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u32 flag) {
   __syncthreads();
   if (threadIdx.x != 0) {
     return;
@@ -113,19 +70,6 @@ __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u64 
   }
 }
 
-// The start of an LL launch after goep_coll_begin: block 0 publishes the
-// fingerprint word, each fingerprint thread sends its peer this launch's
-// packet (before its data work). Returns the thread's fingerprint peer
-// (goep_coll_ll_fp_peer).
-__device__ __forceinline__ u32 goep_coll_ll_start(const goep_coll_ctx& c, u64 fp, u32 first) {
-  goep_coll_publish_fp(c, fp);
-  const u32 fpp = goep_coll_ll_fp_peer(c);
-  if (fpp < c.world) {
-    goep_coll_ll_fp_put(c, fpp, first, fp);
-  }
-  return fpp;
-}
-
 // ---------------------------------------------------------------------------
 // Allreduce, one shot (all pairs): every rank sends its whole input to every
 // peer (slot [sender]) and reduces all of them itself, in rank order. The
@@ -137,17 +81,18 @@ __device__ __forceinline__ bool goep_coll_ar_ll1_run(const goep_coll_ctx& c, con
   const u32 me = c.rank, W = c.world;
   const u64 words = (bytes + 7) / 8;
   const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
+  const goep_coll_llf tf = goep_coll_llf_make(flag, goep_coll_ll_tag(fp));
   const bool ain = ((u64)in & 7) == 0, aout = ((u64)out & 7) == 0;
   const u64 n = goep_coll_gthreads();
   for (u64 k = goep_coll_gtid(); k < words; k += n) {
     const u64 v = goep_ll_gather(in, k, 8, bytes, ain);
     for (u32 j = 1; j < W; ++j) {
-      goep_coll_put_word(goep_coll_pkt(c, goep_coll_peer(c, j), base, me, words, k), v, flag);
+      goep_coll_ll_store(goep_coll_pkt(c, goep_coll_peer(c, j), base, me, words, k), v, tf);
     }
     goep_coll_acc8<DT> acc(op);
     for (u32 q = 0; q < W; ++q) {
       u64 x = v;
-      if (q != me && !goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), flag, q, GOEP_COLL_STAGE_LL1, fp, x)) {
+      if (q != me && !goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), tf, q, GOEP_COLL_STAGE_LL1, fp, x)) {
         return false;
       }
       if (q == 0) {
@@ -168,12 +113,12 @@ extern "C" __global__ void goep_coll_ar_ll1(const goep_coll_ctx* ctx, const void
   if (fp == 0) {
     return;
   }
-  const u32 flag = goep_ll_flag_begin(c.flag);
-  const u32 fpp = goep_coll_ll_start(c, fp, flag);
+  const u32 flag = goep_coll_ll_flag_begin(c.flag);
   const u64 bytes = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll1_run, c, (const char*)in, (char*)out, bytes, flag, op, fp);
-  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
+  (void)ok;  // a wait that gave up marked the rank failed; the launch ends alike
+  goep_coll_ll_finish(c, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -190,14 +135,30 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
   const u64 words = (bytes + 7) / 8;
   const u64 P = (words + W - 1) / W;
   const u64 b1 = (u64)goep_ll_half(f1) * c.packet_half, b2 = (u64)goep_ll_half(f2) * c.packet_half;
+  const u32 tag = goep_coll_ll_tag(fp);
+  const goep_coll_llf t1 = goep_coll_llf_make(f1, tag), t2 = goep_coll_llf_make(f2, tag);
   const bool ain = ((u64)in & 7) == 0, aout = ((u64)out & 7) == 0;
   const u64 tid = goep_coll_gtid(), n = goep_coll_gthreads();
+  // Two ranks whose pieces are both empty (few words, W - 2 or more empty
+  // pieces) would exchange no packet at all, and one of them could finish
+  // a call the other made differently: each sends the other one presence
+  // packet in round 1, in the owner's slot [sender] at 0, where no piece
+  // data goes (the owner's piece is empty). Both decide alike from the same
+  // shape; a rank of another shape never accepts it (its tag).
+  const u64 len_me = (u64)me * P < words ? min(P, words - (u64)me * P) : 0;
+  if (len_me == 0) {
+    for (u64 q = tid; q < W; q += n) {
+      if (q != me && (u64)q * P >= words) {
+        goep_coll_ll_store(goep_coll_pkt(c, (u32)q, b1, me, P, 0), fp, t1);
+      }
+    }
+  }
   // Round 1: the other pieces to their owners.
   for (u32 j = 1; j < W; ++j) {
     const u32 p = goep_coll_peer(c, j);
     const u64 lo = (u64)p * P, len = lo < words ? min(P, words - lo) : 0;
     for (u64 kk = tid; kk < len; kk += n) {
-      goep_coll_put_word(goep_coll_pkt(c, p, b1, me, P, kk), goep_ll_gather(in, lo + kk, 8, bytes, ain), f1);
+      goep_coll_ll_store(goep_coll_pkt(c, p, b1, me, P, kk), goep_ll_gather(in, lo + kk, 8, bytes, ain), t1);
     }
   }
   // This rank's piece: reduce, keep, send to every peer.
@@ -209,7 +170,7 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
         u64 x;
         if (q == me) {
           x = goep_ll_gather(in, lo + kk, 8, bytes, ain);
-        } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b1, q, P, kk), f1, q, GOEP_COLL_STAGE_LL1, fp, x)) {
+        } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b1, q, P, kk), t1, q, GOEP_COLL_STAGE_LL1, fp, x)) {
           return false;
         }
         if (q == 0) {
@@ -221,7 +182,7 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
       const u64 r = acc.get();
       goep_ll_scatter(out, lo + kk, 8, bytes, aout, r);
       for (u32 j = 1; j < W; ++j) {
-        goep_coll_put_word(goep_coll_pkt(c, goep_coll_peer(c, j), b2, me, P, kk), r, f2);
+        goep_coll_ll_store(goep_coll_pkt(c, goep_coll_peer(c, j), b2, me, P, kk), r, t2);
       }
     }
   }
@@ -231,10 +192,20 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
     const u64 lo = (u64)p * P, len = lo < words ? min(P, words - lo) : 0;
     for (u64 kk = tid; kk < len; kk += n) {
       u64 x;
-      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b2, p, P, kk), f2, p, GOEP_COLL_STAGE_LL2, fp, x)) {
+      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b2, p, P, kk), t2, p, GOEP_COLL_STAGE_LL2, fp, x)) {
         return false;
       }
       goep_ll_scatter(out, lo + kk, 8, bytes, aout, x);
+    }
+  }
+  // The presence packets of the peers whose pieces are empty, as this one's.
+  if (len_me == 0) {
+    for (u64 q = tid; q < W; q += n) {
+      u64 x;
+      if (q != me && (u64)q * P >= words &&
+          !goep_coll_get_word(c, goep_coll_pkt(c, me, b1, (u32)q, P, 0), t1, (u32)q, GOEP_COLL_STAGE_LL1, fp, x)) {
+        return false;
+      }
     }
   }
   return true;
@@ -247,13 +218,13 @@ extern "C" __global__ void goep_coll_ar_ll2(const goep_coll_ctx* ctx, const void
   if (fp == 0) {
     return;
   }
-  const u32 f1 = goep_ll_flag_begin(c.flag);
-  const u32 f2 = goep_ll_flag_next(f1);
-  const u32 fpp = goep_coll_ll_start(c, fp, f1);
+  const u32 f1 = goep_coll_ll_flag_begin(c.flag);
+  const u32 f2 = goep_coll_ll_flag_next(f1);
   const u64 bytes = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_ar_ll2_run, c, (const char*)in, (char*)out, bytes, f1, f2, op, fp);
-  goep_coll_ll_finish(c, fp, ok, fpp, f1, f2);
+  (void)ok;
+  goep_coll_ll_finish(c, f2);
 }
 
 // ---------------------------------------------------------------------------
@@ -265,12 +236,13 @@ __device__ __forceinline__ bool goep_coll_ag_ll_run(const goep_coll_ctx& c, cons
   const u32 me = c.rank, W = c.world;
   const u64 words = (bytes + 7) / 8;
   const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
+  const goep_coll_llf tf = goep_coll_llf_make(flag, goep_coll_ll_tag(fp));
   const bool ain = ((u64)in & 7) == 0;
   const u64 tid = goep_coll_gtid(), n = goep_coll_gthreads();
   for (u64 k = tid; k < words; k += n) {
     const u64 v = goep_ll_gather(in, k, 8, bytes, ain);
     for (u32 j = 1; j < W; ++j) {
-      goep_coll_put_word(goep_coll_pkt(c, goep_coll_peer(c, j), base, me, words, k), v, flag);
+      goep_coll_ll_store(goep_coll_pkt(c, goep_coll_peer(c, j), base, me, words, k), v, tf);
     }
   }
   char* mine = out + (u64)me * bytes;
@@ -283,7 +255,7 @@ __device__ __forceinline__ bool goep_coll_ag_ll_run(const goep_coll_ctx& c, cons
     const bool adst = ((u64)dst & 7) == 0;
     for (u64 k = tid; k < words; k += n) {
       u64 x;
-      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, p, words, k), flag, p, GOEP_COLL_STAGE_LL1, fp, x)) {
+      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, p, words, k), tf, p, GOEP_COLL_STAGE_LL1, fp, x)) {
         return false;
       }
       goep_ll_scatter(dst, k, 8, bytes, adst, x);
@@ -298,10 +270,10 @@ extern "C" __global__ void goep_coll_ag_ll(const goep_coll_ctx* ctx, const void*
   if (fp == 0) {
     return;
   }
-  const u32 flag = goep_ll_flag_begin(c.flag);
-  const u32 fpp = goep_coll_ll_start(c, fp, flag);
+  const u32 flag = goep_coll_ll_flag_begin(c.flag);
   const bool ok = goep_coll_ag_ll_run(c, (const char*)in, (char*)out, bytes, flag, fp);
-  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
+  (void)ok;  // a wait that gave up marked the rank failed; the launch ends alike
+  goep_coll_ll_finish(c, flag);
 }
 
 // ---------------------------------------------------------------------------
@@ -315,13 +287,14 @@ __device__ __forceinline__ bool goep_coll_rs_ll_run(const goep_coll_ctx& c, cons
   const u32 me = c.rank, W = c.world;
   const u64 words = (part + 7) / 8;
   const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
+  const goep_coll_llf tf = goep_coll_llf_make(flag, goep_coll_ll_tag(fp));
   const u64 tid = goep_coll_gtid(), n = goep_coll_gthreads();
   for (u32 j = 1; j < W; ++j) {
     const u32 p = goep_coll_peer(c, j);
     const char* src = in + (u64)p * part;
     const bool asrc = ((u64)src & 7) == 0;
     for (u64 k = tid; k < words; k += n) {
-      goep_coll_put_word(goep_coll_pkt(c, p, base, me, words, k), goep_ll_gather(src, k, 8, part, asrc), flag);
+      goep_coll_ll_store(goep_coll_pkt(c, p, base, me, words, k), goep_ll_gather(src, k, 8, part, asrc), tf);
     }
   }
   const char* own = in + (u64)me * part;
@@ -332,7 +305,7 @@ __device__ __forceinline__ bool goep_coll_rs_ll_run(const goep_coll_ctx& c, cons
       u64 x;
       if (q == me) {
         x = goep_ll_gather(own, k, 8, part, aown);
-      } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), flag, q, GOEP_COLL_STAGE_LL1, fp, x)) {
+      } else if (!goep_coll_get_word(c, goep_coll_pkt(c, me, base, q, words, k), tf, q, GOEP_COLL_STAGE_LL1, fp, x)) {
         return false;
       }
       if (q == 0) {
@@ -353,26 +326,36 @@ extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void*
   if (fp == 0) {
     return;
   }
-  const u32 flag = goep_ll_flag_begin(c.flag);
-  const u32 fpp = goep_coll_ll_start(c, fp, flag);
+  const u32 flag = goep_coll_ll_flag_begin(c.flag);
   const u64 part = count * goep_coll_dt_size(dtype);
   bool ok;
   GOEP_COLL_DISPATCH_R(ok, dtype, goep_coll_rs_ll_run, c, (const char*)in, (char*)out, part, flag, op, fp);
-  goep_coll_ll_finish(c, fp, ok, fpp, flag, flag);
+  (void)ok;  // a wait that gave up marked the rank failed; the launch ends alike
+  goep_coll_ll_finish(c, flag);
 }
 
 // ---------------------------------------------------------------------------
 // A call that moves no data (count 0) still takes its place in the call
-// sequence: one LL round (it advances the packet flag) of fingerprint
-// packets only, so that "count 0 on one rank, data on another" is a
-// mismatch on both instead of pairing the next calls wrongly.
+// sequence: one LL round (it advances the packet flag) in which each rank
+// sends every peer one packet (tagged like data packets, payload the
+// fingerprint) into slot [sender] at 0 of the round's half and reads each
+// peer's, so that "count 0 on one rank, data on another" is a mismatch on
+// both instead of pairing the next calls wrongly. Thread i < W of the grid
+// takes peer i.
 extern "C" __global__ void goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape) {
   __shared__ goep_coll_ctx c;
   const u64 fp = goep_coll_begin(c, ctx, shape);
   if (fp == 0) {
     return;
   }
-  const u32 flag = goep_ll_flag_begin(c.flag);
-  const u32 fpp = goep_coll_ll_start(c, fp, flag);
-  goep_coll_ll_finish(c, fp, true, fpp, flag, flag);
+  const u32 flag = goep_coll_ll_flag_begin(c.flag);
+  const goep_coll_llf tf = goep_coll_llf_make(flag, goep_coll_ll_tag(fp));
+  const u64 base = (u64)goep_ll_half(flag) * c.packet_half;
+  const u64 q = goep_coll_gtid();
+  if (q < c.world && q != c.rank) {
+    goep_coll_ll_store(goep_coll_pkt(c, (u32)q, base, c.rank, 1, 0), fp, tf);
+    u64 x;
+    (void)goep_coll_get_word(c, goep_coll_pkt(c, c.rank, base, (u32)q, 1, 0), tf, (u32)q, GOEP_COLL_STAGE_FP, fp, x);
+  }
+  goep_coll_ll_finish(c, flag);
 }

@@ -398,13 +398,45 @@ __device__ __forceinline__ u64 goep_in_ld_volatile_u64(const u64* p) { return *(
 // Protocol steps shared by the kernels. All are called by every thread of
 // the block; lanes 0..R-1 of warp 0 do the remote work, one peer each.
 
-// goep_in_wait_sig, not inlined: the waits of the block-wide helpers below
-// come before or after the dispatch's copy loop, whose registers (a
-// 64-register budget at 1024 threads) they would otherwise share. One call
-// per wait, off the polling loop.
+// goep_in_wait_sig, not inlined: the slow path of goep_in_wait_sig_fast.
+// The waits of the block-wide helpers below come before or after the
+// dispatch's copy loop, whose registers (a 64-register budget at 1024
+// threads) the timer, watchdog and fingerprint handling would otherwise
+// share.
 __device__ __noinline__ bool goep_in_wait_sig_call(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
                                                    goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
   return goep_in_wait_sig(p, target, tag, fp_slot, fp, wd, wait_id, peer, stage);
+}
+
+// Polls inline before a wait leaves for its slow path (bounded, so no timer
+// is needed here: fewer than the slow path's first timer look).
+#define GOEP_IN_FAST_POLLS (GOEP_SPIN_CHECK_EVERY / 2)
+
+// goep_in_wait_sig with its common case inline: a tight loop of at most
+// GOEP_IN_FAST_POLLS relaxed loads of the signal word and one register
+// comparison each (the progress and tag parts at once: want holds target
+// and tag as a matching signal would), then the acquire. Only a signal
+// still behind after that, or one whose tag differs, calls the cold
+// function, which starts the full wait (timer, fingerprint word, mismatch
+// record). A matched call that finds its signal within the fast polls thus
+// runs exactly the instructions of a wait before fingerprints: no call, no
+// extra load.
+__device__ __forceinline__ bool goep_in_wait_sig_fast(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
+                                                      goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+  const u64 want = target + (tag << GOEP_IN_SIG_SHIFT);
+  u64 d = goep_chan_ld_relaxed_sys_u64(p) - want;
+#pragma unroll 1
+  for (u32 n = 0; n < GOEP_IN_FAST_POLLS && ((d & GOEP_IN_SIG_PROGRESS_MASK) >> (GOEP_IN_SIG_SHIFT - 1)) != 0; ++n) {
+    d = goep_chan_ld_relaxed_sys_u64(p) - want;
+  }
+  // Done when exactly at want (the same call's signal) or ahead in the
+  // progress part (goep_in_sig_cmp's AHEAD: the tag part is not compared).
+  const u64 lo = d & GOEP_IN_SIG_PROGRESS_MASK;
+  if (lo != 0 ? (lo >> (GOEP_IN_SIG_SHIFT - 1)) == 0 : d == 0) {
+    (void)goep_ld_acquire_sys_u64(p);
+    return true;
+  }
+  return goep_in_wait_sig_call(p, target, tag, fp_slot, fp, wd, wait_id, peer, stage);
 }
 
 // Block 0 announces to every peer that this rank entered epoch e of kind
@@ -427,7 +459,7 @@ __device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int nu
                                                      goep_watchdog* wd, u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_in_wait_sig_call(goep_in_entered(ctrl, kind, threadIdx.x), e, goep_in_fp_tag(fp),
+    ok = goep_in_wait_sig_fast(goep_in_entered(ctrl, kind, threadIdx.x), e, goep_in_fp_tag(fp),
                                goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
   }
   return !goep_block_any_failed(!ok);
@@ -461,7 +493,7 @@ __device__ __forceinline__ bool goep_in_wait_arrived(u64* ctrl, int kind, int nu
                                                      goep_watchdog* wd, u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_in_wait_sig_call(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT,
+    ok = goep_in_wait_sig_fast(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT,
                                goep_in_fp_tag(fp), goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
   }
   return !goep_block_any_failed(!ok);

@@ -42,9 +42,9 @@ const (
 // mailboxes, zeroed at setup, written by peers): see
 // kernels/coll_common.cuh.
 const (
-	CtrlFP    = 0  // u64[MaxRanks]: fp[src], the fingerprint of src's latest launch
-	CtrlFPPkt = 64 // LL16 packets [2][MaxRanks]: an LL launch's fingerprint from src, in slot [seq & 1][src]
-	CtrlBytes = 320
+	CtrlFP    = 0  // u64[MaxRanks]: the host kernel twins' fp[src], the fingerprint of src's latest launch
+	CtrlPub   = 64 // LL16 packets [MaxRanks]: pub[src], the fingerprint src published last (flag: its launch number)
+	CtrlBytes = 192
 )
 
 // Mailbox: DescSize-byte descriptors at [block][source rank] in each rank's

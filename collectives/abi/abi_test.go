@@ -32,7 +32,7 @@ func TestABIMatchesHeader(t *testing.T) {
 		"GOEP_COLL_STAGE_AG_DATA": abi.StageAGData, "GOEP_COLL_STAGE_EXIT": abi.StageExit,
 		"GOEP_COLL_STAGE_LL1": abi.StageLL1, "GOEP_COLL_STAGE_LL2": abi.StageLL2,
 		"GOEP_COLL_STAGE_MISMATCH": abi.StageMismatch, "GOEP_COLL_STAGE_FP": abi.StageFP,
-		"GOEP_COLL_CTRL_FP": abi.CtrlFP, "GOEP_COLL_CTRL_FP_PKT": abi.CtrlFPPkt,
+		"GOEP_COLL_CTRL_FP": abi.CtrlFP, "GOEP_COLL_CTRL_PUB": abi.CtrlPub,
 		"GOEP_COLL_CTRL_BYTES": abi.CtrlBytes, "GOEP_COLL_FP_SEQ_MASK": abi.FPSeqMask,
 		"GOEP_COLL_KIND_ALLREDUCE": abi.KindAllReduce, "GOEP_COLL_KIND_ALLGATHER": abi.KindAllGather,
 		"GOEP_COLL_KIND_REDUCESCATTER": abi.KindReduceScatter,

@@ -14,8 +14,8 @@ const (
 	// MaxRanksPerNode bounds a node to one NVLink domain (ranks of a node
 	// store into each other's workspaces).
 	MaxRanksPerNode = 8
-	MaxTopK    = 32   // one lane per top-k slot
-	MaxExperts = 4096 // local expert ids and flat rows fit 32 bits easily below this
+	MaxTopK         = 32   // one lane per top-k slot
+	MaxExperts      = 4096 // local expert ids and flat rows fit 32 bits easily below this
 	// BF16 rows move as 16-byte vectors.
 	HiddenMultiple = 8
 	// FP8 scales cover 128 elements each.

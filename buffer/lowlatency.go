@@ -88,9 +88,9 @@ type LowLatency struct {
 	ws     device.Buffer
 	conn   *lowlatency.Connection
 	stream device.Stream
-	work      lowlatency.Workspace
-	launch    lowlatency.LaunchConfig
-	waitID    uint32
+	work   lowlatency.Workspace
+	launch lowlatency.LaunchConfig
+	waitID uint32
 
 	mu     sync.Mutex
 	events []*Event

@@ -36,10 +36,10 @@ type llOpts struct {
 	ranks, sms            int
 	// nodes splits the ranks into virtual nodes (0: $GOEP_VIRTUAL_NODES,
 	// else one node): the other nodes' rows go over port channels.
-	nodes int
-	timeout               time.Duration
-	jsonPath, plotPrefix  string
-	progress              *progress
+	nodes                int
+	timeout              time.Duration
+	jsonPath, plotPrefix string
+	progress             *progress
 	// shared: ranks share a GPU; every timed call is then synchronised
 	// before the next is issued (lowlatency's DESIGN.md: queued launches of
 	// ranks sharing hardware queues must not wait on one another).

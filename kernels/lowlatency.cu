@@ -687,7 +687,15 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     const int nw = (ns + 3) / 4;
     i32* tab_row = (i32*)(base + off_tab_row);
     i32* recv_src = (i32*)(base + off_recv_src);
-    for (int le = blockIdx.x; le < local_experts; le += gridDim.x) {
+    // With fewer local experts than blocks (EP8, 32 experts a rank on 132
+    // SMs), `copies` blocks take the same expert: each runs the (cheap,
+    // ids-only) scan and copies the rows p with p % copies == part, so
+    // every SM copies instead of one block per expert; part 0 writes the
+    // expert's tables, each part tab_row of its own rows (no two blocks
+    // write one word).
+    const int copies = max(1, (int)gridDim.x / local_experts);
+    for (int u = blockIdx.x; u < local_experts * copies; u += gridDim.x) {
+      const int le = u / copies, part = u - le * copies;
       int total_all = 0;
       for (int s = 0; s < num_ranks; ++s) {
         const int n = s_ntok[s];
@@ -705,29 +713,50 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
           for (int j = 0; j < k; ++j) {
             const i64 q = ((i64)s * max_tokens + t) * k + j;
             if (stage_ids[q] == le) {
-              tab_pos[q] = le * slots + p;
-              tab_row[(i64)le * slots + p] = s * max_tokens + t;
-              recv_src[(i64)le * slots + p] = t;
+              if (part == 0) {
+                tab_pos[q] = le * slots + p;
+                recv_src[(i64)le * slots + p] = t;
+              }
+              if (p % copies == part) {
+                tab_row[(i64)le * slots + p] = s * max_tokens + t;
+              }
               ++p;
             }
           }
         }
-        if (tid == 0) {
+        if (tid == 0 && part == 0) {
           ((u64*)(base + off_recv_range))[(i64)le * num_ranks + s] = (u64)(u32)total_all | ((u64)(u32)total << 32);
         }
         total_all += total;
       }
-      if (tid == 0) {
+      if (tid == 0 && part == 0) {
         ((i32*)(base + off_recv_count))[le] = total_all;
       }
-      __syncthreads();  // tab_row of this expert, written by the block, is complete
-      for (int p = warp; p < total_all; p += nwarps) {
+      __syncthreads();  // tab_row of this part's rows, written by the block, is complete
+      const int nch = out_row >> 4;
+      for (int p = part + copies * warp; p < total_all; p += copies * nwarps) {
         const i64 from = tab_row[(i64)le * slots + p];
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
         u8* drow = (u8*)(base + off_recv_x) + to * out_row;
-        for (int c = lane; c < (out_row >> 4); c += 32) {
-          goep_in_st_v4(drow + (u64)c * 16, goep_in_ld_peer_v4(srow + (u64)c * 16));
+        // Four loads in flight per lane before their stores: one load
+        // then its store per chunk waits out a memory round trip each
+        // (the asm's memory clobber keeps that order), 28 of them a BF16
+        // row at H 7168.
+        for (int c0 = lane; c0 < nch; c0 += 4 * 32) {
+          uint4 v[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (c0 + 32 * q < nch) {
+              v[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (c0 + 32 * q < nch) {
+              goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, v[q]);
+            }
+          }
         }
         if (format == GOEP_LL_FP8) {
           const float* ss = (const float*)(base + off_stage_s) + from * ns;
@@ -902,15 +931,32 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
       for (int q = 0; q < 8; ++q) {
         acc[q] = 0.0f;
       }
-      for (int d = 0; d < num_ranks; ++d) {
-        if (!((dm >> d) & 1u)) {
-          continue;
-        }
-        float pv[8];
-        goep_ll_bf16x8_to_f32(goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16), pv);
+      // Up to four partials loaded before any is added (one memory
+      // round trip per four destinations instead of one each), added in
+      // ascending d as the reference does.
+      u32 m = dm;
+      while (m != 0) {
+        uint4 v[4];
+        int nb = 0;
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          acc[q] = goep_ll_add(acc[q], pv[q]);
+        for (int q = 0; q < 4; ++q) {
+          if (m != 0) {
+            const int d = __ffs(m) - 1;
+            m &= m - 1u;
+            v[q] = goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16);
+            nb = q + 1;
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (q < nb) {
+            float pv[8];
+            goep_ll_bf16x8_to_f32(v[q], pv);
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+              acc[x] = goep_ll_add(acc[x], pv[x]);
+            }
+          }
         }
       }
       goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));

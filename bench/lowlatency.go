@@ -13,6 +13,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/kernels"
 	"github.com/goep-dev/goep/lowlatency"
 )
@@ -33,9 +34,12 @@ type llOpts struct {
 	warmup, iters         int
 	flushMiB              int
 	ranks, sms            int
-	timeout               time.Duration
-	jsonPath, plotPrefix  string
-	progress              *progress
+	// nodes splits the ranks into virtual nodes (0: $GOEP_VIRTUAL_NODES,
+	// else one node): the other nodes' rows go over port channels.
+	nodes                int
+	timeout              time.Duration
+	jsonPath, plotPrefix string
+	progress             *progress
 	// shared: ranks share a GPU; every timed call is then synchronised
 	// before the next is issued (lowlatency's DESIGN.md: queued launches of
 	// ranks sharing hardware queues must not wait on one another).
@@ -56,6 +60,7 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.BoolVar(&o.graph, "graph", true, "also time dispatch+combine captured in a CUDA graph and replayed")
 	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 20, iters: 50, hostWarmup: 1, hostIters: 3})
 	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks (default: every GPU up to 8, or 4 host ranks); more ranks than GPUs share them")
+	fs.IntVar(&o.nodes, "nodes", 0, "virtual nodes the ranks split into (0: $GOEP_VIRTUAL_NODES, else one node); other nodes are reached over port channels")
 	fs.IntVar(&o.sms, "sms", 0, "grid of every launch (0: the library's default within this rank's share of its GPU)")
 	gpus := addGPUsFlag(fs)
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
@@ -87,8 +92,8 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("--tokens: %d is negative", t)
 		}
 	}
-	if o.iters < 2 || o.warmup < 0 || o.ranks < 0 || o.sms < 0 || o.timeout < 0 || o.flushMiB < 0 {
-		return errors.New("want --iters >= 2 and non-negative --warmup, --ranks, --sms, --timeout, --flush-mib")
+	if o.iters < 2 || o.warmup < 0 || o.ranks < 0 || o.sms < 0 || o.timeout < 0 || o.flushMiB < 0 || o.nodes < 0 {
+		return errors.New("want --iters >= 2 and non-negative --warmup, --ranks, --nodes, --sms, --timeout, --flush-mib")
 	}
 	if o.flushMiB > 1<<20 {
 		return fmt.Errorf("--flush-mib %d: want at most %d", o.flushMiB, 1<<20)
@@ -114,6 +119,18 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	n, err := goroutineRanks("lowlatency", o.kind, o.ranks, 8, 1)
 	if err != nil {
 		return err
+	}
+	if o.nodes == 0 {
+		t, err := internode.ParseVirtualNodes(envVirtualNodes(), n)
+		if err != nil {
+			return err
+		}
+		if t.Nodes > 1 {
+			o.nodes = t.Nodes
+		}
+	}
+	if o.nodes > 1 && n%o.nodes != 0 {
+		return fmt.Errorf("--nodes %d does not divide %d ranks", o.nodes, n)
 	}
 	if o.mask >= n {
 		return fmt.Errorf("--mask %d: outside the world of %d ranks", o.mask, n)
@@ -168,7 +185,7 @@ func (o llOpts) config() ep.LowLatencyConfig {
 		fp8 = fp8 || f != ep.LLBF16
 	}
 	return ep.LowLatencyConfig{MaxTokens: mt, Hidden: o.hidden, TopK: o.topk, Experts: o.experts, FP8: fp8, NumSMs: o.sms,
-		Timeout: o.timeout}
+		Timeout: o.timeout, VirtualNodes: o.nodes}
 }
 
 // llRank is one rank's benchmark state.

@@ -34,6 +34,7 @@ type llReport struct {
 	Command   string     `json:"command"`
 	Backend   string     `json:"backend"`
 	Ranks     int        `json:"ranks"`
+	Nodes     int        `json:"nodes,omitempty"` // virtual nodes (port channels between them); 0: one node
 	MaxTokens int        `json:"max_tokens"`
 	Hidden    int        `json:"hidden"`
 	TopK      int        `json:"topk"`
@@ -68,7 +69,7 @@ func llTimingRules(o llOpts) string {
 }
 
 func newLLReport(o llOpts, n int, note string, ranks []*llRank) *llReport {
-	rep := &llReport{Command: "lowlatency", Backend: string(o.kind), Ranks: n, MaxTokens: o.config().MaxTokens, Hidden: o.hidden,
+	rep := &llReport{Command: "lowlatency", Backend: string(o.kind), Ranks: n, Nodes: o.nodes, MaxTokens: o.config().MaxTokens, Hidden: o.hidden,
 		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, FlushMiB: o.flushMiB,
 		Timing: llTimingRules(o), Note: note}
 	if ranks[0] != nil {
@@ -105,7 +106,7 @@ var llGoals = map[string]float64{"dispatch bf16": 25, "dispatch fp8": 20, "combi
 	"dispatch ue8m0": 20, "combine ue8m0": 30}
 
 func (rep *llReport) goal(o llOpts, f llFigure) string {
-	if o.kind != device.CUDA || o.shared || rep.Ranks != 8 || f.Tokens != 128 || o.hidden != 7168 || o.topk != 8 || o.experts != 256 {
+	if o.kind != device.CUDA || o.shared || o.nodes > 1 || rep.Ranks != 8 || f.Tokens != 128 || o.hidden != 7168 || o.topk != 8 || o.experts != 256 {
 		return "-"
 	}
 	if g, ok := llGoals[f.Op+" "+f.Format]; ok {
@@ -116,9 +117,13 @@ func (rep *llReport) goal(o llOpts, f llFigure) string {
 
 // write prints the checks, then the timings, and writes --json and --plot.
 func (rep *llReport) write(w io.Writer, o llOpts) error {
-	fmt.Fprintf(w, "lowlatency: %d ranks (goroutines), %s backend; MaxTokens %d, hidden %d, top-%d of %d experts, "+
+	nodes := ""
+	if rep.Nodes > 1 {
+		nodes = fmt.Sprintf(" in %d virtual nodes (port channels between them)", rep.Nodes)
+	}
+	fmt.Fprintf(w, "lowlatency: %d ranks (goroutines)%s, %s backend; MaxTokens %d, hidden %d, top-%d of %d experts, "+
 		"routing %d distinct random experts per token (seed %d); formats %s\n",
-		rep.Ranks, rep.Backend, rep.MaxTokens, o.hidden, o.topk, o.experts, o.topk, o.seed, llFormatNames(o.formats))
+		rep.Ranks, nodes, rep.Backend, rep.MaxTokens, o.hidden, o.topk, o.experts, o.topk, o.seed, llFormatNames(o.formats))
 	fmt.Fprintln(w, "CHECKS (every rank against the reference; rank 0's lines, other ranks' failures)")
 	(&report{Checks: rep.Checks}).print(w)
 	if len(rep.Figures) > 0 {

@@ -82,3 +82,27 @@ func TestLowLatencyOnGPU(t *testing.T) {
 	}
 	t.Logf("\n%s", stdout)
 }
+
+// Across 2 virtual nodes on the host backend: every check passes with the
+// other node's rows over port channels (a masked rank on the other node of
+// ranks 0 and 1); --nodes that does not divide the ranks is refused.
+func TestLowLatencyNodesOnHost(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "ll.json")
+	code, stdout, stderr := run(t, "lowlatency", "--backend", "host", "--ranks", "4", "--nodes", "2", "--tokens", "0,3",
+		"--hidden", "128", "--topk", "2", "--experts", "8", "--formats", "bf16,fp8", "--mask", "3", "--graph=false",
+		"--json", js)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Contains(t, stdout, "in 2 virtual nodes")
+	require.Contains(t, stdout, "rank 3 reported masked")
+	var rep llReport
+	b, err := os.ReadFile(js)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &rep))
+	require.Equal(t, 2, rep.Nodes)
+	require.NotEmpty(t, rep.Checks)
+	for _, c := range rep.Checks {
+		require.NotEqual(t, "fail", c.Status, "%+v", c)
+	}
+	code, _, _ = run(t, "lowlatency", "--backend", "host", "--ranks", "4", "--nodes", "3")
+	require.NotEqual(t, 0, code)
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/cuda"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/lowlatency"
 )
 
@@ -25,8 +26,17 @@ type LowLatencyConfig struct {
 	MaxTokens, Hidden, TopK, Experts int
 	// FP8 reserves the scale regions (FP8/UE8M0 dispatch, FP8 combine input).
 	FP8 bool
-	// Nodes the group spans (0 or 1: across nodes is not built yet).
+	// Nodes the group spans: 0 takes the communicator's nodes (hosts, or
+	// VirtualNodes); a count must match them. Ranks of a node store into
+	// each other's workspaces; rows for the other nodes go over port
+	// channels (package lowlatency). Size hints count Nodes, else
+	// VirtualNodes, else one node.
 	Nodes int
+	// VirtualNodes splits the ranks of one host into this many nodes of
+	// consecutive ranks, the other nodes reached only over the network
+	// transport (channels.NetworkConfig.VirtualNodes; 0: $GOEP_VIRTUAL_NODES,
+	// else none), as the normal Buffer's Config.VirtualNodes.
+	VirtualNodes int
 	// NumSMs caps grids (0: lowlatency.DefaultSMs, every SM, shrunk to this
 	// rank's share of its GPU; a configured grid above the share is refused);
 	// Threads per block (0: the default).
@@ -42,12 +52,17 @@ func (c LowLatencyConfig) layoutConfig(ranks int) (lowlatency.Config, error) {
 	if ranks < 1 || c.Experts%ranks != 0 {
 		return lowlatency.Config{}, fmt.Errorf("buffer: low latency: %d experts do not split over %d ranks", c.Experts, ranks)
 	}
+	nodes := c.Nodes
+	if nodes == 0 {
+		nodes = c.VirtualNodes
+	}
 	return lowlatency.Config{Ranks: ranks, MaxTokens: c.MaxTokens, Hidden: c.Hidden, TopK: c.TopK,
-		LocalExperts: c.Experts / ranks, FP8: c.FP8, Nodes: c.Nodes}, nil
+		LocalExperts: c.Experts / ranks, FP8: c.FP8, Nodes: nodes}, nil
 }
 
 // LowLatencySizeHint is the workspace bytes a LowLatency buffer allocates
-// per rank (the NVLink workspace of both buffer sets).
+// per rank (the workspace of both buffer sets; across nodes with the send
+// regions).
 func LowLatencySizeHint(c LowLatencyConfig, ranks int) (int, error) {
 	lc, err := c.layoutConfig(ranks)
 	if err != nil {
@@ -70,11 +85,12 @@ type LowLatency struct {
 	bs    bootstrap.Bootstrap
 	comm  *channels.Communicator
 
-	ws, table device.Buffer
-	stream    device.Stream
-	work      lowlatency.Workspace
-	launch    lowlatency.LaunchConfig
-	waitID    uint32
+	ws     device.Buffer
+	conn   *lowlatency.Connection
+	stream device.Stream
+	work   lowlatency.Workspace
+	launch lowlatency.LaunchConfig
+	waitID uint32
 
 	mu     sync.Mutex
 	events []*Event
@@ -92,6 +108,12 @@ func NewLowLatency(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	if err != nil {
 		return nil, fmt.Errorf("buffer: rank %d: %w", bs.Rank(), err)
 	}
+	if cfg.VirtualNodes < 0 {
+		return nil, fmt.Errorf("buffer: rank %d: low latency: virtual nodes %d: want 0 or a count that divides %d ranks", bs.Rank(), cfg.VirtualNodes, bs.Size())
+	}
+	// The one-node layout checks everything but the split, which the
+	// communicator's topology gives below.
+	lc.Nodes = 0
 	l, err := lowlatency.NewLayout(lc)
 	if err != nil {
 		return nil, fmt.Errorf("buffer: rank %d: %w", bs.Rank(), err)
@@ -105,13 +127,34 @@ func NewLowLatency(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 			err = errors.Join(err, b.free())
 		}
 	}()
-	mine := fmt.Sprintf("lowlatency tokens=%d hidden=%d topk=%d experts=%d fp8=%v workspace=%d tag=%d",
-		cfg.MaxTokens, cfg.Hidden, cfg.TopK, cfg.Experts, cfg.FP8, l.Size, cfg.Tag)
+	mine := fmt.Sprintf("lowlatency tokens=%d hidden=%d topk=%d experts=%d fp8=%v nodes=%d virtual-nodes=%d tag=%d",
+		cfg.MaxTokens, cfg.Hidden, cfg.TopK, cfg.Experts, cfg.FP8, cfg.Nodes, cfg.VirtualNodes, cfg.Tag)
 	if err := sameConfig(ctx, bs, b.rank, b.ranks, b.tag(tagConfig), "config", mine); err != nil {
 		return nil, b.errorf("%w", err)
 	}
-	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout}}); err != nil {
+	if b.comm, err = channels.NewCommunicator(bs, b.dev, channels.Config{Timeouts: channels.Timeouts{Wait: cfg.Timeout},
+		Network: channels.NetworkConfig{VirtualNodes: cfg.VirtualNodes}}); err != nil {
 		return nil, b.errorf("%w", err)
+	}
+	// The nodes (hosts, or virtual nodes) decide the transport to each
+	// peer: one call path, the kernels take direct stores inside a node
+	// and port channels across.
+	ct, err := b.comm.Topology(ctx)
+	if err != nil {
+		return nil, b.errorf("%w", err)
+	}
+	topo, err := internode.FromNodeOf(ct.NodeOf)
+	if err != nil {
+		return nil, b.errorf("nodes of the group: %w", err)
+	}
+	if cfg.Nodes != 0 && cfg.Nodes != topo.Nodes {
+		return nil, b.errorf("the configuration says %d nodes, the communicator found %v", cfg.Nodes, topo)
+	}
+	if topo.Nodes > 1 {
+		lc.Nodes = topo.Nodes
+		if l, err = lowlatency.NewLayout(lc); err != nil {
+			return nil, b.errorf("%v: %w", topo, err)
+		}
 	}
 	b.waitID = b.comm.NewWaitID(fmt.Sprintf("ep low-latency buffer %d kernels", cfg.Tag))
 	pl, err := b.comm.Placement(ctx)
@@ -133,20 +176,19 @@ func NewLowLatency(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	if b.ws, err = b.dev.Alloc(l.Size); err != nil {
 		return nil, b.errorf("low latency workspace (%d bytes): %w", l.Size, err)
 	}
-	if b.table, err = b.dev.Alloc(8 * b.ranks); err != nil {
-		return nil, b.errorf("peer table: %w", err)
-	}
 	if err := b.dev.CopyIn(b.ws.Ptr+uintptr(l.Ctrl.Offset), make([]byte, l.Ctrl.Size)); err != nil {
 		return nil, b.errorf("zero the control block: %w", err)
 	}
 	if b.stream, err = b.dev.NewStream(); err != nil {
 		return nil, b.errorf("stream: %w", err)
 	}
-	if _, err := exchangeWorkspaces(ctx, b.comm, b.dev, b.ws, b.table, b.rank, b.ranks, cfg.Tag, l.Size); err != nil {
+	// Tags: the buffer's tag space (b.tag) is for bootstrap meetings; the
+	// workspace and port-channel exchanges are the communicator's, paired
+	// by tag and tag+1 as the normal Buffer's exchange uses cfg.Tag.
+	if b.conn, b.work, err = lowlatency.Connect(ctx, b.comm, b.ws, l, cfg.Tag); err != nil {
 		return nil, b.errorf("%w", err)
 	}
-	b.work = lowlatency.Workspace{Layout: l, Rank: b.rank, Base: b.ws.Ptr, Size: b.ws.Size, Peers: b.table.Ptr,
-		Watchdog: b.comm.Watchdog(), WaitID: b.waitID, SpinBlocks: pl.SpinBlocks}
+	b.work.WaitID, b.work.SpinBlocks = b.waitID, pl.SpinBlocks
 	if err := b.work.Validate(); err != nil {
 		return nil, b.errorf("%w", err)
 	}
@@ -380,6 +422,13 @@ func (b *LowLatency) Close(ctx context.Context) error {
 	if err := b.stream.Synchronize(); err != nil {
 		errs = append(errs, b.errorf("close: stream: %w", err))
 	}
+	// Across nodes the proxy may still carry this rank's last puts and
+	// counter adds into peers' workspaces: it drains before the meeting,
+	// after which every rank may free its workspace.
+	if err := b.conn.Close(); err != nil {
+		errs = append(errs, b.errorf("close: port channels: %w", err))
+	}
+	b.conn = nil
 	if _, err := b.exchangeAll(ctx, tagClose, nil); err != nil {
 		errs = append(errs, b.errorf("close: meeting the peers: %w", err))
 	}
@@ -400,11 +449,13 @@ func (b *LowLatency) free() error {
 		errs = append(errs, b.stream.Close())
 		b.stream = nil
 	}
-	for _, p := range []*device.Buffer{&b.ws, &b.table} {
-		if p.Ptr != 0 {
-			errs = append(errs, b.dev.Free(*p))
-			*p = device.Buffer{}
-		}
+	if b.conn != nil {
+		errs = append(errs, b.conn.Close())
+		b.conn = nil
+	}
+	if b.ws.Ptr != 0 {
+		errs = append(errs, b.dev.Free(b.ws))
+		b.ws = device.Buffer{}
 	}
 	if b.comm != nil {
 		errs = append(errs, b.comm.Close())

@@ -68,7 +68,8 @@
 // fixed-shape expert-major (or rank-major) outputs, two alternating buffer
 // sets, FP8/UE8M0 cast in the kernel, no host wait, graph-capturable, each
 // call optionally split into a send and a receive step, and a mask of
-// active ranks. Goroutine ranks sharing one GPU should issue each step on
+// active ranks; across nodes (hosts, or LowLatencyConfig.VirtualNodes) the
+// rows for other nodes go over port channels with the same calls. Goroutine ranks sharing one GPU should issue each step on
 // every rank before any rank issues the next (package lowlatency says why).
 // Its bad input is refused as here, before any launch; ids outside [-1,
 // Experts) are counted on the device per dispatch (LLDispatchResult.Invalid,

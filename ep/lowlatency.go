@@ -69,8 +69,15 @@ type LowLatencyConfig struct {
 	Experts   int // a multiple of the rank count
 	// FP8 reserves the scale regions (FP8/UE8M0 dispatch, FP8 combine input).
 	FP8 bool
-	// Nodes the group spans (0 or 1).
+	// Nodes the group spans: 0 takes the nodes the ranks are on (hosts, or
+	// VirtualNodes); a count must match them. Inside a node rows move by
+	// direct stores, across nodes over port channels (one put per
+	// destination and region a call); the calls are the same.
 	Nodes int
+	// VirtualNodes splits the ranks of one host into this many nodes of
+	// consecutive ranks that reach each other only over the network
+	// transport (0: $GOEP_VIRTUAL_NODES, else none), as Config.VirtualNodes.
+	VirtualNodes int
 	// NumSMs caps every grid (0: the default, shrunk to this rank's share of
 	// its GPU); Threads per block (0: the default).
 	NumSMs, Threads int
@@ -82,7 +89,7 @@ type LowLatencyConfig struct {
 
 func (c LowLatencyConfig) buffer() buffer.LowLatencyConfig {
 	return buffer.LowLatencyConfig{MaxTokens: c.MaxTokens, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts, FP8: c.FP8,
-		Nodes: c.Nodes, NumSMs: c.NumSMs, Threads: c.Threads, Timeout: c.Timeout, Tag: c.Tag}
+		Nodes: c.Nodes, VirtualNodes: c.VirtualNodes, NumSMs: c.NumSMs, Threads: c.Threads, Timeout: c.Timeout, Tag: c.Tag}
 }
 
 // LowLatencySizeHint is the device memory a LowLatencyBuffer allocates per

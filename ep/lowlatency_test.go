@@ -99,15 +99,23 @@ func llDown[T any](t *testing.T, d device.Device, p uintptr, n int) []T {
 // both receives), experts writing into the zero-copy combine buffer, split
 // combine; results against the lowlatency reference; sets alternate over
 // several rounds; then a masked rank.
-func TestLowLatencyRoundTripHost(t *testing.T) { llRoundTrip(t, device.Host, 4) }
+func TestLowLatencyRoundTripHost(t *testing.T) { llRoundTrip(t, device.Host, 4, 0) }
 
 // 8 ranks sharing the GPUs present.
-func TestLowLatencyRoundTripGPU(t *testing.T) { llRoundTrip(t, device.CUDA, 8) }
+func TestLowLatencyRoundTripGPU(t *testing.T) { llRoundTrip(t, device.CUDA, 8, 0) }
 
-func llRoundTrip(t *testing.T, kind device.Kind, ranks int) {
+// The same across 2 virtual nodes (the masked rank 1 is on the other node
+// for ranks 2 and 3): the Buffer picks port channels for the other node,
+// nothing else changes.
+func TestLowLatencyNodesHost(t *testing.T) { llRoundTrip(t, device.Host, 4, 2) }
+
+// 8 ranks in 2 virtual nodes sharing the GPUs present.
+func TestLowLatencyNodesGPU(t *testing.T) { llRoundTrip(t, device.CUDA, 8, 2) }
+
+func llRoundTrip(t *testing.T, kind device.Kind, ranks, nodes int) {
 	const maxT, hidden, topk, experts = 6, 256, 3, 16
 	cfg := ep.LowLatencyConfig{MaxTokens: maxT, Hidden: hidden, TopK: topk, Experts: experts, FP8: true, NumSMs: 2, Threads: 64,
-		Timeout: 20 * time.Second}
+		Timeout: 20 * time.Second, VirtualNodes: nodes}
 	rs := newLLGroup(t, kind, ranks, cfg)
 	lc := lowlatency.Config{Ranks: ranks, MaxTokens: maxT, Hidden: hidden, TopK: topk, LocalExperts: experts / ranks, FP8: true}
 	le, slots := experts/ranks, ranks*maxT
@@ -336,9 +344,9 @@ func TestLowLatencyBadInput(t *testing.T) {
 	require.Error(t, nilBuf.Check())
 	require.Zero(t, nilBuf.Slots())
 	require.NoError(t, nilBuf.Close(context.Background()))
-	cfg.Nodes = 2
+	cfg.Nodes = 3
 	_, err = ep.LowLatencySizeHint(cfg, 2)
-	require.ErrorContains(t, err, "not built yet")
+	require.ErrorContains(t, err, "do not split into 3 nodes")
 }
 
 // More bad input, each refused before any launch and leaving the buffer

@@ -32,8 +32,9 @@
 // (freed >= (e-1) * unit). Every wait is bounded (goep_watchdog); with
 // elastic != 0 a peer that does not arrive in time is masked instead.
 #include "intranode.cuh"
+#include "port_device.cuh"
 
-#define GOEP_LL_MAX_RANKS 8
+#define GOEP_LL_MAX_RANKS 32
 #define GOEP_LL_MAX_TOPK 32
 #define GOEP_LL_MAX_THREADS 512
 
@@ -57,12 +58,15 @@
 #define GOEP_LL_CTRL_COMB_EFF 104
 #define GOEP_LL_CTRL_INVALID_ACC 112
 #define GOEP_LL_CTRL_INVALID_OUT 120
-#define GOEP_LL_CTRL_DISP_ARRIVE 128
-#define GOEP_LL_CTRL_DISP_FREED 256
-#define GOEP_LL_CTRL_COMB_ARRIVE 384
-#define GOEP_LL_CTRL_COMB_FREED 512
-#define GOEP_LL_CTRL_NTOK 640
-#define GOEP_LL_CTRL_BYTES 1024
+#define GOEP_LL_CTRL_DISP_SEND_DONE 128
+#define GOEP_LL_CTRL_COMB_SEND_DONE 136
+#define GOEP_LL_CTRL_DISP_ARRIVE 256
+#define GOEP_LL_CTRL_DISP_FREED 768
+#define GOEP_LL_CTRL_COMB_ARRIVE 1280
+#define GOEP_LL_CTRL_COMB_FREED 1792
+#define GOEP_LL_CTRL_NTOK 2304
+#define GOEP_LL_CTRL_SEND_NTOK 2560
+#define GOEP_LL_CTRL_BYTES 3072
 
 #define GOEP_LL_STAGE_DISP_FREED 1
 #define GOEP_LL_STAGE_DISP_ARRIVAL 2
@@ -70,6 +74,7 @@
 #define GOEP_LL_STAGE_COMB_FREED 4
 #define GOEP_LL_STAGE_COMB_ARRIVAL 5
 #define GOEP_LL_STAGE_COMB_GATE 6
+#define GOEP_LL_STAGE_PORT_PUSH 7
 
 extern "C" {
 __global__ void __launch_bounds__(GOEP_LL_MAX_THREADS)
@@ -79,12 +84,14 @@ __global__ void __launch_bounds__(GOEP_LL_MAX_THREADS)
                      u64 off_own_mask, const u8* x, const void* topk_idx, int ids_i64, const float* topk_weights,
                      int num_tokens, int k, int num_ranks, int rank, int local_experts, int max_tokens, int hidden,
                      int format, int rank_major, int set, int phases, int elastic, int num_slices, goep_watchdog* wd,
-                     u32 wait_id);
+                     u32 wait_id, const goep_port_channel* ports, u32 node_mask, u64 off_send_x, u64 off_send_s,
+                     u64 off_send_ids, u64 off_send_w);
 __global__ void __launch_bounds__(GOEP_LL_MAX_THREADS)
     goep_ll_combine(const u64* peers, u64 off_ctrl, u64 off_tab_pos, u64 off_tab_w, u64 off_tab_t, u64 off_own_mask,
                     u64 off_cstage, const u8* y, const float* y_scales, int y_fp8, u8* out, int num_tokens, int k,
                     int num_ranks, int rank, int local_experts, int max_tokens, int hidden, int rank_major, int set,
-                    int phases, int elastic, int num_slices, goep_watchdog* wd, u32 wait_id);
+                    int phases, int elastic, int num_slices, goep_watchdog* wd, u32 wait_id,
+                    const goep_port_channel* ports, u32 node_mask, u64 off_csend);
 __global__ void goep_ll_set_mask(u32* mask, u32 value, int op);
 }
 
@@ -102,7 +109,10 @@ __device__ __forceinline__ float goep_ll_div(float a, float b) { return a / b; }
 
 __device__ __forceinline__ u8* goep_ll_ctrl(u64 base, u64 off_ctrl) { return (u8*)(base + off_ctrl); }
 __device__ __forceinline__ u64* goep_ll_u64(u8* ctrl, int off, int set, int r) {
-  return (u64*)(ctrl + off + 64 * set + 8 * r);
+  return (u64*)(ctrl + off + 8 * GOEP_LL_MAX_RANKS * set + 8 * r);
+}
+__device__ __forceinline__ u64 goep_ll_u64_off(int off, int set, int r) {
+  return (u64)(off + 8 * GOEP_LL_MAX_RANKS * set + 8 * r);
 }
 __device__ __forceinline__ u32* goep_ll_mask(u8* ctrl) { return (u32*)(ctrl + GOEP_LL_CTRL_MASK); }
 
@@ -183,6 +193,50 @@ __device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl,
   }
 }
 
+// Across nodes. Where a row for destination d goes: d's staging row srow
+// (this rank's block there) when d is on this node, else row drow (d's
+// block) of this rank's send region, which one put per destination moves
+// after the step (goep_ll_port_rows).
+__device__ __forceinline__ u8* goep_ll_row(const u64* s_peers, u64 base, u32 node_mask, int d, u64 off_stage,
+                                           u64 off_send, u64 srow, u64 drow, u64 row_bytes) {
+  if ((node_mask >> d) & 1u) {
+    return (u8*)(s_peers[d] + off_stage) + srow * row_bytes;
+  }
+  return (u8*)(base + off_send) + drow * row_bytes;
+}
+
+// Puts rows 0..rows-1 of d's block of a send region into this rank's
+// block of d's staging region (same offsets in every workspace; the
+// channel's memories are the whole workspaces). Nothing for no rows.
+__device__ __forceinline__ bool goep_ll_port_rows(const goep_port_channel& ch, u64 off_stage, u64 off_send, int d,
+                                                  int rank, int max_tokens, int rows, u64 row_bytes) {
+  if (rows <= 0) {
+    return true;
+  }
+  return goep_pc_put(ch, off_stage + (u64)rank * max_tokens * row_bytes, off_send + (u64)d * max_tokens * row_bytes,
+                     (u64)rows * row_bytes, GOEP_LL_STAGE_PORT_PUSH);
+}
+
+// True in every thread of the step's last block to get here (a done
+// counter per set, reset by that block): every other block fenced its
+// writes (system scope: the copy engines read them) before adding, so the
+// last one may hand the send regions to the proxy. Every thread calls it.
+__device__ __forceinline__ bool goep_ll_last_block(u8* ctrl, int off_done, int set, int* s_last) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    u32* done = (u32*)(ctrl + off_done) + set;
+    goep_fence_acq_rel_sys();
+    const bool last = atomicAdd(done, 1u) == gridDim.x - 1;
+    if (last) {
+      goep_fence_acq_rel_sys();
+      *(volatile u32*)done = 0;
+    }
+    *s_last = last ? 1 : 0;
+  }
+  __syncthreads();
+  return *s_last != 0;
+}
+
 // A send step's start: the ranks this launch talks to (*s_active), once
 // they finished reading this set's rows of the previous epoch (freed >=
 // (e-1) units; elastic waits may mask some meanwhile, so the set is read
@@ -257,7 +311,7 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
       }
       if (s_ntok != nullptr) {
         for (int s = 0; s < num_ranks; ++s) {
-          const i32 n = ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 32 * set))[s];
+          const i32 n = ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 4 * GOEP_LL_MAX_RANKS * set))[s];
           s_ntok[s] = ((m >> s) & 1u) ? 0 : n;
         }
       }
@@ -302,11 +356,22 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
 // The last block of a receive step resets the done counter and advances
 // the set's epoch (every block read the epoch at its start); a dispatch's
 // also moves the invalid-id count of its send step to InvalidOut.
-__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e, bool invalid) {
+// Across nodes (remote != 0), that block then adds the unit to the freed
+// counter (off_freed) of this rank at every rank of another node, one
+// port-channel atomic add each (masked ranks too: counters stay in step).
+__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e, bool invalid,
+                                               const goep_port_channel* ports, u32 remote, int rank, u64 off_ctrl,
+                                               int off_freed, int* s_last) {
   if (threadIdx.x == 0) {
     u32* done = (u32*)(ctrl + off_done) + set;
-    goep_fence_acq_rel_gpu();
+    *s_last = 0;
+    if (remote != 0) {
+      goep_fence_acq_rel_sys();
+    } else {
+      goep_fence_acq_rel_gpu();
+    }
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
+      *s_last = 1;
       goep_fence_acq_rel_gpu();
       *(volatile u32*)done = 0;
       if (invalid) {
@@ -316,6 +381,15 @@ __device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_e
       }
       *(volatile u64*)((u64*)(ctrl + off_epoch) + set) = e;
     }
+  }
+  if (remote == 0) {
+    return;
+  }
+  __syncthreads();
+  const int d = threadIdx.x;
+  if (*s_last != 0 && d < GOEP_LL_MAX_RANKS && ((remote >> d) & 1u)) {
+    (void)goep_pc_atomic_add(ports[d], off_ctrl + goep_ll_u64_off(off_freed, set, rank), GOEP_IN_ARRIVAL_UNIT,
+                             GOEP_LL_STAGE_PORT_PUSH);
   }
 }
 
@@ -373,8 +447,11 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
                                             const float* topk_weights, int num_tokens, int k, int num_ranks,
                                             int rank, int local_experts, int max_tokens, int hidden, int format,
                                             int rank_major, int set, int phases, int elastic, int num_slices,
-                                            goep_watchdog* wd, u32 wait_id) {
+                                            goep_watchdog* wd, u32 wait_id, const goep_port_channel* ports,
+                                            u32 node_mask, u64 off_send_x, u64 off_send_s, u64 off_send_ids,
+                                            u64 off_send_w) {
   __shared__ u64 s_epoch;
+  __shared__ int s_last;
   __shared__ u64 s_peers[GOEP_LL_MAX_RANKS];
   __shared__ u32 s_active;
   __shared__ u32 s_eff;
@@ -395,6 +472,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   const int ns = hidden / 128;  // scales per row (FP8)
   const u64 row2 = (u64)hidden * 2;  // staging row stride
   const i64 num_experts = (i64)num_ranks * local_experts;
+  // Ranks on other nodes: reached through port channels (none inside one
+  // node: then nothing below changes the single-node path).
+  const u32 remote = goep_ll_all(num_ranks) & ~node_mask;
 
   if (phases & GOEP_LL_SEND) {
     // The destinations finished reading this set's rows of the previous
@@ -429,8 +509,11 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         for (int d = 0; d < num_ranks; ++d) {
           if (((active >> d) & 1u) && lane < k) {
             const bool here = dst == d && ((tmask >> d) & 1u);
-            ((i32*)(s_peers[d] + off_stage_ids))[srow * k + lane] = here ? (i32)(id - (i64)d * local_experts) : -1;
-            ((float*)(s_peers[d] + off_stage_w))[srow * k + lane] = here ? w : 0.0f;
+            const u64 drow = (u64)d * max_tokens + t;
+            ((i32*)goep_ll_row(s_peers, base, node_mask, d, off_stage_ids, off_send_ids, srow, drow, 4ull * k))[lane] =
+                here ? (i32)(id - (i64)d * local_experts) : -1;
+            ((float*)goep_ll_row(s_peers, base, node_mask, d, off_stage_w, off_send_w, srow, drow, 4ull * k))[lane] =
+                here ? w : 0.0f;
           }
         }
         // Ids outside [-1, E) are ignored; the receive step publishes
@@ -460,7 +543,10 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
           if (in) {
             for (int d = 0; d < num_ranks; ++d) {
               if ((tmask >> d) & 1u) {
-                goep_in_st_v4((u8*)(s_peers[d] + off_stage_x + srow * row2 + (u64)c * 16), v);
+                goep_in_st_v4(goep_ll_row(s_peers, base, node_mask, d, off_stage_x, off_send_x, srow,
+                                          (u64)d * max_tokens + t, row2) +
+                                  (u64)c * 16,
+                              v);
               }
             }
           }
@@ -507,11 +593,14 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         if (in) {
           for (int d = 0; d < num_ranks; ++d) {
             if ((tmask >> d) & 1u) {
-              u32* q = (u32*)(s_peers[d] + off_stage_x + srow * row2 + (u64)c * 8);
+              const u64 drow = (u64)d * max_tokens + t;
+              u32* q = (u32*)(goep_ll_row(s_peers, base, node_mask, d, off_stage_x, off_send_x, srow, drow, row2) +
+                              (u64)c * 8);
               q[0] = lo;
               q[1] = hi;
               if ((lane & 15) == 0) {
-                ((float*)(s_peers[d] + off_stage_s))[srow * ns + (c >> 4)] = scale;
+                ((float*)goep_ll_row(s_peers, base, node_mask, d, off_stage_s, off_send_s, srow, drow,
+                                     4ull * ns))[c >> 4] = scale;
               }
             }
           }
@@ -520,14 +609,41 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     }
     // Block 0 tells every rank how many tokens to look at (0 for ranks
     // masked here), before its arrival, so the share's release covers it.
+    // Ranks on other nodes get it through their put (CtrlSendNTok).
     if (blockIdx.x == 0 && tid == 0) {
       for (int d = 0; d < num_ranks; ++d) {
-        ((volatile i32*)(goep_ll_ctrl(s_peers[d], off_ctrl) + GOEP_LL_CTRL_NTOK + 32 * set))[rank] =
-            ((active >> d) & 1u) ? num_tokens : 0;
+        const i32 n = ((active >> d) & 1u) ? num_tokens : 0;
+        if ((node_mask >> d) & 1u) {
+          ((volatile i32*)(goep_ll_ctrl(s_peers[d], off_ctrl) + GOEP_LL_CTRL_NTOK + 4 * GOEP_LL_MAX_RANKS * set))[rank] =
+              n;
+        } else {
+          ((volatile i32*)(ctrl + GOEP_LL_CTRL_SEND_NTOK + 4 * GOEP_LL_MAX_RANKS * set))[d] = n;
+        }
       }
       ((volatile i32*)(ctrl + GOEP_LL_CTRL_OWN_T))[set] = num_tokens;
     }
-    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_ARRIVE, set, rank, goep_ll_all(num_ranks));
+    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_ARRIVE, set, rank, goep_ll_all(num_ranks) & node_mask);
+    // Across nodes: the last block moves every destination's rows with one
+    // put per region (thread d for rank d), then the token count, then the
+    // whole unit on d's arrival counter of this rank, all on one channel:
+    // the proxy applies them in order, so the counter never overtakes the
+    // rows. Masked destinations get the count (0) and the unit only.
+    if (remote != 0 && goep_ll_last_block(ctrl, GOEP_LL_CTRL_DISP_SEND_DONE, set, &s_last)) {
+      const int d = tid;
+      if (d < num_ranks && ((remote >> d) & 1u)) {
+        const goep_port_channel& ch = ports[d];
+        const int rows = ((active >> d) & 1u) ? num_tokens : 0;
+        const u64 nt = off_ctrl + GOEP_LL_CTRL_NTOK + 4ull * GOEP_LL_MAX_RANKS * set;
+        const u64 snt = off_ctrl + GOEP_LL_CTRL_SEND_NTOK + 4ull * GOEP_LL_MAX_RANKS * set;
+        (void)(goep_ll_port_rows(ch, off_stage_x, off_send_x, d, rank, max_tokens, rows, row2) &&
+               (!quant || goep_ll_port_rows(ch, off_stage_s, off_send_s, d, rank, max_tokens, rows, 4ull * ns)) &&
+               goep_ll_port_rows(ch, off_stage_ids, off_send_ids, d, rank, max_tokens, rows, 4ull * k) &&
+               goep_ll_port_rows(ch, off_stage_w, off_send_w, d, rank, max_tokens, rows, 4ull * k) &&
+               goep_pc_put(ch, nt + 4ull * rank, snt + 4ull * d, 4, GOEP_LL_STAGE_PORT_PUSH) &&
+               goep_pc_atomic_add(ch, off_ctrl + goep_ll_u64_off(GOEP_LL_CTRL_DISP_ARRIVE, set, rank),
+                                  GOEP_IN_ARRIVAL_UNIT, GOEP_LL_STAGE_PORT_PUSH));
+      }
+    }
   }
 
   if (!(phases & GOEP_LL_RECV)) {
@@ -571,7 +687,15 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     const int nw = (ns + 3) / 4;
     i32* tab_row = (i32*)(base + off_tab_row);
     i32* recv_src = (i32*)(base + off_recv_src);
-    for (int le = blockIdx.x; le < local_experts; le += gridDim.x) {
+    // With fewer local experts than blocks (EP8, 32 experts a rank on 132
+    // SMs), `copies` blocks take the same expert: each runs the (cheap,
+    // ids-only) scan and copies the rows p with p % copies == part, so
+    // every SM copies instead of one block per expert; part 0 writes the
+    // expert's tables, each part tab_row of its own rows (no two blocks
+    // write one word).
+    const int copies = max(1, (int)gridDim.x / local_experts);
+    for (int u = blockIdx.x; u < local_experts * copies; u += gridDim.x) {
+      const int le = u / copies, part = u - le * copies;
       int total_all = 0;
       for (int s = 0; s < num_ranks; ++s) {
         const int n = s_ntok[s];
@@ -589,29 +713,50 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
           for (int j = 0; j < k; ++j) {
             const i64 q = ((i64)s * max_tokens + t) * k + j;
             if (stage_ids[q] == le) {
-              tab_pos[q] = le * slots + p;
-              tab_row[(i64)le * slots + p] = s * max_tokens + t;
-              recv_src[(i64)le * slots + p] = t;
+              if (part == 0) {
+                tab_pos[q] = le * slots + p;
+                recv_src[(i64)le * slots + p] = t;
+              }
+              if (p % copies == part) {
+                tab_row[(i64)le * slots + p] = s * max_tokens + t;
+              }
               ++p;
             }
           }
         }
-        if (tid == 0) {
+        if (tid == 0 && part == 0) {
           ((u64*)(base + off_recv_range))[(i64)le * num_ranks + s] = (u64)(u32)total_all | ((u64)(u32)total << 32);
         }
         total_all += total;
       }
-      if (tid == 0) {
+      if (tid == 0 && part == 0) {
         ((i32*)(base + off_recv_count))[le] = total_all;
       }
-      __syncthreads();  // tab_row of this expert, written by the block, is complete
-      for (int p = warp; p < total_all; p += nwarps) {
+      __syncthreads();  // tab_row of this part's rows, written by the block, is complete
+      const int nch = out_row >> 4;
+      for (int p = part + copies * warp; p < total_all; p += copies * nwarps) {
         const i64 from = tab_row[(i64)le * slots + p];
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
         u8* drow = (u8*)(base + off_recv_x) + to * out_row;
-        for (int c = lane; c < (out_row >> 4); c += 32) {
-          goep_in_st_v4(drow + (u64)c * 16, goep_in_ld_peer_v4(srow + (u64)c * 16));
+        // Four loads in flight per lane before their stores: one load
+        // then its store per chunk waits out a memory round trip each
+        // (the asm's memory clobber keeps that order), 28 of them a BF16
+        // row at H 7168.
+        for (int c0 = lane; c0 < nch; c0 += 4 * 32) {
+          uint4 v[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (c0 + 32 * q < nch) {
+              v[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (c0 + 32 * q < nch) {
+              goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, v[q]);
+            }
+          }
         }
         if (format == GOEP_LL_FP8) {
           const float* ss = (const float*)(base + off_stage_s) + from * ns;
@@ -633,8 +778,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     }
   }
   // Done reading the staged rows: the sources may write this set again.
-  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_FREED, set, rank, goep_ll_all(num_ranks));
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true);
+  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_FREED, set, rank, goep_ll_all(num_ranks) & node_mask);
+  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports, remote, rank, off_ctrl,
+                 GOEP_LL_CTRL_DISP_FREED, &s_last);
 }
 
 // ---------------------------------------------------------------------------
@@ -645,8 +791,10 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
                                            const float* y_scales, int y_fp8, u8* out, int num_tokens, int k,
                                            int num_ranks, int rank, int local_experts, int max_tokens, int hidden,
                                            int rank_major, int set, int phases, int elastic, int num_slices,
-                                           goep_watchdog* wd, u32 wait_id) {
+                                           goep_watchdog* wd, u32 wait_id, const goep_port_channel* ports,
+                                           u32 node_mask, u64 off_csend) {
   __shared__ u64 s_epoch;
+  __shared__ int s_last;
   __shared__ u64 s_peers[GOEP_LL_MAX_RANKS];
   __shared__ u32 s_active;
   __shared__ u32 s_eff;
@@ -666,6 +814,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   const u64 row2 = (u64)hidden * 2;
   const int nchunks = hidden >> 3;
   const int ns = hidden / 128;
+  const u32 remote = goep_ll_all(num_ranks) & ~node_mask;  // ranks on other nodes
 
   if (phases & GOEP_LL_SEND) {
     if (!goep_ll_send_gate(ctrl, GOEP_LL_CTRL_COMB_FREED, set, num_ranks, rank, e, elastic, wd, wait_id,
@@ -692,7 +841,8 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
       if (local == 0) {
         continue;
       }
-      u8* const dst = (u8*)(s_peers[s] + off_cstage) + ((u64)rank * max_tokens + t) * row2;
+      u8* const dst = goep_ll_row(s_peers, base, node_mask, s, off_cstage, off_csend, (u64)rank * max_tokens + t,
+                                  (u64)s * max_tokens + t, row2);
       int r_lo, r_hi;
       goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
       for (int rr = r_lo; rr < r_hi; ++rr) {
@@ -740,7 +890,18 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         }
       }
     }
-    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_ARRIVE, set, rank, goep_ll_all(num_ranks));
+    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_ARRIVE, set, rank, goep_ll_all(num_ranks) & node_mask);
+    // Across nodes: one put of the owner's partial rows (its token count),
+    // then the unit on its arrival counter, on one channel.
+    if (remote != 0 && goep_ll_last_block(ctrl, GOEP_LL_CTRL_COMB_SEND_DONE, set, &s_last)) {
+      const int s = tid;
+      if (s < num_ranks && ((remote >> s) & 1u)) {
+        const int rows = ((active >> s) & 1u) ? s_ntok[s] : 0;
+        (void)(goep_ll_port_rows(ports[s], off_cstage, off_csend, s, rank, max_tokens, rows, row2) &&
+               goep_pc_atomic_add(ports[s], off_ctrl + goep_ll_u64_off(GOEP_LL_CTRL_COMB_ARRIVE, set, rank),
+                                  GOEP_IN_ARRIVAL_UNIT, GOEP_LL_STAGE_PORT_PUSH));
+      }
+    }
   }
 
   if (!(phases & GOEP_LL_RECV)) {
@@ -770,23 +931,41 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
       for (int q = 0; q < 8; ++q) {
         acc[q] = 0.0f;
       }
-      for (int d = 0; d < num_ranks; ++d) {
-        if (!((dm >> d) & 1u)) {
-          continue;
-        }
-        float pv[8];
-        goep_ll_bf16x8_to_f32(goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16), pv);
+      // Up to four partials loaded before any is added (one memory
+      // round trip per four destinations instead of one each), added in
+      // ascending d as the reference does.
+      u32 m = dm;
+      while (m != 0) {
+        uint4 v[4];
+        int nb = 0;
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          acc[q] = goep_ll_add(acc[q], pv[q]);
+        for (int q = 0; q < 4; ++q) {
+          if (m != 0) {
+            const int d = __ffs(m) - 1;
+            m &= m - 1u;
+            v[q] = goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16);
+            nb = q + 1;
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          if (q < nb) {
+            float pv[8];
+            goep_ll_bf16x8_to_f32(v[q], pv);
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+              acc[x] = goep_ll_add(acc[x], pv[x]);
+            }
+          }
         }
       }
       goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
     }
   }
   // Done reading the partials: the expert ranks may write this set again.
-  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_FREED, set, rank, goep_ll_all(num_ranks));
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false);
+  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_FREED, set, rank, goep_ll_all(num_ranks) & node_mask);
+  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports, remote, rank, off_ctrl,
+                 GOEP_LL_CTRL_COMB_FREED, &s_last);
 }
 
 // Mask update, stream-ordered and graph-capturable: op 0 sets the mask to

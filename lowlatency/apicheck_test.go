@@ -11,7 +11,7 @@ import (
 // exported methods (nil pointers for pointer methods, zero values for value
 // types); TestAPITable fails when a new one is not added here.
 var apiTable = []any{
-	(*lowlatency.Workspace)(nil),
+	(*lowlatency.Workspace)(nil), (*lowlatency.Connection)(nil),
 	lowlatency.Config{}, lowlatency.Format(0), lowlatency.Format(-1), lowlatency.RankInput{}, lowlatency.RankRecv{},
 	lowlatency.Region{},
 }

@@ -18,6 +18,9 @@
 // every rank before any rank issues the next; one process per GPU needs
 // nothing of the kind.
 //
-// Across nodes (port channels) is not built yet: NewLayout refuses a
-// group that spans nodes (Config.Nodes > 1).
+// Across nodes (Config.Nodes > 1, Connect): ranks of a node store into
+// each other's workspaces; rows and counts for ranks on other nodes go into
+// this rank's send regions and over port channels, one put per region and
+// destination a call, then a port-channel atomic add on the receiver's
+// arrival counter, which the proxy applies after the puts landed.
 package lowlatency

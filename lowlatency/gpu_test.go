@@ -63,14 +63,20 @@ func TestDecodeShapeGPU(t *testing.T) {
 // graphReplays captures, on every rank, two micro-batches (dispatch and
 // combine on set 0, then on set 1) into one graph and replays it, checking
 // both combined outputs after every replay (outputs poisoned before each).
-func graphReplays(t *testing.T, devs []device.Device, spin, replays int) {
-	c := llCase{name: "graph", ranks: len(devs), maxTokens: 32, hidden: 512, topk: 4, le: 4, weights: true, hot: -1, cold: -1}
+// nodes > 1 splits the ranks into that many virtual nodes.
+func graphReplays(t *testing.T, devs []device.Device, spin, replays, nodes int) {
+	c := llCase{name: "graph", nodes: nodes, ranks: len(devs), maxTokens: 32, hidden: 512, topk: 4, le: 4, weights: true, hot: -1, cold: -1}
 	c.cfg = lowlatency.LaunchConfig{NumSMs: max(1, min(4, spin)), Threads: 128}
 	if spin == 0 {
 		c.cfg = lowlatency.LaunchConfig{NumSMs: 2, Threads: 64}
 	}
 	lc := c.config()
-	g := newGroup(t, devs, lc, 20*time.Second, spin)
+	var g *group
+	if nodes > 1 {
+		g = newNodeGroup(t, devs, lc, 20*time.Second, spin)
+	} else {
+		g = newGroup(t, devs, lc, 20*time.Second, spin)
+	}
 	type mb struct {
 		ins               []lowlatency.RankInput
 		x, ids, w, y, out []uintptr
@@ -159,12 +165,12 @@ func graphReplays(t *testing.T, devs []device.Device, spin, replays int) {
 	}
 }
 
-func TestGraphReplaysHost(t *testing.T) { graphReplays(t, hostDevices(t, 4), 0, 3) }
+func TestGraphReplaysHost(t *testing.T) { graphReplays(t, hostDevices(t, 4), 0, 3, 1) }
 
 // 8 ranks (sharing the GPUs present), 1,000 replays, every one checked.
 func TestGraphReplaysGPU(t *testing.T) {
 	devs, spin := gpuDevices(t, 8)
-	graphReplays(t, devs, spin, 1000)
+	graphReplays(t, devs, spin, 1000, 1)
 }
 
 // Split send/receive with other work between the steps on the same stream

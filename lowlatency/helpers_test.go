@@ -30,10 +30,17 @@ type rank struct {
 	record  device.HostMapped
 	bufs    []device.Buffer
 	imports []device.Buffer
+	// Groups across nodes (newNodeGroup): the communicator, whose
+	// watchdog the kernels use, and the connection Connect built.
+	comm *channels.Communicator
+	conn *lowlatency.Connection
 }
 
 // check reports a device-side timeout of this rank as an error.
 func (r *rank) check() error {
+	if r.comm != nil {
+		return r.comm.Check()
+	}
 	state := (*atomic.Uint32)(unsafe.Pointer(&r.record.Host[devapi.RecordState])).Load()
 	if state == devapi.TimeoutNone {
 		return nil

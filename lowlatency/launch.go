@@ -63,8 +63,14 @@ type Workspace struct {
 	Base uintptr
 	Size int
 	// Peers is device memory holding u64[Ranks], every rank's workspace as
-	// mapped here.
+	// mapped here (0 for ranks on other nodes, which are not mapped).
 	Peers uintptr
+	// Ports is device memory holding goep_port_channel[Ranks]: the port
+	// channel to each rank on another node (zero handles for this node's
+	// ranks), whose default memories are this workspace (source) and the
+	// peer's (destination), registered whole. Needed when the layout spans
+	// nodes (Connect builds it), else 0.
+	Ports uintptr
 	// Watchdog bounds every device wait (goep_watchdog); WaitID goes into
 	// timeout records.
 	Watchdog uintptr
@@ -93,6 +99,8 @@ func (w *Workspace) Validate() error {
 		return fmt.Errorf("lowlatency: peer table pointer %#x: want non-null, 8-byte aligned", w.Peers)
 	case w.Watchdog == 0 || w.Watchdog%8 != 0:
 		return fmt.Errorf("lowlatency: watchdog pointer %#x: want non-null, 8-byte aligned", w.Watchdog)
+	case l.NodeCount() > 1 && (w.Ports == 0 || w.Ports%8 != 0):
+		return fmt.Errorf("lowlatency: a group across %d nodes needs port channels (Workspace.Ports %#x: want non-null, 8-byte aligned)", l.NodeCount(), w.Ports)
 	}
 	return nil
 }
@@ -209,7 +217,7 @@ func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 	if int64(a.Tokens)*int64(sl) > math.MaxInt32 {
 		return fmt.Errorf("lowlatency: dispatch: %d tokens x %d slices overflow 32-bit units", a.Tokens, sl)
 	}
-	args := device.NewArgs(36).Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).
+	args := device.NewArgs(42).Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).
 		U64(uint64(sr.StageX.Offset)).U64(uint64(sr.StageS.Offset)).U64(uint64(sr.StageIDs.Offset)).U64(uint64(sr.StageW.Offset)).
 		U64(uint64(sr.RecvX.Offset)).U64(uint64(sr.RecvS.Offset)).U64(uint64(sr.RecvSrc.Offset)).U64(uint64(sr.RecvRange.Offset)).
 		U64(uint64(sr.RecvCount.Offset)).U64(uint64(sr.TabPos.Offset)).U64(uint64(sr.TabW.Offset)).U64(uint64(sr.TabT.Offset)).
@@ -217,7 +225,9 @@ func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		Ptr(a.X).Ptr(a.TopK).I32(b2i(a.IDs64)).Ptr(a.Weights).
 		I32(int32(a.Tokens)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.LocalExperts)).
 		I32(int32(l.MaxTokens)).I32(int32(l.Hidden)).I32(int32(a.Format)).I32(b2i(a.RankMajor)).I32(int32(a.Set)).
-		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID)
+		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID).
+		Ptr(w.Ports).U32(l.NodeMask(w.Rank)).U64(uint64(sr.SendX.Offset)).U64(uint64(sr.SendS.Offset)).
+		U64(uint64(sr.SendIDs.Offset)).U64(uint64(sr.SendW.Offset))
 	if err := dev.Launch(KernelDispatch, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
 		return fmt.Errorf("lowlatency: dispatch: %w", err)
 	}
@@ -280,12 +290,13 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 	if int64(l.Slots())*int64(sl) > math.MaxInt32 {
 		return fmt.Errorf("lowlatency: combine: %d slots x %d slices overflow 32-bit units", l.Slots(), sl)
 	}
-	args := device.NewArgs(25).Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).
+	args := device.NewArgs(28).Ptr(w.Peers).U64(uint64(l.Ctrl.Offset)).
 		U64(uint64(sr.TabPos.Offset)).U64(uint64(sr.TabW.Offset)).U64(uint64(sr.TabT.Offset)).U64(uint64(sr.OwnMask.Offset)).
 		U64(uint64(sr.CStage.Offset)).Ptr(a.Y).Ptr(a.YScales).I32(b2i(a.YFP8)).Ptr(a.Out).
 		I32(int32(a.Tokens)).I32(int32(l.TopK)).I32(int32(l.Ranks)).I32(int32(w.Rank)).I32(int32(l.LocalExperts)).
 		I32(int32(l.MaxTokens)).I32(int32(l.Hidden)).I32(b2i(a.RankMajor)).I32(int32(a.Set)).
-		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID)
+		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID).
+		Ptr(w.Ports).U32(l.NodeMask(w.Rank)).U64(uint64(sr.CSend.Offset))
 	if err := dev.Launch(KernelCombine, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
 		return fmt.Errorf("lowlatency: combine: %w", err)
 	}

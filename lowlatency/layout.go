@@ -9,9 +9,13 @@ import (
 
 // Limits of the kernels (kernels/lowlatency.cu).
 const (
-	MaxRanks   = 8    // one NVLink domain; destination masks are 8 bits
-	MaxTopK    = 32   // one lane per top-k slot
-	MaxExperts = 4096 // local expert ids and flat rows fit 32 bits easily below this
+	// MaxRanks bounds the group: destination and rank masks are 32 bits.
+	MaxRanks = 32
+	// MaxRanksPerNode bounds a node to one NVLink domain (ranks of a node
+	// store into each other's workspaces).
+	MaxRanksPerNode = 8
+	MaxTopK         = 32   // one lane per top-k slot
+	MaxExperts      = 4096 // local expert ids and flat rows fit 32 bits easily below this
 	// BF16 rows move as 16-byte vectors.
 	HiddenMultiple = 8
 	// FP8 scales cover 128 elements each.
@@ -60,9 +64,29 @@ type Config struct {
 	// FP8 reserves the scale regions (needed by FP8 and UE8M0 dispatch and
 	// by FP8 combine input).
 	FP8 bool
-	// Nodes the group spans; 0 or 1. Low latency across nodes (port
-	// channels) is not built yet.
+	// Nodes the group spans (0 means 1): nodes of Ranks/Nodes consecutive
+	// ranks (rank r on node r / RanksPerNode()). Ranks of one node store
+	// into each other's workspaces; rows for a rank on another node go
+	// into this rank's send regions and over a port channel, one put per
+	// region and destination a call (Workspace.Ports).
 	Nodes int
+}
+
+// NodeCount is Nodes, at least 1.
+func (c Config) NodeCount() int { return max(c.Nodes, 1) }
+
+// RanksPerNode is the ranks of each node.
+func (c Config) RanksPerNode() int { return c.Ranks / c.NodeCount() }
+
+// NodeMask is the ranks on rank's node (bit r = rank r): reached by direct
+// stores; every other rank through a port channel.
+func (c Config) NodeMask(rank int) uint32 {
+	p := c.RanksPerNode()
+	if p < 1 || rank < 0 || rank >= c.Ranks {
+		return 0
+	}
+	first := rank / p * p
+	return uint32((uint64(1)<<uint(p) - 1) << uint(first))
 }
 
 // Experts is the global expert count.
@@ -90,10 +114,12 @@ func (c Config) RowBytes(f Format) int {
 // Validate checks c against the kernels' limits.
 func (c Config) Validate() error {
 	switch {
-	case c.Nodes > 1:
-		return fmt.Errorf("lowlatency: a group across %d nodes: low latency over port channels (internode) is not built yet; use one node", c.Nodes)
 	case c.Ranks < 1 || c.Ranks > MaxRanks:
-		return fmt.Errorf("lowlatency: %d ranks: the NVLink kernels take 1..%d", c.Ranks, MaxRanks)
+		return fmt.Errorf("lowlatency: %d ranks: the kernels take 1..%d", c.Ranks, MaxRanks)
+	case c.Nodes < 0 || c.Ranks%c.NodeCount() != 0:
+		return fmt.Errorf("lowlatency: %d ranks do not split into %d nodes", c.Ranks, c.Nodes)
+	case c.RanksPerNode() > MaxRanksPerNode:
+		return fmt.Errorf("lowlatency: %d ranks per node: at most %d (one NVLink domain)", c.RanksPerNode(), MaxRanksPerNode)
 	case c.MaxTokens < 1:
 		return fmt.Errorf("lowlatency: max tokens %d: want >= 1", c.MaxTokens)
 	case c.Hidden < HiddenMultiple || c.Hidden%HiddenMultiple != 0:
@@ -160,6 +186,15 @@ type SetRegions struct {
 	// their outputs here. CombineS f32 [LocalExperts][Slots][Hidden/128]
 	// holds scales of an FP8 combine input.
 	CombineX, CombineS Region
+	// Send regions, only when the group spans nodes (empty otherwise):
+	// rows for ranks on other nodes, indexed by destination, in the
+	// staging regions' row formats: SendX [R][MaxTokens] rows of 2*Hidden
+	// bytes, SendS f32 [R][MaxTokens][Hidden/128], SendIDs i32 and SendW
+	// f32 [R][MaxTokens][TopK]; CSend BF16 [R][MaxTokens][Hidden], the
+	// combine partials for each owner. One put moves rows 0..T-1 of
+	// destination d's block into d's staging block of this rank, which has
+	// the same shape.
+	SendX, SendS, SendIDs, SendW, CSend Region
 }
 
 // Layout places every region of a workspace. Offsets are the same in every
@@ -225,9 +260,23 @@ func NewLayout(c Config) (Layout, error) {
 		s.CStage = place(r, t, 2*h)
 		s.CombineX = place(le, slots, 2*h)
 		s.CombineS = place(le, slots, ns, 4)
+		rr := 0 // rows of the send regions
+		if c.NodeCount() > 1 {
+			rr = r
+		}
+		s.SendX = place(rr, t, 2*h)
+		s.SendS = place(rr, t, ns, 4)
+		s.SendIDs = place(rr, t, k, 4)
+		s.SendW = place(rr, t, k, 4)
+		s.CSend = place(rr, t, 2*h)
 	}
 	if overflow {
 		return Layout{}, errors.New("lowlatency: workspace size overflows")
+	}
+	if c.NodeCount() > 1 && off > MaxPortBytes {
+		// Port-channel triggers carry 32-bit offsets into the registered
+		// workspace.
+		return Layout{}, fmt.Errorf("lowlatency: a workspace of %d bytes across nodes: port channels reach at most %d bytes", off, MaxPortBytes)
 	}
 	l.Size = off
 	return l, nil
@@ -246,31 +295,37 @@ func SizeHint(c Config) (int, error) {
 // The control block (kernels/lowlatency.cu). Zero when the workspace is
 // first used; kernels never clear it. b is the buffer set.
 const (
-	CtrlDispEpoch  = 0   // u64[2]: dispatches completed on set b (this rank)
-	CtrlCombEpoch  = 16  // u64[2]: combines completed on set b
-	CtrlDispDone   = 32  // u32[2]: blocks of the running dispatch receive that finished
-	CtrlCombDone   = 40  // u32[2]
-	CtrlMask       = 48  // u32: bit r set = rank r masked
-	CtrlOwnT       = 52  // i32[2]: tokens of this rank's last dispatch on set b
-	CtrlDispGate   = 64  // u64[2]: epoch whose arrivals block 0 of the receive has seen
-	CtrlDispEff    = 80  // u32[2]: mask the receive of set b used
-	CtrlCombGate   = 88  // u64[2]
-	CtrlCombEff    = 104 // u32[2]
-	CtrlInvalidAcc = 112 // u32[2]: top-k ids outside [-1, E) counted by the running dispatch's send step
-	CtrlInvalidOut = 120 // u32[2]: the count of the last completed dispatch on set b
-	CtrlDispArrive = 128 // u64[2][8]: arrival shares from source s
-	CtrlDispFreed  = 256 // u64[2][8]: "done reading your rows" shares from destination d
-	CtrlCombArrive = 384 // u64[2][8]
-	CtrlCombFreed  = 512 // u64[2][8]
-	CtrlNTok       = 640 // i32[2][8]: tokens of source s's dispatch on set b
-	CtrlBytes      = 1024
+	CtrlDispEpoch    = 0   // u64[2]: dispatches completed on set b (this rank)
+	CtrlCombEpoch    = 16  // u64[2]: combines completed on set b
+	CtrlDispDone     = 32  // u32[2]: blocks of the running dispatch receive that finished
+	CtrlCombDone     = 40  // u32[2]
+	CtrlMask         = 48  // u32: bit r set = rank r masked
+	CtrlOwnT         = 52  // i32[2]: tokens of this rank's last dispatch on set b
+	CtrlDispGate     = 64  // u64[2]: epoch whose arrivals block 0 of the receive has seen
+	CtrlDispEff      = 80  // u32[2]: mask the receive of set b used
+	CtrlCombGate     = 88  // u64[2]
+	CtrlCombEff      = 104 // u32[2]
+	CtrlInvalidAcc   = 112 // u32[2]: top-k ids outside [-1, E) counted by the running dispatch's send step
+	CtrlInvalidOut   = 120 // u32[2]: the count of the last completed dispatch on set b
+	CtrlDispSendDone = 128 // u32[2]: blocks of the running dispatch send that finished (across nodes)
+	CtrlCombSendDone = 136 // u32[2]
+	CtrlDispArrive   = 256 // u64[2][32]: arrival shares from source s
+	CtrlDispFreed    = 768 // u64[2][32]: "done reading your rows" shares from destination d
+	CtrlCombArrive   = 1280
+	CtrlCombFreed    = 1792
+	CtrlNTok         = 2304 // i32[2][32]: tokens of source s's dispatch on set b
+	CtrlSendNTok     = 2560 // i32[2][32]: the token count this rank puts into rank d's CtrlNTok (across nodes)
+	CtrlBytes        = 3072
 
 	// ArrivalUnit is what one launch adds, over its blocks, to a counter.
 	ArrivalUnit = 1 << 20
+
+	// MaxPortBytes bounds a workspace reached through port channels.
+	MaxPortBytes = 1 << 32
 )
 
 // Offsets in the control block (b: set, r: rank).
-func ctrlU64(base, b, r int) int { return base + 64*b + 8*r }
+func ctrlU64(base, b, r int) int { return base + 8*MaxRanks*b + 8*r }
 
 // DispArriveOffset is arrive[b][src] of dispatch.
 func DispArriveOffset(b, src int) int { return ctrlU64(CtrlDispArrive, b, src) }
@@ -285,7 +340,10 @@ func CombArriveOffset(b, src int) int { return ctrlU64(CtrlCombArrive, b, src) }
 func CombFreedOffset(b, dst int) int { return ctrlU64(CtrlCombFreed, b, dst) }
 
 // NTokOffset is ntok[b][src].
-func NTokOffset(b, src int) int { return CtrlNTok + 32*b + 4*src }
+func NTokOffset(b, src int) int { return CtrlNTok + 4*MaxRanks*b + 4*src }
+
+// SendNTokOffset is the count this rank puts into rank d's ntok[b][rank].
+func SendNTokOffset(b, d int) int { return CtrlSendNTok + 4*MaxRanks*b + 4*d }
 
 // Stages named in timeout records.
 const (
@@ -295,13 +353,15 @@ const (
 	StageCombineFreed    = 4
 	StageCombineArrival  = 5
 	StageCombineGate     = 6
+	StagePortPush        = 7 // across nodes: a port-channel trigger waiting for room in the proxy's FIFO
 )
 
 // StageName says what a stage waited for.
 func StageName(stage uint32) string {
 	names := [...]string{"dispatch send (peer still reading the set's previous rows)", "dispatch receive (rows from a source)",
 		"dispatch receive gate", "combine send (peer still reading the set's previous partials)",
-		"combine receive (partials from an expert rank)", "combine receive gate"}
+		"combine receive (partials from an expert rank)", "combine receive gate",
+		"port channel push (the proxy's FIFO stayed full)"}
 	if stage >= 1 && int(stage) <= len(names) {
 		return names[stage-1]
 	}

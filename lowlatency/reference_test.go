@@ -139,7 +139,8 @@ func TestConfigRefusals(t *testing.T) {
 		{Ranks: 2, MaxTokens: 1, Hidden: 64, TopK: 1, LocalExperts: 1, FP8: true},
 		{Ranks: 2, MaxTokens: 1, Hidden: 8, TopK: 33, LocalExperts: 1},
 		{Ranks: 2, MaxTokens: 1, Hidden: 8, TopK: 1, LocalExperts: 0},
-		{Ranks: 2, MaxTokens: 1, Hidden: 8, TopK: 1, LocalExperts: 1, Nodes: 2},
+		{Ranks: 3, MaxTokens: 1, Hidden: 8, TopK: 1, LocalExperts: 1, Nodes: 2}, // nodes do not divide the ranks
+		{Ranks: 9, MaxTokens: 1, Hidden: 8, TopK: 1, LocalExperts: 1, Nodes: 1}, // 9 ranks on one node
 		{Ranks: 8, MaxTokens: 1 << 20, Hidden: 8, TopK: 1, LocalExperts: 512},
 	} {
 		_, err := lowlatency.NewLayout(c)

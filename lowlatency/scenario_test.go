@@ -18,6 +18,7 @@ import (
 // (both micro-batches' sends before either receive).
 type llCase struct {
 	name              string
+	nodes             int // 0 or 1: one node; else nodes of ranks/nodes (newNodeGroup)
 	ranks, maxTokens  int
 	hidden, topk, le  int
 	tokens            []int // per rank (each iteration); nil: random in 0..maxTokens
@@ -36,7 +37,7 @@ type llCase struct {
 
 func (c llCase) config() lowlatency.Config {
 	return lowlatency.Config{Ranks: c.ranks, MaxTokens: c.maxTokens, Hidden: c.hidden, TopK: c.topk, LocalExperts: c.le,
-		FP8: c.format.Quantized() || c.fp8Combine}
+		FP8: c.format.Quantized() || c.fp8Combine, Nodes: c.nodes}
 }
 
 func randBF16(rng *rand.Rand, n int) []uint16 {

@@ -29,6 +29,45 @@ type llGroup struct {
 	wd      uintptr
 	waitID  uint32
 	elastic bool
+	// Across nodes: the ranks of this node (direct stores) and the port
+	// channels to the others (zero handles for this node's ranks).
+	nodeMask uint32
+	ports    []devapi.PortChannel
+}
+
+// remote is the ranks on other nodes.
+func (g llGroup) remote() uint32 { return all(len(g.peers)) &^ g.nodeMask }
+
+// row is goep_ll_row: d's staging row srow when d is on this node, else
+// row drow of this rank's send region.
+func (g llGroup) row(d int, offStage, offSend uintptr, srow, drow, rowBytes int) uintptr {
+	if g.nodeMask>>uint(d)&1 != 0 {
+		return g.peers[d] + offStage + uintptr(srow*rowBytes)
+	}
+	return g.peers[g.rank] + offSend + uintptr(drow*rowBytes)
+}
+
+// portRows is goep_ll_port_rows.
+func (g llGroup) portRows(d int, offStage, offSend uintptr, maxT, rows, rowBytes int) bool {
+	if rows <= 0 {
+		return true
+	}
+	return devapi.PortPut(g.ports[d], uint64(offStage)+uint64(g.rank*maxT*rowBytes), uint64(offSend)+uint64(d*maxT*rowBytes),
+		uint64(rows*rowBytes), 0, StagePortPush)
+}
+
+// portAdd adds the unit to counter off(set, this rank) of rank d.
+func (g llGroup) portAdd(d int, off func(b, r int) int, set int) bool {
+	return devapi.PortAtomicAdd(g.ports[d], g.ports[d].Dst, uint64(g.offCtrl)+uint64(off(set, g.rank)), ArrivalUnit, StagePortPush)
+}
+
+// remoteFreed is goep_ll_finish's part across nodes.
+func (g llGroup) remoteFreed(off func(b, r int) int, set int) {
+	for d := range g.peers {
+		if g.remote()>>uint(d)&1 != 0 && !g.portAdd(d, off, set) {
+			return
+		}
+	}
 }
 
 func (g llGroup) ctrl(r int) uintptr { return g.peers[r] + g.offCtrl }
@@ -40,7 +79,9 @@ func (g llGroup) active() uint32 {
 	if m>>uint(g.rank)&1 != 0 {
 		return 0
 	}
-	return uint32(1)<<uint(len(g.peers)) - 1&^m
+	// (1<<R - 1) &^ m: Go's &^ binds tighter than -, so the parentheses
+	// of all() matter.
+	return all(len(g.peers)) &^ m
 }
 
 // wait is goep_ll_wait: 0 reached, 1 peer masked, 2 failed.
@@ -87,7 +128,7 @@ func (g llGroup) waitRanks(off func(b, r int) int, set int, want uint32, target 
 
 func (g llGroup) signal(off func(b, r int) int, set int, to uint32) {
 	for d := range g.peers {
-		if to>>uint(d)&1 != 0 {
+		if to>>uint(d)&1 != 0 && g.nodeMask>>uint(d)&1 != 0 {
 			devapi.U64(g.ctrl(d) + uintptr(off(set, g.rank))).Add(ArrivalUnit)
 		}
 	}
@@ -105,9 +146,18 @@ func (g llGroup) effective() uint32 {
 
 func newLLGroup(a *device.Args, ranks, rank int, elastic bool, wdArg int) llGroup {
 	g := llGroup{peers: make([]uintptr, ranks), offCtrl: uintptr(a.GetU64(1)), rank: rank, wd: a.GetPtr(wdArg),
-		waitID: a.GetU32(wdArg + 1), elastic: elastic}
+		waitID: a.GetU32(wdArg + 1), elastic: elastic, nodeMask: a.GetU32(wdArg + 3)}
 	for i, p := range device.HostSlice[uint64](a.GetPtr(0), ranks) {
 		g.peers[i] = uintptr(p)
+	}
+	if g.remote() != 0 {
+		ports := a.GetPtr(wdArg + 2)
+		g.ports = make([]devapi.PortChannel, ranks)
+		for d := range g.ports {
+			if g.remote()>>uint(d)&1 != 0 {
+				g.ports[d] = devapi.DecodePortChannel(device.HostSlice[byte](ports+uintptr(d*devapi.PortChannelSize), devapi.PortChannelSize))
+			}
+		}
 	}
 	return g
 }
@@ -125,6 +175,7 @@ func dispatchTwin(l *device.HostLaunch) error {
 	format, rankMajor, set := Format(a.GetI32(27)), a.GetI32(28) != 0, int(a.GetI32(29))
 	phases, elastic := Phase(a.GetI32(30)), a.GetI32(31) != 0
 	g := newLLGroup(a, ranks, rank, elastic, 33)
+	oSendX, oSendS, oSendIDs, oSendW := off(37), off(38), off(39), off(40)
 	own := g.peers[rank]
 	epoch := devapi.U64(g.own() + CtrlDispEpoch + uintptr(8*set))
 	e := epoch.Load() + 1
@@ -174,9 +225,9 @@ func dispatchTwin(l *device.HostLaunch) error {
 				if active>>uint(d)&1 == 0 {
 					continue
 				}
-				p := g.peers[d]
-				sid := device.HostSlice[int32](p+oStageIDs+uintptr(4*srow*k), k)
-				sw := device.HostSlice[float32](p+oStageW+uintptr(4*srow*k), k)
+				drow := d*maxT + tok
+				sid := device.HostSlice[int32](g.row(d, oStageIDs, oSendIDs, srow, drow, 4*k), k)
+				sw := device.HostSlice[float32](g.row(d, oStageW, oSendW, srow, drow, 4*k), k)
 				here := tmask>>uint(d)&1 != 0
 				for j, id := range ids[tok*k : (tok+1)*k] {
 					sid[j], sw[j] = -1, 0
@@ -190,10 +241,10 @@ func dispatchTwin(l *device.HostLaunch) error {
 				if !here {
 					continue
 				}
-				dst := p + oStageX + uintptr(srow*row2)
+				dst := g.row(d, oStageX, oSendX, srow, drow, row2)
 				if format.Quantized() {
 					copy(device.HostSlice[uint8](dst, h), q)
-					copy(device.HostSlice[float32](p+oStageS+uintptr(4*srow*ns), ns), sc)
+					copy(device.HostSlice[float32](g.row(d, oStageS, oSendS, srow, drow, 4*ns), ns), sc)
 				} else {
 					copy(device.HostSlice[uint16](dst, h), row)
 				}
@@ -204,10 +255,32 @@ func dispatchTwin(l *device.HostLaunch) error {
 			if active>>uint(d)&1 != 0 {
 				n = uint32(t)
 			}
-			devapi.U32(g.ctrl(d) + uintptr(NTokOffset(set, rank))).Store(n)
+			if g.nodeMask>>uint(d)&1 != 0 {
+				devapi.U32(g.ctrl(d) + uintptr(NTokOffset(set, rank))).Store(n)
+			} else {
+				devapi.U32(g.own() + uintptr(SendNTokOffset(set, d))).Store(n)
+			}
 		}
 		devapi.U32(g.own() + CtrlOwnT + uintptr(4*set)).Store(uint32(t))
 		g.signal(DispArriveOffset, set, all(ranks))
+		for d := 0; d < ranks; d++ {
+			if g.remote()>>uint(d)&1 == 0 {
+				continue
+			}
+			rows := 0
+			if active>>uint(d)&1 != 0 {
+				rows = t
+			}
+			ok := g.portRows(d, oStageX, oSendX, maxT, rows, row2) &&
+				(!format.Quantized() || g.portRows(d, oStageS, oSendS, maxT, rows, 4*ns)) &&
+				g.portRows(d, oStageIDs, oSendIDs, maxT, rows, 4*k) &&
+				g.portRows(d, oStageW, oSendW, maxT, rows, 4*k) &&
+				devapi.PortPut(g.ports[d], uint64(g.offCtrl)+uint64(NTokOffset(set, rank)), uint64(g.offCtrl)+uint64(SendNTokOffset(set, d)), 4, 0, StagePortPush) &&
+				g.portAdd(d, DispArriveOffset, set)
+			if !ok {
+				return nil
+			}
+		}
 	}
 	if phases&Recv == 0 {
 		return nil
@@ -287,6 +360,7 @@ func dispatchTwin(l *device.HostLaunch) error {
 	acc := devapi.U32(g.own() + CtrlInvalidAcc + uintptr(4*set))
 	devapi.U32(g.own() + CtrlInvalidOut + uintptr(4*set)).Store(acc.Swap(0))
 	epoch.Store(e)
+	g.remoteFreed(DispFreedOffset, set)
 	return nil
 }
 
@@ -311,6 +385,7 @@ func combineTwin(l *device.HostLaunch) error {
 	maxT, h := int(a.GetI32(16)), int(a.GetI32(17))
 	rankMajor, set, phases, elastic := a.GetI32(18) != 0, int(a.GetI32(19)), Phase(a.GetI32(20)), a.GetI32(21) != 0
 	g := newLLGroup(a, ranks, rank, elastic, 23)
+	oCSend := off(27)
 	own := g.peers[rank]
 	epoch := devapi.U64(g.own() + CtrlCombEpoch + uintptr(8*set))
 	e := epoch.Load() + 1
@@ -338,7 +413,7 @@ func combineTwin(l *device.HostLaunch) error {
 				if !local {
 					continue
 				}
-				dst := device.HostSlice[uint16](g.peers[s]+oCStage+uintptr(2*(rank*maxT+tok)*h), h)
+				dst := device.HostSlice[uint16](g.row(s, oCStage, oCSend, rank*maxT+tok, s*maxT+tok, 2*h), h)
 				if rankMajor {
 					copy(dst, device.HostSlice[uint16](y+uintptr(2*i*h), h))
 					continue
@@ -368,6 +443,18 @@ func combineTwin(l *device.HostLaunch) error {
 			}
 		}
 		g.signal(CombArriveOffset, set, all(ranks))
+		for s := 0; s < ranks; s++ {
+			if g.remote()>>uint(s)&1 == 0 {
+				continue
+			}
+			rows := 0
+			if active>>uint(s)&1 != 0 {
+				rows = int(tabT[s])
+			}
+			if !g.portRows(s, oCStage, oCSend, maxT, rows, 2*h) || !g.portAdd(s, CombArriveOffset, set) {
+				return nil
+			}
+		}
 	}
 	if phases&Recv == 0 {
 		return nil
@@ -398,6 +485,7 @@ func combineTwin(l *device.HostLaunch) error {
 	}
 	g.signal(CombFreedOffset, set, all(ranks))
 	epoch.Store(e)
+	g.remoteFreed(CombFreedOffset, set)
 	return nil
 }
 

@@ -22,7 +22,9 @@ mutations=(
   "coll_bulk-zc-offset|kernels/coll_bulk.cu|srcs[q] = (q < W) ? s_in[q] + lo * E : nullptr;|srcs[q] = (q < W) ? s_in[q] + (lo + 1) * E : nullptr;|./collectives|TestEmulatedKernelsMatchReference/2"
   "channel-put-no-signal|kernels/channel_kernels.cu|      goep_mc_signal(ch);\n    }\n  }\n}|      (void)ch;\n    }\n  }\n}|./channels|TestEmulatedMemoryChannels"
   "port-put-offset|kernels/port_kernels.cu|goep_pc_put(tx, doff + h, soff + h, size - h, stage)|goep_pc_put(tx, doff + h, soff + h + 1, size - h, stage)|./channels|TestEmulatedPortChannels"
-  "lowlatency-combine-sum|kernels/lowlatency.cu|acc[2 * q] = goep_ll_add(acc[2 * q], goep_u32_as_f32(wv[q] << 16));|acc[2 * q] = goep_u32_as_f32(wv[q] << 16);|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-sum|kernels/lowlatency.cu|acc[x] = goep_ll_add(acc[x], pv[x]);|acc[x] = pv[x];|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-port-rows|kernels/lowlatency.cu|  if (rows <= 0) {|  if (rows <= 1) {|./lowlatency|TestEmulatedNodes/2x2"
+  "lowlatency-expert-parts|kernels/lowlatency.cu|              if (p % copies == part) {|              if (part == 0) {|./lowlatency|TestEmulatedKernels/one-rank"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

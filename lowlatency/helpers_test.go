@@ -23,6 +23,21 @@ import (
 // rank is one rank's low-latency state for tests: its workspace, the peers'
 // imported, the peer table and a watchdog with a host-mapped record (the
 // EP Buffer builds the same Workspace its own way).
+// newWorkspace loads the kernels and allocates r's workspace for l, its
+// control block zeroed (the state a Buffer's first call expects); the
+// workspace is freed with r's other buffers.
+func (r *rank) newWorkspace(l lowlatency.Layout) (device.Buffer, error) {
+	if err := r.dev.Preload(lowlatency.Kernels...); err != nil {
+		return device.Buffer{}, err
+	}
+	ws, err := r.dev.Alloc(l.Size)
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	r.bufs = append(r.bufs, ws)
+	return ws, r.dev.CopyIn(ws.Ptr, make([]byte, l.Ctrl.Size))
+}
+
 type rank struct {
 	dev     device.Device
 	ws      lowlatency.Workspace
@@ -92,15 +107,8 @@ func newGroup(t testing.TB, devs []device.Device, c lowlatency.Config, timeout t
 		dev := devs[i]
 		r := &rank{dev: dev}
 		g.ranks[i] = r
-		if err := dev.Preload(lowlatency.Kernels...); err != nil {
-			return err
-		}
-		ws, err := dev.Alloc(l.Size)
+		ws, err := r.newWorkspace(l)
 		if err != nil {
-			return err
-		}
-		r.bufs = append(r.bufs, ws)
-		if err := dev.CopyIn(ws.Ptr, make([]byte, l.Ctrl.Size)); err != nil {
 			return err
 		}
 		if r.record, err = dev.AllocHostMapped(devapi.TimeoutRecordSize); err != nil {

@@ -77,15 +77,8 @@ func newNodeGroup(t testing.TB, devs []device.Device, c lowlatency.Config, timeo
 		if _, err := comm.Placement(ctx); err != nil {
 			return err
 		}
-		if err := dev.Preload(lowlatency.Kernels...); err != nil {
-			return err
-		}
-		ws, err := dev.Alloc(l.Size)
+		ws, err := r.newWorkspace(l)
 		if err != nil {
-			return err
-		}
-		r.bufs = append(r.bufs, ws)
-		if err := dev.CopyIn(ws.Ptr, make([]byte, l.Ctrl.Size)); err != nil {
 			return err
 		}
 		if r.stream, err = dev.NewStream(); err != nil {

@@ -20,11 +20,17 @@ import (
 // either way (forwarders wait for this rank's senders): the total counts
 // against the spin budget of ranks sharing a GPU.
 //
-// The zero Split is the default: DefaultSplit of the grid.
+// The zero Split is the default: DefaultSplit of the grid. The Buffer
+// (package buffer) reads its split from $GOEP_INTERNODE_SPLIT (SplitEnv,
+// ParseSplit's forms).
 type Split struct {
 	Senders, Forwarders, Receivers int
 	Shared                         bool
 }
+
+// SplitEnv names the environment variable the Buffer reads its split
+// from (ParseSplit's forms: "S,F,R", "shared", "default" or unset).
+const SplitEnv = "GOEP_INTERNODE_SPLIT"
 
 // DefaultSplit is the split of a grid of blocks when none is given: a
 // quarter senders, a quarter receivers (at least one each), the rest

@@ -459,10 +459,12 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
 }
 
 // Dispatch round d (see internode/dispatch.go for the same steps in Go).
-// Block b of G packs and sends the tokens of its chunk of the token range
-// (a contiguous run of rows at each destination node: one put per node and
-// block, large messages for the proxy), forwards a share of every source
-// node's relayed rows, and unpacks a share of the received rows.
+// Sender block b of S packs and sends the tokens of its chunk of the token
+// range (a contiguous run of rows at each destination node: one put per
+// node and block, large messages for the proxy), forwarder blocks forward
+// a share of every source node's relayed rows, receiver blocks unpack a
+// share of the received rows (goep_inn_roles: every block takes every
+// role when the grid is shared).
 extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* scales, const i64* ids,
                                                    const float* weights, int num_tokens, int hidden, int k,
                                                    int num_experts, int nodes, int p, int node, int local, int fp8,
@@ -513,7 +515,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // slots (index among its tokens to that rank).
   bool ok = true;
   if (ro.send) {
-      if (cached) {
+    if (cached) {
       // No notify round since this rank's last steps: forwarder (n, local)
       // of every other node must have finished its earlier steps (it read
       // its relay rows, and this rank's staged rows have left) before this
@@ -816,10 +818,11 @@ __global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
                            const i32* rank_prefix, int split_s, int split_f);
 }
 
-// Combine round c. Block b of G copies a share of the expert outputs in,
-// reduces its chunk of every source node's relayed tokens (a contiguous
-// run of partial rows: one put per node and block), and sums a share of
-// this rank's tokens. Every element's additions keep the reference's
+// Combine round c. Every block copies a share of the expert outputs in;
+// reducer block b (senders and forwarders of the split) reduces its chunk
+// of every source node's relayed tokens (a contiguous run of partial rows:
+// one put per node and block); receiver blocks sum a share of this rank's
+// tokens (goep_inn_roles). Every element's additions keep the reference's
 // order, so the result is bit for bit the one-block kernel's.
 extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node,
                                                   int local, int weights, int fp32, u64* epochs,
@@ -874,7 +877,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
   // elements a lane.
   bool ok = true;
   if (reducer) {
-      for (int j = tid; j < p; j += nt) {
+    for (int j = tid; j < p; j += nt) {
       ok &= goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[j] + dl.comb_ready), round, wd, wait_ids[j],
                              (u32)(node * p + j), GOEP_INN_STAGE_COMBINE_READY);
     }

@@ -30,10 +30,25 @@ func init() {
 // (rows between two ranks of a node), and DeepEP's own figures (RDMA send
 // and NVL receive, which count a rank's traffic with itself).
 
+// interOpts are `ep-bench internode`'s flags: the intranode subcommand's
+// and its own.
+type interOpts struct {
+	inOpts
+	// split is --split (internode.ParseSplit's forms; "" leaves
+	// $GOEP_INTERNODE_SPLIT as it is), sweep is --sweep.
+	split string
+	sweep bool
+	// splitTag marks the figures of one sweep candidate; noPut skips the
+	// port put timing (sweep runs after the first).
+	splitTag string
+	noPut    bool
+}
+
 // interOutcome is one rank's result, gathered on rank 0.
 type interOutcome struct {
 	Device  string        `json:"device"`
 	Mode    string        `json:"mode"`
+	Split   string        `json:"split"` // the grid's split into roles in use (rank's)
 	Memory  ep.Memory     `json:"buffer_memory"`
 	Checks  []check       `json:"checks"`
 	Figures []interFigure `json:"figures"`
@@ -48,6 +63,9 @@ type interFigure struct {
 	Key     inKey   `json:"key"`
 	US      float64 `json:"us"`
 	Traffic interBytes
+	// Put is rank 0's port-channel put timing of the same network bytes
+	// (measureInterPuts; zero elsewhere and when not measured).
+	Put interPut
 }
 
 // interBytes are one call's payload bytes on one rank (internode.Traffic).
@@ -68,7 +86,8 @@ func combineBytes(t internode.Traffic) interBytes {
 
 func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("internode", stderr)
-	var o inOpts
+	var xo interOpts
+	o := &xo.inOpts
 	backend := fs.String("backend", "auto", "cuda, host or auto (cuda when a GPU is present)")
 	tokens := fs.String("tokens", "4096", "tokens per rank, a comma-separated list (a sweep)")
 	fs.IntVar(&o.hidden, "hidden", 7168, "hidden size")
@@ -85,6 +104,8 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
 	interSMs := fs.Int("sms", 0, "blocks of the internode dispatch and combine kernels (0: internode.DefaultSMs within the spin budget of ranks sharing a GPU)")
 	interThreads := fs.Int("threads", 0, "threads per block of the internode dispatch and combine kernels (0: internode.DefaultThreads)")
+	fs.StringVar(&xo.split, "split", "", "the internode grid's blocks as senders,forwarders,receivers (e.g. 4,8,4: the grid is their total), shared (every block every role) or default (internode.DefaultSplit of the grid); empty: $"+internode.SplitEnv+" or the default")
+	fs.BoolVar(&xo.sweep, "sweep", false, "after the run, time cached dispatch and combine (first --tokens, BF16) under a small grid of splits of the --sms grid and print the best")
 	kind, set, err := parseBackend(fs, args, backend, gpus)
 	if err != nil {
 		return err
@@ -102,6 +123,23 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := o.validate(); err != nil {
 		return err
 	}
+	if xo.split != "" {
+		sp, err := internode.ParseSplit(xo.split)
+		if err != nil {
+			return fmt.Errorf("--split: %w", err)
+		}
+		if t := sp.Total(); t > 0 && o.interSMs != 0 && o.interSMs != t {
+			return fmt.Errorf("--split %s is a grid of %d blocks, --sms %d: give one, or the same total", sp, t, o.interSMs)
+		}
+		// The Buffer reads its split from the environment (package
+		// buffer); set before any rank makes one.
+		if err := os.Setenv(internode.SplitEnv, sp.String()); err != nil {
+			return err
+		}
+	}
+	if xo.sweep && len(sweepSplits(o.interSMs)) == 0 {
+		return fmt.Errorf("--sweep: no split of %d blocks", o.interSMs)
+	}
 	if o.nodes < 0 {
 		return fmt.Errorf("--nodes %d: want a count that divides the ranks", o.nodes)
 	}
@@ -111,7 +149,7 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if env.Size > 1 {
-		return internodeProcess(ctx, env, o, stdout)
+		return internodeProcess(ctx, env, xo, stdout)
 	}
 	n, err := goroutineRanks("internode", o.kind, o.ranks, 8, 2)
 	if err != nil {
@@ -132,29 +170,139 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if _, err := ep.SizeHints(o.interConfig(n), n); err != nil {
 		return err
 	}
-	boots, err := bootstrap.NewInProcess(n, bootstrap.Config{})
+	cache := &interCache{o: *o, ranks: n, nodes: o.nodes}
+	runAll := func(xo interOpts) ([]interOutcome, error) {
+		boots, err := bootstrap.NewInProcess(n, bootstrap.Config{})
+		if err != nil {
+			return nil, err
+		}
+		outs := make([]interOutcome, n)
+		errs := onGoroutineRanks(xo.kind, boots, func(r int, dev device.Device) error {
+			outs[r] = internodeRank(ctx, boots[r], dev, xo, cache, r == 0)
+			if outs[r].Err != "" {
+				return errors.New(outs[r].Err)
+			}
+			return nil
+		})
+		for r, err := range errs {
+			if err != nil && outs[r].Err == "" {
+				outs[r].Err = err.Error()
+			}
+		}
+		return outs, interrupted(ctx)
+	}
+	o.progress.printf("%d goroutine ranks in %d virtual nodes, %s backend: setting up buffers", n, o.nodes, o.kind)
+	outs, err := runAll(xo)
 	if err != nil {
 		return err
 	}
-	o.progress.printf("%d goroutine ranks in %d virtual nodes, %s backend: setting up buffers", n, o.nodes, o.kind)
-	cache := &interCache{o: o, ranks: n, nodes: o.nodes}
-	outs := make([]interOutcome, n)
-	errs := onGoroutineRanks(o.kind, boots, func(r int, dev device.Device) error {
-		outs[r] = internodeRank(ctx, boots[r], dev, o, cache, r == 0)
-		if outs[r].Err != "" {
-			return errors.New(outs[r].Err)
-		}
-		return nil
-	})
-	for r, err := range errs {
-		if err != nil && outs[r].Err == "" {
-			outs[r].Err = err.Error()
-		}
-	}
-	if err := interrupted(ctx); err != nil {
+	sweep, err := runSweep(xo, func(c interOpts) ([]interOutcome, error) { return runAll(c) })
+	if err != nil {
 		return err
 	}
-	return reportInternode(stdout, o, n, fmt.Sprintf("goroutines, %d virtual nodes", o.nodes), outs)
+	return reportInternode(stdout, xo, n, fmt.Sprintf("goroutines, %d virtual nodes", o.nodes), outs, sweep)
+}
+
+// sweepSplits are the splits --sweep times for a grid of sms blocks (0:
+// internode.DefaultSMs): shared, then senders and receivers of an eighth,
+// a quarter and three eighths of the grid each (at least one), the rest
+// forwarders (at least one).
+func sweepSplits(sms int) []internode.Split {
+	g := sms
+	if g == 0 {
+		g = internode.DefaultSMs
+	}
+	out := []internode.Split{{Shared: true}}
+	seen := map[internode.Split]bool{}
+	for _, s := range []int{g / 8, g / 4, 3 * g / 8} {
+		for _, r := range []int{g / 8, g / 4} {
+			sp := internode.Split{Senders: max(1, s), Receivers: max(1, r)}
+			sp.Forwarders = g - sp.Senders - sp.Receivers
+			if sp.Forwarders < 1 || seen[sp] {
+				continue
+			}
+			seen[sp] = true
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+// interSweepRow is one split's rank-0 timings of cached dispatch and
+// combine (BF16).
+type interSweepRow struct {
+	Split      string  `json:"split"`
+	Tokens     int     `json:"tokens"`
+	DispatchUS float64 `json:"dispatch_us"`
+	CombineUS  float64 `json:"combine_us"`
+	Err        string  `json:"error,omitempty"`
+}
+
+// runSweep runs every sweep split (nothing without --sweep): each a fresh
+// Buffer of that split (the environment variable the Buffer reads, set
+// between runs while no rank runs), checked and timed at the first token
+// count, BF16, without the port put timing.
+func runSweep(xo interOpts, run func(interOpts) ([]interOutcome, error)) ([]interSweepRow, error) {
+	if !xo.sweep {
+		return nil, nil
+	}
+	prev, had := os.LookupEnv(internode.SplitEnv)
+	defer func() {
+		if had {
+			_ = os.Setenv(internode.SplitEnv, prev)
+		} else {
+			_ = os.Unsetenv(internode.SplitEnv)
+		}
+	}()
+	var rows []interSweepRow
+	for _, sp := range sweepSplits(xo.interSMs) {
+		c := xo
+		c.tokens, c.fp8, c.noPut, c.splitTag = xo.tokens[:1], false, true, sp.String()
+		if sp.Total() > 0 {
+			c.interSMs = 0 // the split names the grid
+		}
+		if err := os.Setenv(internode.SplitEnv, sp.String()); err != nil {
+			return nil, err
+		}
+		xo.progress.printf("sweep: split %s", sp)
+		outs, err := run(c)
+		if err != nil {
+			return nil, err
+		}
+		row := interSweepRow{Split: sp.String(), Tokens: c.tokens[0]}
+		for r, oc := range outs {
+			if oc.Err != "" && row.Err == "" {
+				row.Err = fmt.Sprintf("rank %d: %s", r, oc.Err)
+			}
+		}
+		if len(outs) > 0 {
+			for _, f := range outs[0].Figures {
+				switch {
+				case f.Key.Op == "dispatch" && strings.HasPrefix(f.Key.Mode, "cached"):
+					row.DispatchUS = f.US
+				case f.Key.Op == "combine":
+					row.CombineUS = f.US
+				}
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// bestSplit is the sweep row with the least dispatch + combine time.
+func bestSplit(rows []interSweepRow) (interSweepRow, bool) {
+	var best interSweepRow
+	ok := false
+	for _, r := range rows {
+		if r.Err != "" || r.DispatchUS <= 0 || r.CombineUS <= 0 {
+			continue
+		}
+		if !ok || r.DispatchUS+r.CombineUS < best.DispatchUS+best.CombineUS {
+			best, ok = r, true
+		}
+	}
+	return best, ok
 }
 
 // envVirtualNodes is $GOEP_VIRTUAL_NODES.
@@ -171,7 +319,8 @@ func (o inOpts) interConfig(ranks int) ep.Config {
 
 // internodeProcess runs this process's rank of a launched job: the nodes
 // are the hosts, or --nodes (launch --nodes) virtual nodes of one.
-func internodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdout io.Writer) (err error) {
+func internodeProcess(ctx context.Context, env bootstrap.EnvInfo, xo interOpts, stdout io.Writer) (err error) {
+	o := xo.inOpts
 	if _, err := ep.SizeHints(o.interConfig(env.Size), env.Size); err != nil {
 		return err
 	}
@@ -188,16 +337,35 @@ func internodeProcess(ctx context.Context, env bootstrap.EnvInfo, o inOpts, stdo
 		}
 		nodes = t.Nodes
 	}
-	mine := internodeRank(ctx, bs, dev, o, &interCache{o: o, ranks: env.Size, nodes: nodes}, env.Rank == 0)
+	cache := &interCache{o: o, ranks: env.Size, nodes: nodes}
+	mine := internodeRank(ctx, bs, dev, xo, cache, env.Rank == 0)
 	if err := interrupted(ctx); err != nil {
 		return err
 	}
 	outs, root, err := gatherOutcomes(ctx, bs, stdout, mine)
+	if err != nil {
+		return err
+	}
+	// Every process runs the sweep's Buffers in the same order (each
+	// sets its own environment between them); rank 0 reports.
+	sweep, err := runSweep(xo, func(c interOpts) ([]interOutcome, error) {
+		m := internodeRank(ctx, bs, dev, c, cache, env.Rank == 0)
+		if err := interrupted(ctx); err != nil {
+			return nil, err
+		}
+		outs, _, err := gatherOutcomes(ctx, bs, discardWriter{}, m)
+		return outs, err
+	})
 	if !root || err != nil {
 		return err
 	}
-	return reportInternode(stdout, o, env.Size, "processes", outs)
+	return reportInternode(stdout, xo, env.Size, "processes", outs, sweep)
 }
+
+// discardWriter swallows what gatherOutcomes prints for a sweep run.
+type discardWriter struct{}
+
+func (discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 
 // interShared is every rank's input at one token count and the reference
 // results, computed once per process.
@@ -294,8 +462,13 @@ func prepareInterInputs(ctx context.Context, o inOpts, ranks, nodes, tokens int)
 
 // internodeRank checks and times on one rank (the intranode subcommand's
 // rank state and helpers, with internode's reference).
-func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, o inOpts, cache *interCache, lead bool) (out interOutcome) {
+func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, xo interOpts, cache *interCache, lead bool) (out interOutcome) {
+	o := xo.inOpts
 	out.Device = deviceLabel(dev.Info().Name, dev.Info().SMs)
+	out.Split = xo.splitTag
+	if out.Split == "" {
+		out.Split = os.Getenv(internode.SplitEnv)
+	}
 	r := &inRank{ctx: ctx, o: o, bs: bs, dev: dev, rank: bs.Rank(), ranks: bs.Size(), lead: lead, rep: &report{}}
 	var figs []interFigure
 	var err error
@@ -305,6 +478,37 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 			out.Err = err.Error()
 		}
 	}()
+	// The transport's put bandwidth first, for every token count's network
+	// bytes (rank 0's), before the Buffer exists: its own communicator.
+	puts := map[[2]int]interPut{} // (tokens, 0 dispatch BF16 / 1 combine / 2 dispatch FP8)
+	if !xo.noPut {
+		r.progress("timing the transport's port-channel puts of the network bytes (rank 0 to its forwarder on node 1)")
+		var sizes []int64
+		var keys [][2]int
+		for _, t := range o.tokens {
+			sh, gerr := cache.get(ctx, t)
+			if err = r.agree("inputs", gerr); err != nil {
+				return out
+			}
+			sizes = append(sizes, sh.bf16Tr[0].NetworkSend.Bytes, sh.combTr[0].NetworkSend.Bytes)
+			keys = append(keys, [2]int{t, 0}, [2]int{t, 1})
+			if o.fp8 {
+				sizes = append(sizes, sh.fp8Tr[0].NetworkSend.Bytes)
+				keys = append(keys, [2]int{t, 2})
+			}
+		}
+		topo, terr := internode.VirtualNodes(r.ranks, cache.nodes)
+		if err = r.agree("topology", terr); err != nil {
+			return out
+		}
+		ps, perr := measureInterPuts(ctx, bs, dev, topo, o.timeout, sizes, max(3, o.iters/5))
+		if err = r.agree("port puts", perr); err != nil {
+			return out
+		}
+		for j, k := range keys {
+			puts[k] = ps[j]
+		}
+	}
 	if r.buf, err = ep.NewBuffer(ctx, bs, dev, o.interConfig(r.ranks)); err != nil {
 		return out
 	}
@@ -331,8 +535,20 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 			return out
 		}
 		var f []interFigure
-		if f, err = r.runInterTokens(sh); err != nil {
+		if f, err = r.runInterTokens(sh, xo.splitTag); err != nil {
 			return out
+		}
+		for j := range f {
+			kind := -1
+			switch {
+			case f[j].Key.Op == "combine":
+				kind = 1
+			case f[j].Key.Dtype == "bf16":
+				kind = 0
+			case f[j].Key.Dtype == "fp8":
+				kind = 2
+			}
+			f[j].Put = puts[[2]int{t, kind}]
 		}
 		figs = append(figs, f...)
 		r.freeAll()
@@ -341,7 +557,7 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 }
 
 // runInterTokens checks, then times, at one token count.
-func (r *inRank) runInterTokens(sh *interShared) ([]interFigure, error) {
+func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure, error) {
 	ctx, o, t := r.ctx, r.o, sh.tokens
 	r.progress("checking internode dispatch (non-cached, cached) and combine against the reference")
 	in, err := r.uploadInputs(&inShared{tokens: t, in: sh.in, in8: sh.in8})
@@ -383,6 +599,9 @@ func (r *inRank) runInterTokens(sh *interShared) ([]interFigure, error) {
 
 	var figs []interFigure
 	timeOne := func(k inKey, b interBytes, call func() error) error {
+		if splitTag != "" {
+			k.Mode += " split=" + splitTag
+		}
 		us, _, err := r.timeCalls(o.warmup, o.iters, call)
 		if err = r.agree(fmt.Sprintf("T=%d %s %s %s", k.Tokens, k.Op, k.Dtype, k.Mode), err); err != nil {
 			return err
@@ -466,29 +685,50 @@ type interRow struct {
 	// DeepEP's figures of rank 0 (RDMA send, NVL receive bytes per us).
 	RDMAGBps float64 `json:"deepep_rdma_gbps"`
 	NVLRGBps float64 `json:"deepep_nvl_gbps"`
+	// The transport's port-channel put of the same network bytes between
+	// the same ranks (rank 0 to its forwarder on node 1) and the network
+	// leg's share of it (percent; issue 14's goal: >= 90).
+	Put      interPut `json:"port_put"`
+	NetOfPut float64  `json:"network_of_put_pct"`
 }
 
 type interReport struct {
-	Ranks   int        `json:"ranks"`
-	As      string     `json:"ranks_as"`
-	Backend string     `json:"backend"`
-	Device  string     `json:"device"`
-	Mode    string     `json:"mode"`
-	Hidden  int        `json:"hidden"`
-	TopK    int        `json:"topk"`
-	Experts int        `json:"experts"`
-	Seed    uint64     `json:"seed"`
-	Warmup  int        `json:"warmup"`
-	Iters   int        `json:"iters"`
-	Memory  ep.Memory  `json:"buffer_memory"`
-	Checks  []check    `json:"checks"`
-	Rows    []interRow `json:"results"`
-	Errors  []string   `json:"errors,omitempty"`
+	Ranks   int             `json:"ranks"`
+	As      string          `json:"ranks_as"`
+	Backend string          `json:"backend"`
+	Device  string          `json:"device"`
+	Mode    string          `json:"mode"`
+	Hidden  int             `json:"hidden"`
+	TopK    int             `json:"topk"`
+	Experts int             `json:"experts"`
+	Seed    uint64          `json:"seed"`
+	Warmup  int             `json:"warmup"`
+	Iters   int             `json:"iters"`
+	Memory  ep.Memory       `json:"buffer_memory"`
+	Split   string          `json:"split"`
+	Checks  []check         `json:"checks"`
+	Rows    []interRow      `json:"results"`
+	Sweep   []interSweepRow `json:"sweep,omitempty"`
+	Best    string          `json:"best_split,omitempty"`
+	Errors  []string        `json:"errors,omitempty"`
 }
 
-func reportInternode(stdout io.Writer, o inOpts, n int, as string, outs []interOutcome) error {
+func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []interOutcome, sweep []interSweepRow) error {
+	o := xo.inOpts
 	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
-		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks}
+		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks,
+		Split: outs[0].Split, Sweep: sweep}
+	if rep.Split == "" {
+		rep.Split = "default"
+	}
+	if b, ok := bestSplit(sweep); ok {
+		rep.Best = b.Split
+	}
+	for _, s := range sweep {
+		if s.Err != "" {
+			rep.Errors = append(rep.Errors, fmt.Sprintf("sweep split %s: %s", s.Split, s.Err))
+		}
+	}
 	for r, oc := range outs {
 		if oc.Err != "" {
 			rep.Errors = append(rep.Errors, fmt.Sprintf("rank %d: %s", r, oc.Err))
@@ -502,7 +742,11 @@ func reportInternode(stdout io.Writer, o inOpts, n int, as string, outs []interO
 	}
 	for i, f := range outs[0].Figures {
 		row := interRow{inKey: f.Key, US: f.US, MaxUS: f.US, Traffic: f.Traffic, NetGBps: per(f.Traffic.Network, f.US),
-			NVLGBps: per(f.Traffic.NVLink, f.US), RDMAGBps: per(f.Traffic.DeepEPRDMA, f.US), NVLRGBps: per(f.Traffic.DeepEPNVL, f.US)}
+			NVLGBps: per(f.Traffic.NVLink, f.US), RDMAGBps: per(f.Traffic.DeepEPRDMA, f.US), NVLRGBps: per(f.Traffic.DeepEPNVL, f.US),
+			Put: f.Put}
+		if f.Put.GBps > 0 {
+			row.NetOfPut = 100 * row.NetGBps / f.Put.GBps
+		}
 		for _, oc := range outs[1:] {
 			if i < len(oc.Figures) && oc.Figures[i].Key == f.Key {
 				row.MaxUS = max(row.MaxUS, oc.Figures[i].US)
@@ -537,12 +781,33 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 	if len(rep.Rows) > 0 {
 		fmt.Fprintln(w, "TIMINGS (rank 0)")
 		tw := newTable(w)
-		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
+		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tport put GB/s\tnet/put\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
 		for _, r := range rep.Rows {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
-				float64(r.Traffic.Network)/1e6, r.NetGBps, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
+			put, ratio := "-", "-"
+			if r.Put.GBps > 0 {
+				put, ratio = fmt.Sprintf("%.2f", r.Put.GBps), fmt.Sprintf("%.0f%%", r.NetOfPut)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%s\t%s\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
+				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
 		}
 		tw.Flush()
+		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%)\n", rep.Split)
+	}
+	if len(rep.Sweep) > 0 {
+		fmt.Fprintln(w, "SPLIT SWEEP (rank 0, cached dispatch and combine, BF16; senders,forwarders,receivers)")
+		tw := newTable(w)
+		fmt.Fprintln(tw, "split\ttokens\tdispatch us\tcombine us\tsum us\t")
+		for _, s := range rep.Sweep {
+			if s.Err != "" {
+				fmt.Fprintf(tw, "%s\t%d\tFAIL\t\t\t\n", s.Split, s.Tokens)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%.1f\t%.1f\t%.1f\t\n", s.Split, s.Tokens, s.DispatchUS, s.CombineUS, s.DispatchUS+s.CombineUS)
+		}
+		tw.Flush()
+		if rep.Best != "" {
+			fmt.Fprintf(w, "best split: %s (pass --split %s, or $%s)\n", rep.Best, rep.Best, internode.SplitEnv)
+		}
 	}
 	if len(rep.Errors) == 0 {
 		fmt.Fprintln(w, "internode: all checks passed")

@@ -58,6 +58,41 @@ func TestInternodeOnHost(t *testing.T) {
 		require.Zero(t, tr.NVLink%row, "%+v: whole rows", r)
 		require.InDelta(t, float64(tr.Network)/r.US/1e3, r.NetGBps, 1e-9)
 		require.InDelta(t, float64(tr.NVLink)/r.US/1e3, r.NVLGBps, 1e-9)
+		// The transport's put of the same network bytes, and the ratio.
+		require.Equal(t, tr.Network, r.Put.Bytes, "%+v: the put moves rank 0's network bytes", r)
+		require.Positive(t, r.Put.GBps, "%+v", r)
+		require.InDelta(t, 100*r.NetGBps/r.Put.GBps, r.NetOfPut, 1e-9)
+	}
+	require.Contains(t, stdout, "port put GB/s")
+	require.Empty(t, rep.Sweep)
+
+	// --sweep: every split of an 8-block grid runs its own Buffer, checked
+	// and timed; the best is named. --split and its bad forms.
+	js2 := filepath.Join(t.TempDir(), "sweep.json")
+	code, stdout, stderr = run(t, append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "24", "--sms", "8", "--sweep",
+		"--split", "shared", "--json", js2}, quickIntranode...)...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	var srep interReport
+	b, err = os.ReadFile(js2)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &srep))
+	require.Empty(t, srep.Errors)
+	require.Equal(t, "shared", srep.Split)
+	require.Len(t, srep.Sweep, len(sweepSplits(8)))
+	for _, sw := range srep.Sweep {
+		require.Empty(t, sw.Err)
+		require.Positive(t, sw.DispatchUS, "%+v", sw)
+		require.Positive(t, sw.CombineUS, "%+v", sw)
+	}
+	best, ok := bestSplit(srep.Sweep)
+	require.True(t, ok)
+	require.Equal(t, best.Split, srep.Best)
+	require.Contains(t, stdout, "SPLIT SWEEP")
+	require.Contains(t, stdout, "best split: "+srep.Best)
+	for _, bad := range [][]string{{"--split", "1,0,3"}, {"--split", "2,2"}, {"--split", "2,2,2", "--sms", "8"}} {
+		code, _, stderr = run(t, append([]string{"internode", "--backend", "host", "--ranks", "4", "--nodes", "2", "--tokens", "4"}, bad...)...)
+		require.Equal(t, 1, code, "%v", bad)
+		require.Contains(t, stderr, "--split", "%v", bad)
 	}
 
 	code, _, stderr = run(t, "internode", "--backend", "host", "--ranks", "4", "--nodes", "3", "--tokens", "4", "--hidden", "128", "--topk", "2", "--experts", "8")
@@ -82,7 +117,15 @@ func TestInternodeOnGPU(t *testing.T) {
 			code, stdout, stderr := run(t, "internode", "--backend", "cuda", "--ranks", fmt.Sprint(ranks), "--nodes", "2",
 				"--tokens", "0,128,1024", "--fp8", "--warmup", "5", "--iters", "20")
 			require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-			for _, want := range []string{"byte-exact", "combine (BF16 partials) bit-exact", "network GB/s", "NVLink GB/s", "internode: all checks passed"} {
+			for _, want := range []string{"byte-exact", "combine (BF16 partials) bit-exact", "network GB/s", "port put GB/s", "NVLink GB/s", "internode: all checks passed"} {
+				assert.Contains(t, stdout, want)
+			}
+			t.Logf("\n%s", stdout)
+			// The split sweep (each split a checked Buffer of its own).
+			code, stdout, stderr = run(t, "internode", "--backend", "cuda", "--ranks", fmt.Sprint(ranks), "--nodes", "2",
+				"--tokens", "1024", "--warmup", "5", "--iters", "20", "--sms", "16", "--sweep")
+			require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			for _, want := range []string{"SPLIT SWEEP", "best split: ", "internode: all checks passed"} {
 				assert.Contains(t, stdout, want)
 			}
 			t.Logf("\n%s", stdout)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/goep-dev/goep/internal/checked"
 	"github.com/goep-dev/goep/internal/device"
@@ -191,8 +192,14 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	shape := internode.Shape{Topology: t, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts}
 	// The internode kernels take one grid for dispatch and combine: the
 	// caller's Dispatch SMs and threads (0: internode's defaults, within
-	// the spin budget of ranks sharing a GPU).
-	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads})
+	// the spin budget of ranks sharing a GPU), divided into roles by
+	// $GOEP_INTERNODE_SPLIT (internode.ParseSplit's forms; unset: the
+	// default split of the grid). The variable is read once, here.
+	split, err := internode.ParseSplit(os.Getenv(internode.SplitEnv))
+	if err != nil {
+		return b.errorf("internode mode (%v): $%s: %w", t, internode.SplitEnv, err)
+	}
+	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}

@@ -17,5 +17,6 @@ func TestAPITable(t *testing.T) {
 		(*internode.Notify)(nil), new(internode.Notify),
 		internode.Shape{}, internode.Shape{Topology: internode.Topology{Nodes: -1, RanksPerNode: -3}, Experts: -5, Hidden: -1},
 		internode.Topology{}, internode.Topology{Nodes: -1, RanksPerNode: -1},
+		internode.Split{}, internode.Split{Senders: -1, Forwarders: 1 << 40, Receivers: -7, Shared: true},
 	}, apicheck.Options{})
 }

@@ -109,7 +109,7 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	var bad error
 	if nt.kern != nil {
 		var err error
-		if out, ok, bad, err = nt.combineKernel(in, opt, tokens, nt.combRound); err != nil {
+		if out, ok, bad, err = nt.combineKernel(in, opt, tokens); err != nil {
 			nt.err = fail("%w", err)
 			return nil, nt.err
 		}

@@ -149,7 +149,7 @@ func (nt *Notify) RunAsync(st device.Stream, a DeviceNotify) error {
 		return nt.err
 	}
 	nt.round++
-	if err := nt.launchNotify(st, a.TopK, a.Tokens, a.ExpertAlignment, nt.round, a); err != nil {
+	if err := nt.launchNotify(st, a.TopK, a.Tokens, a.ExpertAlignment, a); err != nil {
 		nt.err = fail("%w", err)
 		return nt.err
 	}
@@ -213,7 +213,7 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 	}
 	nt.dispatched, nt.combined = true, false
 	nt.dispRound++
-	if err := nt.launchDispatch(st, nt.dev0.ids, t, nt.dispRound, a); err != nil {
+	if err := nt.launchDispatch(st, nt.dev0.ids, t, a); err != nil {
 		nt.err = fail("%w", err)
 		return nt.err
 	}
@@ -250,7 +250,7 @@ func (nt *Notify) CombineAsync(st device.Stream, a DeviceCombine) error {
 	}
 	nt.combined = true
 	nt.combRound++
-	if err := nt.launchCombine(st, nt.dev0.tokens, nt.combRound, a.Weights != 0, a); err != nil {
+	if err := nt.launchCombine(st, nt.dev0.tokens, a.Weights != 0, a); err != nil {
 		nt.err = fail("%w", err)
 		return nt.err
 	}

@@ -347,6 +347,7 @@ func newDevMem(dev device.Device, s internode.Shape, m int, st device.Stream) (*
 		{"numRecv", 4}, {"prefix", 4 * w}, {"experts", 4 * s.LocalExperts()},
 		{"rx", 2 * rows * h}, {"rscales", 4 * rows * h / 128}, {"rtopk", 8 * rows * k}, {"rweights", 4 * rows * k}, {"rsrc", 4 * rows},
 		{"y", 2 * rows * h}, {"yw", 4 * rows * k}, {"bias0", 2 * m * h}, {"bias1", 2 * m * h}, {"out", 2 * m * h}, {"outw", 4 * m * k},
+		{"out2", 2 * m * h}, {"outw2", 4 * m * k},
 	}
 	total := 0
 	for _, sz := range sizes {

@@ -192,7 +192,7 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	var bad error
 	if nt.kern != nil {
 		var err error
-		if out, ok, bad, err = nt.dispatchKernel(in, tokens, fp8, nt.dispRound); err != nil {
+		if out, ok, bad, err = nt.dispatchKernel(in, tokens, fp8); err != nil {
 			nt.err = fail("%w", err)
 			return nil, nt.err
 		}

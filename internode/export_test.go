@@ -3,7 +3,13 @@ package internode
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/goep-dev/goep/internal/device"
 )
+
+// SetDeviceTestHook wraps the device of every Notify made after it (nil
+// removes it).
+func SetDeviceTestHook(h func(device.Device) device.Device) { deviceTestHook = h }
 
 // SetNotifyTestHook installs the notify twin's hook between waits and
 // reads (nil removes it); stages are NotifyStageNet and NotifyStageNVL.
@@ -52,7 +58,10 @@ func (nt *Notify) DebugCounters() (string, error) {
 		{"combine net [node]", nt.rdma.Ptr, dl.combCounters, n, nt.combRound},
 	}
 	if nt.kern != nil {
-		// The kernels' step counters (the own node's network entry stays 0).
+		// The kernels' step counters (the own node's network entry stays
+		// 0), and the device epochs (notify, dispatch, combine rounds and
+		// steps finished) against the host's counts (equal unless graphs
+		// replayed launches).
 		parts = append(parts, part{"steps done net [node]", nt.rdma.Ptr, dl.doneNet, n, nt.steps},
 			part{"steps done nvl [local]", nt.nvl.Ptr, dl.doneNVL, p, nt.steps})
 	}
@@ -63,6 +72,14 @@ func (nt *Notify) DebugCounters() (string, error) {
 			return out, fmt.Errorf("internode: rank %d: counters %s: %w", nt.rank, pt.name, err)
 		}
 		out += fmt.Sprintf(" %s %v want %d;", pt.name, v, pt.want)
+	}
+	if nt.kern != nil {
+		v, err := read(nt.kern.epochs, 0, epochWords)
+		if err != nil {
+			return out, fmt.Errorf("internode: rank %d: device epochs: %w", nt.rank, err)
+		}
+		out += fmt.Sprintf(" device epochs [notify dispatch combine steps] %v host %v;", v,
+			[]uint64{nt.round, nt.dispRound, nt.combRound, nt.steps})
 	}
 	return out, nil
 }

@@ -66,9 +66,15 @@ type kernelState struct {
 	// reuses x and weights).
 	bias0, bias1, cwaits uintptr
 	outInts              int
-	stream               device.Stream
-	// blocks and threads are the dispatch and combine grid (SetLaunch).
+	// epochs is u64 [4] (internode.cu's GOEP_INN_EPOCH_*): the rounds of
+	// notify, dispatch and combine and the steps finished, kept on the
+	// device so that a graph's replays are new rounds.
+	epochs uintptr
+	stream device.Stream
+	// blocks and threads are the dispatch and combine grid (SetLaunch);
+	// split its division into roles (zero counts: every block every role).
 	blocks, threads int
+	split           Split
 }
 
 // Launch defaults of the dispatch and combine kernels (NotifyConfig.SMs,
@@ -85,10 +91,16 @@ const (
 // counters), cleared before each launch.
 const outWords = 5
 
-// resolveLaunch turns a requested grid into the one launched: sms 0 is
-// DefaultSMs capped by the device's SMs and the spin budget; a request
-// above the spin budget is an error (CheckSpinLaunch's).
-func (nt *Notify) resolveLaunch(sms, threads int) (blocks, thr int, err error) {
+// epochWords is the device epochs' u64 words (internode.cu's
+// GOEP_INN_EPOCH_*: notify, dispatch, combine, steps).
+const epochWords = 4
+
+// resolveLaunch turns a requested grid and split into the one launched:
+// sms 0 is DefaultSMs capped by the device's SMs and the spin budget (or
+// the split's total where it names counts); a request above the spin
+// budget is an error (CheckSpinLaunch's). The split is resolved against
+// the grid (Split.resolve).
+func (nt *Notify) resolveLaunch(sms, threads int, sp Split) (blocks, thr int, split Split, err error) {
 	dev := nt.dev.Info()
 	thr = threads
 	if thr == 0 {
@@ -98,12 +110,21 @@ func (nt *Notify) resolveLaunch(sms, threads int) (blocks, thr int, err error) {
 		}
 	}
 	if thr < 32 || thr > maxThreads || thr%32 != 0 {
-		return 0, 0, fmt.Errorf("%d threads per block: want a multiple of 32 in 32..%d", threads, maxThreads)
+		return 0, 0, Split{}, fmt.Errorf("%d threads per block: want a multiple of 32 in 32..%d", threads, maxThreads)
 	}
 	if sms < 0 {
-		return 0, 0, fmt.Errorf("%d SMs: want >= 0", sms)
+		return 0, 0, Split{}, fmt.Errorf("%d SMs: want >= 0", sms)
+	}
+	if err := sp.Validate(); err != nil {
+		return 0, 0, Split{}, err
 	}
 	blocks = sms
+	if total := sp.Total(); total > 0 {
+		if sms != 0 && sms != total {
+			return 0, 0, Split{}, fmt.Errorf("%d SMs and a split %v of %d blocks: pass one, or the same total", sms, sp, total)
+		}
+		blocks = total
+	}
 	if blocks == 0 {
 		blocks = DefaultSMs
 		if dev.SMs > 0 && blocks > dev.SMs {
@@ -114,30 +135,61 @@ func (nt *Notify) resolveLaunch(sms, threads int) (blocks, thr int, err error) {
 		}
 	}
 	if err := nt.comm.CheckSpinLaunch("internode dispatch/combine", blocks); err != nil {
-		return 0, 0, err
+		return 0, 0, Split{}, err
 	}
-	return blocks, thr, nil
+	return blocks, thr, sp.resolve(blocks), nil
 }
 
 // SetLaunch sets the grid of later dispatch and combine launches (as
-// NotifyConfig.SMs and Threads; 0 picks the default): for sweeps. Call it
-// between rounds, never while this rank's kernels may still run; other
-// ranks need not pass the same.
+// NotifyConfig.SMs and Threads; 0 picks the default), keeping the
+// configured split (a split naming counts fixes the grid: sms must be 0
+// or its total): for sweeps. Call it between rounds, never while this
+// rank's kernels may still run; other ranks need not pass the same. A
+// graph captured earlier keeps the grid it captured.
 func (nt *Notify) SetLaunch(sms, threads int) error {
+	return nt.setLaunch("SetLaunch", sms, threads, nil)
+}
+
+// SetSplit sets the division of later dispatch and combine grids into
+// sender, forwarder and receiver blocks (as NotifyConfig.Split: a split
+// naming counts sets the grid to their total; the default or Shared keep
+// the grid of SetLaunch or NotifyConfig.SMs), with the threads in use: for
+// sweeps. The same rules as SetLaunch.
+func (nt *Notify) SetSplit(sp Split) error {
+	return nt.setLaunch("SetSplit", -1, -1, &sp)
+}
+
+// setLaunch resolves sms and threads (-1: keep the configured value) and
+// the split (nil: keep the configured one).
+func (nt *Notify) setLaunch(op string, sms, threads int, sp *Split) error {
 	if nt == nil {
 		return errors.New("internode: nil Notify")
 	}
 	if nt.err != nil {
-		return fmt.Errorf("internode: rank %d: SetLaunch: %w", nt.rank, nt.err)
+		return fmt.Errorf("internode: rank %d: %s: %w", nt.rank, op, nt.err)
 	}
 	if nt.kern == nil {
-		return fmt.Errorf("internode: rank %d: SetLaunch: kernels do not run on this device (the host backend runs the Go twins)", nt.rank)
+		return fmt.Errorf("internode: rank %d: %s: kernels do not run on this device (the host backend runs the Go twins)", nt.rank, op)
 	}
-	b, t, err := nt.resolveLaunch(sms, threads)
+	cfg := nt.launchCfg
+	if sms >= 0 {
+		cfg.SMs = sms
+	}
+	if threads >= 0 {
+		cfg.Threads = threads
+	}
+	if sp != nil {
+		cfg.Split = *sp
+		if sp.Total() > 0 {
+			cfg.SMs = 0
+		}
+	}
+	b, t, split, err := nt.resolveLaunch(cfg.SMs, cfg.Threads, cfg.Split)
 	if err != nil {
-		return fmt.Errorf("internode: rank %d: %w", nt.rank, err)
+		return fmt.Errorf("internode: rank %d: %s: %w", nt.rank, op, err)
 	}
-	nt.kern.blocks, nt.kern.threads = b, t
+	nt.launchCfg = cfg
+	nt.kern.blocks, nt.kern.threads, nt.kern.split = b, t, split
 	return nil
 }
 
@@ -151,6 +203,16 @@ func (nt *Notify) Launch() (blocks, threads int) {
 		return 0, 0
 	}
 	return nt.kern.blocks, nt.kern.threads
+}
+
+// LaunchSplit is the division of that grid in use: sender, forwarder and
+// receiver blocks, or Shared (every block every role); zero where kernels
+// do not run.
+func (nt *Notify) LaunchSplit() Split {
+	if nt == nil || nt.kern == nil {
+		return Split{}
+	}
+	return nt.kern.split
 }
 
 // notifyOutInts is the length of the notify kernel's int32 output
@@ -195,6 +257,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oBias0 := take(m * 2 * h)
 	oBias1 := take(m * 2 * h)
 	oCwaits := take(4 * (p + n))
+	oEpochs := take(8 * epochWords)
 	var err error
 	if ks.buf, err = nt.alloc(off); err != nil {
 		return err
@@ -205,6 +268,10 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(oDlay), base+uintptr(oX), base+uintptr(oScales),
 		base+uintptr(oWeights), base+uintptr(oScratch), base+uintptr(oDwaits)
 	ks.bias0, ks.bias1, ks.cwaits = base+uintptr(oBias0), base+uintptr(oBias1), base+uintptr(oCwaits)
+	ks.epochs = base + uintptr(oEpochs)
+	if err := nt.dev.CopyIn(ks.epochs, make([]byte, 8*epochWords)); err != nil {
+		return err
+	}
 	for _, t := range []struct {
 		at  uintptr
 		ids []uint32
@@ -254,9 +321,10 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	if err := nt.comm.CheckSpinLaunch("internode notify", 1); err != nil {
 		return err
 	}
-	if ks.blocks, ks.threads, err = nt.resolveLaunch(nt.cfg.SMs, nt.cfg.Threads); err != nil {
+	if ks.blocks, ks.threads, ks.split, err = nt.resolveLaunch(nt.cfg.SMs, nt.cfg.Threads, nt.cfg.Split); err != nil {
 		return err
 	}
+	nt.launchCfg = nt.cfg
 	return nt.comm.Barrier(ctx)
 }
 
@@ -273,10 +341,10 @@ func (ks *kernelState) free(dev device.Device) error {
 	return errors.Join(errs...)
 }
 
-// notifyKernel runs round e with the notify kernel: the twin's steps
+// notifyKernel runs the next notify round with the notify kernel: the twin's steps
 // (notify.go) on the same memory. ok is false when a wait gave up (the
 // watchdog holds the record); err is a launch or copy failure.
-func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool, err error) {
+func (nt *Notify) notifyKernel(ids []int64) (_ *NotifyResult, ok bool, err error) {
 	s := nt.shape
 	ks := nt.kern
 	if len(ids) > 0 {
@@ -284,7 +352,7 @@ func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool,
 			return nil, true, err
 		}
 	}
-	if err := nt.launchNotify(ks.stream, ks.ids, len(ids)/s.TopK, nt.cfg.Alignment, e, DeviceNotify{}); err != nil {
+	if err := nt.launchNotify(ks.stream, ks.ids, len(ids)/s.TopK, nt.cfg.Alignment, DeviceNotify{}); err != nil {
 		return nil, true, err
 	}
 	if err := ks.stream.Synchronize(); err != nil {
@@ -298,7 +366,7 @@ func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool,
 	for j := range out {
 		out[j] = int32(binary.LittleEndian.Uint32(raw[4*j:]))
 	}
-	if uint32(out[0]) != uint32(e) {
+	if out[0] != 1 {
 		return nil, false, nil
 	}
 	w, n, p, le := s.World(), s.Nodes, s.RanksPerNode, s.LocalExperts()
@@ -340,18 +408,19 @@ func (nt *Notify) notifyKernel(ids []int64, e uint64) (_ *NotifyResult, ok bool,
 	return res, true, nil
 }
 
-// launchNotify enqueues the notify kernel for round e on st, with the
-// device-pointer form's optional outputs in o (zero: none).
-func (nt *Notify) launchNotify(st device.Stream, ids uintptr, tokens, alignment int, e uint64, o DeviceNotify) error {
+// launchNotify enqueues the notify kernel for the next round on st (the
+// kernel reads its number on the device), with the device-pointer form's
+// optional outputs in o (zero: none). Nothing here depends on the round:
+// the same launch replayed from a graph runs the next one.
+func (nt *Notify) launchNotify(st device.Stream, ids uintptr, tokens, alignment int, o DeviceNotify) error {
 	s, ks := nt.shape, nt.kern
 	a, i := s.Node(nt.rank), s.Local(nt.rank)
 	args := device.NewArgs(23).Ptr(ids).I32Int(tokens).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
-		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).U64(e).I32Int(alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).Ptr(ks.epochs).I32Int(alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out).
 		Ptr(o.NumRecv).Ptr(o.RankPrefix).Ptr(o.ExpertCounts).Ptr(o.HostInvalid).Ptr(o.HostExpertCounts).Ptr(o.HostRecvCount)
-	// Clear the status words in stream order: a kernel that gives up
-	// leaves them clear (dispatch and combine share theirs, and both count
-	// rounds from 1).
+	// Clear the status word in stream order (a memset node in a graph): a
+	// kernel that gives up leaves it clear.
 	if err := nt.dev.MemsetAsync(ks.out, 0, 4, st); err != nil {
 		return err
 	}
@@ -366,12 +435,12 @@ func int64Bytes(v []int64) []byte {
 	return b
 }
 
-// dispatchKernel runs dispatch round d with the dispatch kernel: the
+// dispatchKernel runs the next dispatch round with the dispatch kernel: the
 // twin's steps (dispatch.go) on the same memory, with the inputs staged in
 // device memory first. ok is false when a wait gave up; bad reports a
 // relayed row the kernel skipped because its place lies outside the
 // receive region (the twin stops at it); err is a launch or copy failure.
-func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (out *RankOutput, ok bool, bad, err error) {
+func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool) (out *RankOutput, ok bool, bad, err error) {
 	s, dl, ks, res := nt.shape, nt.dl, nt.kern, nt.last
 	n, k, h := s.Nodes, s.TopK, s.Hidden
 	i := s.Local(nt.rank)
@@ -421,10 +490,10 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	if in.Weights != nil {
 		dd.Weights = ks.weights
 	}
-	if err := nt.launchDispatch(ks.stream, ks.ids, tokens, d, dd); err != nil {
+	if err := nt.launchDispatch(ks.stream, ks.ids, tokens, dd); err != nil {
 		return nil, true, nil, err
 	}
-	done, skipped, err := ks.stepStatus(nt.dev, uint64(d))
+	done, skipped, err := ks.stepStatus(nt.dev)
 	if err != nil {
 		return nil, true, nil, err
 	}
@@ -461,10 +530,11 @@ func (nt *Notify) dispatchKernel(in RankInput, tokens int, fp8 bool, d uint64) (
 	return out, true, nil, nil
 }
 
-// launchDispatch enqueues the dispatch kernel for round d on st: ids are
-// notify's (tokens rows), the inputs and the optional unpacked outputs in
-// a (X zero: route only).
-func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d uint64, a DeviceDispatch) error {
+// launchDispatch enqueues the dispatch kernel for the next dispatch round
+// on st (its number, and the steps a cached dispatch waits for, are read
+// on the device): ids are notify's (tokens rows), the inputs and the
+// optional unpacked outputs in a (X zero: route only).
+func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a DeviceDispatch) error {
 	s, ks := nt.shape, nt.kern
 	fp8Arg, cached := 0, 0
 	if a.FP8 {
@@ -477,15 +547,15 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d ui
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	args := device.NewArgs(35).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
-		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).U64(d).Ptr(ks.dlayFor(a.FP8)).
+		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).Ptr(ks.epochs).Ptr(ks.dlayFor(a.FP8)).
 		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout()).
 		U64Int(int(a.ScaleStrides[0])).U64Int(int(a.ScaleStrides[1])).
 		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken).
-		I32Int(cached).U64(nt.steps)
-	// Clear the status words in stream order: a kernel that gives up
-	// leaves them clear (dispatch and combine share theirs, and both count
-	// rounds from 1).
+		I32Int(cached).I32Int(ks.split.Senders).I32Int(ks.split.Forwarders)
+	// Clear the status words and the block arrival counters in stream
+	// order (a memset node in a graph): a kernel that gives up leaves the
+	// status clear, and the next launch counts its blocks from 0.
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
@@ -493,7 +563,7 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, d ui
 	if err := nt.dev.Launch(KernelDispatch, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
 		return err
 	}
-	nt.steps++
+	nt.steps++ // the host's count, for diagnostics (the kernels count on the device)
 	return nil
 }
 
@@ -545,11 +615,11 @@ func (s Shape) notifyOffsets() (relay, prefix int) {
 	return relay, relay + 4*(n+n*s.RanksPerNode+s.LocalExperts())
 }
 
-// combineKernel runs combine round c with the combine kernel: the twin's
+// combineKernel runs the next combine round with the combine kernel: the twin's
 // steps (combine.go) on the same memory, with the expert outputs copied
 // into this rank's receive rows and the biases staged first, in stream
 // order. ok, bad and err as dispatchKernel's.
-func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int, c uint64) (out *CombineOutput, ok bool, bad, err error) {
+func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int) (out *CombineOutput, ok bool, bad, err error) {
 	dl, ks, res := nt.dl, nt.kern, nt.last
 	k, h := nt.shape.TopK, nt.shape.Hidden
 	le := binary.LittleEndian
@@ -593,10 +663,10 @@ func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int,
 	if weights {
 		dc.OutWeights = ks.weights
 	}
-	if err := nt.launchCombine(ks.stream, tokens, c, weights, dc); err != nil {
+	if err := nt.launchCombine(ks.stream, tokens, weights, dc); err != nil {
 		return nil, true, nil, err
 	}
-	done, skipped, err := ks.stepStatus(nt.dev, uint64(c))
+	done, skipped, err := ks.stepStatus(nt.dev)
 	if err != nil {
 		return nil, true, nil, err
 	}
@@ -628,10 +698,11 @@ func (nt *Notify) combineKernel(in CombineInput, opt CombineOptions, tokens int,
 	return out, true, nil, nil
 }
 
-// launchCombine enqueues the combine kernel for round c on st; weights
-// says whether the receive rows carry weights (every rank the same); a.Y
-// non-zero makes the kernel copy the expert outputs into them first.
-func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights bool, a DeviceCombine) error {
+// launchCombine enqueues the combine kernel for the next combine round on
+// st (its number is read on the device); weights says whether the receive
+// rows carry weights (every rank the same); a.Y non-zero makes the kernel
+// copy the expert outputs into them first.
+func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a DeviceCombine) error {
 	s, ks := nt.shape, nt.kern
 	b2i := func(v bool) int {
 		if v {
@@ -642,20 +713,19 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights 
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	args := device.NewArgs(27).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
-		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).U64(c).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
+		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.epochs).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
 		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
-		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff))
-	// Clear the status words in stream order: a kernel that gives up
-	// leaves them clear (dispatch and combine share theirs, and both count
-	// rounds from 1).
+		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(ks.split.Senders).I32Int(ks.split.Forwarders)
+	// Clear the status words and the block arrival counters in stream
+	// order (a memset node in a graph).
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
 		return err
 	}
 	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
 		return err
 	}
-	nt.steps++
+	nt.steps++ // the host's count, for diagnostics (the kernels count on the device)
 	return nil
 }
 
@@ -664,10 +734,10 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, c uint64, weights 
 func (ks *kernelState) dout() uintptr { return ks.out + uintptr(4*ks.outInts) }
 
 // stepStatus waits for the kernels' stream and reads the dispatch/combine
-// status words: done says the step finished round r (else one of its waits
-// gave up: the watchdog record names it), skipped that it left out a row
-// whose place lay outside its region.
-func (ks *kernelState) stepStatus(dev device.Device, r uint64) (done, skipped bool, err error) {
+// status words: done says the step finished (else one of its waits gave
+// up: the watchdog record names it), skipped that it left out a row whose
+// place lay outside its region.
+func (ks *kernelState) stepStatus(dev device.Device) (done, skipped bool, err error) {
 	if err := ks.stream.Synchronize(); err != nil {
 		return false, false, err
 	}
@@ -676,5 +746,5 @@ func (ks *kernelState) stepStatus(dev device.Device, r uint64) (done, skipped bo
 		return false, false, err
 	}
 	le := binary.LittleEndian
-	return le.Uint32(st) == uint32(r), le.Uint32(st[4:]) != 0, nil
+	return le.Uint32(st) == 1, le.Uint32(st[4:]) != 0, nil
 }

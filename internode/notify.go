@@ -84,6 +84,11 @@ type NotifyConfig struct {
 	// DefaultEmulatedThreads in the CPU emulation (its threads are OS
 	// threads).
 	Threads int
+	// Split divides that grid into sender, forwarder and receiver blocks
+	// (Split; the zero value: DefaultSplit of the grid). A split naming
+	// counts sets the grid to their total (SMs must then be 0 or the
+	// same).
+	Split Split
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -127,6 +132,9 @@ type Notify struct {
 	rank  int
 	round uint64
 	err   error // sticky: a failed round or Close
+	// launchCfg is the grid configuration in use (SMs, Threads, Split:
+	// the config's, then SetLaunch's and SetSplit's).
+	launchCfg NotifyConfig
 
 	// Dispatch state (dispatch.go): the layout of the dispatch regions,
 	// the last round's ids and result, dispatch rounds done, wait ids.
@@ -192,6 +200,10 @@ func (s Shape) nvlRecv(par, i, a int) int {
 // check that writers of later rounds never overwrite what they still read.
 var notifyTestHook func(rank int, round uint64, stage int)
 
+// deviceTestHook, when set (tests only), wraps the device a Notify made
+// after it uses (the graph-replay test records the launches with it).
+var deviceTestHook func(device.Device) device.Device
+
 // Stages of the waits (TimeoutError.Stage).
 const (
 	stageNotifyNet = 40 + iota
@@ -234,6 +246,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		return nil, fail("%d ranks in the communicator, %v in the shape", comm.Size(), s.Topology)
 	}
 	dev := comm.Device()
+	if deviceTestHook != nil {
+		dev = deviceTestHook(dev)
+	}
 	if cfg.Tag < 0 || cfg.Tag >= math.MaxInt32 {
 		return nil, fail("tag %d out of range", cfg.Tag)
 	}
@@ -512,7 +527,7 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	ok := true
 	if nt.kern != nil {
 		var err error
-		if res, ok, err = nt.notifyKernel(ids, nt.round); err != nil {
+		if res, ok, err = nt.notifyKernel(ids); err != nil {
 			nt.err = fail("%w", err)
 			return nil, nt.err
 		}

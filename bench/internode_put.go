@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/channels/channeltest"
+	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internode"
+)
+
+// The transport's own put bandwidth beside internode's network leg: rank 0
+// puts the same byte count as its dispatch (or combine) sends across
+// nodes to its forwarder on node 1 (rank RanksPerNode, the peer its network
+// leg talks to), through a port channel of a communicator of its own with
+// the Buffer's node split, hence the same transport between the same
+// ranks. One thread pushes iters puts of the whole count and a flush
+// (channels' port put benchmark kernel, timed inside the kernel from the
+// first push to the flush's completion). Collective: every rank builds the
+// communicator and port channels; only rank 0 times.
+
+// interPut is rank 0's put timing of one byte count.
+type interPut struct {
+	Bytes int64   `json:"bytes"`
+	Iters int     `json:"iters"`
+	US    float64 `json:"us_per_put"`
+	GBps  float64 `json:"gbps"`
+}
+
+// measureInterPuts times puts of each byte count (0: skipped) from rank 0
+// to its forwarder on node 1; other ranks return zeros.
+func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, topo internode.Topology, timeout time.Duration,
+	sizes []int64, iters int) (_ []interPut, err error) {
+	maxBytes := int64(1)
+	for _, s := range sizes {
+		maxBytes = max(maxBytes, s)
+	}
+	if maxBytes > 1<<34 {
+		return nil, fmt.Errorf("port put of %d bytes: too large", maxBytes)
+	}
+	comm, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: timeout},
+		Network: channels.NetworkConfig{VirtualNodes: topo.Nodes}})
+	if err != nil {
+		return nil, fmt.Errorf("port put: communicator: %w", err)
+	}
+	defer func() { err = errors.Join(err, comm.Close()) }()
+	l := channeltest.LayoutFor(int(maxBytes))
+	r, err := channeltest.NewRank(ctx, comm, l)
+	if err != nil {
+		return nil, fmt.Errorf("port put: %w", err)
+	}
+	defer func() { err = errors.Join(err, r.Close()) }()
+	if err := r.EnsurePort(ctx); err != nil {
+		return nil, fmt.Errorf("port put: port channels: %w", err)
+	}
+	peer := topo.RanksPerNode // rank 0's forwarder on node 1
+	out := make([]interPut, len(sizes))
+	if bs.Rank() == 0 {
+		buf, err := dev.Alloc(16)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, dev.Free(buf)) }()
+		st, err := dev.NewStream()
+		if err != nil {
+			return nil, err
+		}
+		defer func() { err = errors.Join(err, st.Close()) }()
+		// The destination region's offset (channeltest's: after the source
+		// region and its guard).
+		dst := uint64(l.Region + l.Guard)
+		for j, size := range sizes {
+			if size <= 0 {
+				continue
+			}
+			var ns uint64
+			for _, n := range []int{1, iters} { // a warm-up put, then the timed ones
+				if err := dev.CopyIn(buf.Ptr, make([]byte, 16)); err != nil {
+					return nil, err
+				}
+				args := device.NewArgs(8).Ptr(r.PortHandles.Ptr()).U32(uint32(peer)).U64(dst).U64(0).U64(uint64(size)).
+					U32(uint32(n)).U32(23).Ptr(buf.Ptr)
+				if err := dev.Launch(devapi.KernelPortPutBench, device.Dim3{X: 1}, device.Dim3{X: 32}, 0, st, args); err != nil {
+					return nil, err
+				}
+				if err := st.Synchronize(); err != nil {
+					return nil, err
+				}
+				b := make([]byte, 16)
+				if err := dev.CopyOut(b, buf.Ptr); err != nil {
+					return nil, err
+				}
+				if binary.LittleEndian.Uint64(b) != 1 {
+					return nil, fmt.Errorf("port put of %d bytes to rank %d: the flush did not complete", size, peer)
+				}
+				ns = binary.LittleEndian.Uint64(b[8:])
+			}
+			p := interPut{Bytes: size, Iters: iters}
+			if ns > 0 {
+				p.US = float64(ns) / 1e3 / float64(iters)
+				p.GBps = float64(size) * float64(iters) / float64(ns)
+			}
+			out[j] = p
+		}
+	}
+	if err := comm.Barrier(ctx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

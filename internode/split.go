@@ -1,0 +1,119 @@
+package internode
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Split divides the dispatch and combine kernels' grid into roles. Each
+// block of a split grid takes one role: senders pack this rank's tokens
+// into the staging and put them to the forwarders (one put per node and
+// block), forwarders copy landed relay rows to their target ranks over
+// NVLink, receivers unpack this rank's received rows; in combine the
+// senders and forwarders reduce relayed tokens and put the partials back,
+// the receivers sum the partials that reach this rank. The roles then
+// overlap (a forwarder copies rows of a node that landed while senders
+// still pack), at the price of fewer blocks per role. Shared makes every
+// block take every role in turn, on its share (no overlap, every block
+// busy in every phase). All blocks of the grid must be resident at once
+// either way (forwarders wait for this rank's senders): the total counts
+// against the spin budget of ranks sharing a GPU.
+//
+// The zero Split is the default: DefaultSplit of the grid. The Buffer
+// (package buffer) reads its split from $GOEP_INTERNODE_SPLIT (SplitEnv,
+// ParseSplit's forms).
+type Split struct {
+	Senders, Forwarders, Receivers int
+	Shared                         bool
+}
+
+// SplitEnv names the environment variable the Buffer reads its split
+// from (ParseSplit's forms: "S,F,R", "shared", "default" or unset).
+const SplitEnv = "GOEP_INTERNODE_SPLIT"
+
+// DefaultSplit is the split of a grid of blocks when none is given: a
+// quarter senders, a quarter receivers (at least one each), the rest
+// forwarders (the NVLink leg writes each row to up to eight ranks); grids
+// under four blocks are Shared.
+func DefaultSplit(blocks int) Split {
+	if blocks < 4 {
+		return Split{Shared: true}
+	}
+	s, r := max(1, blocks/4), max(1, blocks/4)
+	return Split{Senders: s, Forwarders: blocks - s - r, Receivers: r}
+}
+
+// Total is the blocks a split names (0 for the default and Shared).
+func (sp Split) Total() int {
+	if sp.Shared {
+		return 0
+	}
+	return sp.Senders + sp.Forwarders + sp.Receivers
+}
+
+// Validate says whether sp is the default, Shared (with no counts) or
+// three counts >= 1.
+func (sp Split) Validate() error {
+	counts := sp.Senders != 0 || sp.Forwarders != 0 || sp.Receivers != 0
+	switch {
+	case sp.Shared && counts:
+		return fmt.Errorf("split %+v: Shared takes no counts", sp)
+	case counts && (sp.Senders < 1 || sp.Forwarders < 1 || sp.Receivers < 1):
+		return fmt.Errorf("split %d,%d,%d: want at least one sender, forwarder and receiver block", sp.Senders, sp.Forwarders, sp.Receivers)
+	case counts && sp.Senders+sp.Forwarders+sp.Receivers > maxSplitBlocks:
+		return fmt.Errorf("split %d,%d,%d: more than %d blocks", sp.Senders, sp.Forwarders, sp.Receivers, maxSplitBlocks)
+	}
+	return nil
+}
+
+// maxSplitBlocks bounds a split's total (far above any GPU's SMs; keeps
+// the sum in int32 for the kernel).
+const maxSplitBlocks = 1 << 16
+
+// resolve is the split launched on a grid of blocks (sp valid: a split
+// with counts has their total).
+func (sp Split) resolve(blocks int) Split {
+	if sp.Shared || sp.Total() > 0 {
+		return sp
+	}
+	return DefaultSplit(blocks)
+}
+
+// String is "shared", "default" or "S,F,R" (ParseSplit's forms).
+func (sp Split) String() string {
+	switch {
+	case sp.Shared:
+		return "shared"
+	case sp.Total() == 0:
+		return "default"
+	}
+	return fmt.Sprintf("%d,%d,%d", sp.Senders, sp.Forwarders, sp.Receivers)
+}
+
+// ParseSplit reads "S,F,R" (blocks of senders, forwarders, receivers),
+// "shared" or "default" ("" too).
+func ParseSplit(v string) (Split, error) {
+	switch v = strings.TrimSpace(v); v {
+	case "", "default":
+		return Split{}, nil
+	case "shared":
+		return Split{Shared: true}, nil
+	}
+	f := strings.Split(v, ",")
+	if len(f) != 3 {
+		return Split{}, fmt.Errorf("internode: split %q: want S,F,R, shared or default", v)
+	}
+	var n [3]int
+	for j, x := range f {
+		var err error
+		if n[j], err = strconv.Atoi(strings.TrimSpace(x)); err != nil {
+			return Split{}, fmt.Errorf("internode: split %q: %w", v, err)
+		}
+	}
+	sp := Split{Senders: n[0], Forwarders: n[1], Receivers: n[2]}
+	if err := sp.Validate(); err != nil {
+		return Split{}, fmt.Errorf("internode: %w", err)
+	}
+	return sp, nil
+}

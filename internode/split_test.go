@@ -1,0 +1,42 @@
+package internode_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/internode"
+)
+
+// The split's forms, defaults and refusals.
+func TestSplit(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want internode.Split
+	}{
+		{"", internode.Split{}}, {"default", internode.Split{}}, {"shared", internode.Split{Shared: true}},
+		{"4,8,4", internode.Split{Senders: 4, Forwarders: 8, Receivers: 4}}, {" 1, 1 ,1 ", internode.Split{Senders: 1, Forwarders: 1, Receivers: 1}},
+	} {
+		got, err := internode.ParseSplit(c.in)
+		require.NoError(t, err, c.in)
+		require.Equal(t, c.want, got, c.in)
+		back, err := internode.ParseSplit(got.String())
+		require.NoError(t, err)
+		require.Equal(t, got, back, "String and ParseSplit round trip")
+	}
+	for _, bad := range []string{"0,1,1", "1,-1,1", "1,1", "1,1,1,1", "a,b,c", "sharedx", "70000,1,1"} {
+		_, err := internode.ParseSplit(bad)
+		require.Error(t, err, bad)
+	}
+	require.Error(t, internode.Split{Senders: 1, Forwarders: 1, Receivers: 1, Shared: true}.Validate())
+	// Defaults: a quarter senders and receivers, the rest forwarders; small
+	// grids shared.
+	for g, want := range map[int]internode.Split{1: {Shared: true}, 3: {Shared: true}, 4: {Senders: 1, Forwarders: 2, Receivers: 1},
+		16: {Senders: 4, Forwarders: 8, Receivers: 4}, 24: {Senders: 6, Forwarders: 12, Receivers: 6}, 7: {Senders: 1, Forwarders: 5, Receivers: 1}} {
+		got := internode.DefaultSplit(g)
+		require.Equal(t, want, got, "grid %d", g)
+		if !got.Shared {
+			require.Equal(t, g, got.Total())
+		}
+	}
+}

@@ -72,8 +72,10 @@ __device__ __noinline__ void goep_watchdog_expire(goep_watchdog* wd, u32 op, u32
 // Call after every failed poll. Returns true to keep spinning, false when
 // the spin must give up (and then the record has been written, unless
 // another thread or the host got there first).
+// slack_shift lengthens the wait to timeout << slack_shift: for a wait
+// downstream of other waits of the same launch (see goep_wait_ge_u64_after).
 __device__ __forceinline__ bool goep_spin_ok(goep_spin& s, goep_watchdog* wd, u32 op, u32 id, u32 peer, u32 stage,
-                                             u64 expected, u64 observed) {
+                                             u64 expected, u64 observed, u32 slack_shift = 0) {
   if (((++s.count) & (GOEP_SPIN_CHECK_EVERY - 1)) != 0) {
     return true;
   }
@@ -86,7 +88,7 @@ __device__ __forceinline__ bool goep_spin_ok(goep_spin& s, goep_watchdog* wd, u3
     return true;
   }
   const u64 waited = now - s.start;
-  if (waited < wd->timeout_ns) {
+  if (waited < (wd->timeout_ns << slack_shift)) {
     return true;
   }
   goep_watchdog_expire(wd, op, id, peer, stage, waited, expected, observed);
@@ -102,16 +104,26 @@ __device__ __forceinline__ bool goep_spin_ok(goep_spin& s, goep_watchdog* wd, u3
 // is the rank expected to move it. Return false when the spin gave up.
 
 __device__ __forceinline__ bool goep_wait_ge_u64(const u64* p, u64 target, goep_watchdog* wd, u32 id, u32 peer,
-                                                 u32 stage) {
+                                                 u32 stage, u32 slack_shift = 0) {
   goep_spin s = goep_spin_start();
   u64 v;
   while ((v = goep_chan_ld_relaxed_sys_u64(p)) < target) {
-    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, id, peer, stage, target, v)) {
+    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, id, peer, stage, target, v, slack_shift)) {
       return false;
     }
   }
   (void)goep_ld_acquire_sys_u64(p);
   return true;
+}
+
+// A wait for what other waits of the same launch deliver (a receiver block
+// waiting for the forwarder blocks of its node, which wait on the network):
+// it gives up only at twice the timeout, so when a rank never arrives the
+// wait that times out first, and names it in the record, is the upstream
+// one; the downstream wait then leaves on the abort.
+__device__ __forceinline__ bool goep_wait_ge_u64_after(const u64* p, u64 target, goep_watchdog* wd, u32 id, u32 peer,
+                                                       u32 stage) {
+  return goep_wait_ge_u64(p, target, wd, id, peer, stage, 1);
 }
 
 // 32-bit counters may wrap: "reached" means the signed distance is >= 0.

@@ -737,8 +737,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   if (ro.recv) {
     // 4. Receive: every forwarder of the node has placed its rows.
     for (int j = tid; j < p; j += nt) {
-      ok &= goep_wait_ge_u64((const u64*)(nvl + dl.nvl_counters) + j, round, wd, wait_ids[nodes + p + j],
-                             (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
+      ok &= goep_wait_ge_u64_after((const u64*)(nvl + dl.nvl_counters) + j, round, wd, wait_ids[nodes + p + j],
+                                   (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
     }
     if (goep_block_any_failed(!ok)) {
       return;
@@ -981,8 +981,8 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     // token sums them in ascending node from +0, adds bias0 then bias1,
     // rounds once, eight elements a lane.
     for (int j = tid; j < nodes; j += nt) {
-      ok &= goep_wait_ge_u64((const u64*)(rdma + dl.comb_counters) + j, round, wd, wait_ids[p + j],
-                             (u32)(j * p + local), GOEP_INN_STAGE_COMBINE_NET);
+      ok &= goep_wait_ge_u64_after((const u64*)(rdma + dl.comb_counters) + j, round, wd, wait_ids[p + j],
+                                   (u32)(j * p + local), GOEP_INN_STAGE_COMBINE_NET);
     }
     if (goep_block_any_failed(!ok)) {
       return;

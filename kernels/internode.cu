@@ -442,6 +442,46 @@ __device__ __forceinline__ bool goep_inn_step_done(const goep_inn_dispatch_layou
   return ok;
 }
 
+// The last block of a step's senders tells every node that this rank's
+// puts of the round are out: its own node's counter directly, the other
+// nodes' counterparts by a port-channel atomicAdd on the channel that
+// carried the puts (so the count never overtakes the rows). Every thread of
+// the block calls it; false when an atomicAdd could not be queued.
+__device__ __forceinline__ bool goep_inn_count_to_nodes(u8* rdma, u64 counters, int node, int nodes,
+                                                        const goep_port_channel* ports, u32 stage) {
+  bool ok = true;
+  for (int n = threadIdx.x; n < nodes; n += blockDim.x) {
+    if (n == node) {
+      goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + counters) + node, 1);
+    } else {
+      ok &= goep_pc_atomic_add(ports[n], counters + 8ull * node, 1, stage);
+    }
+  }
+  return ok;
+}
+
+// Ends a dispatch or combine launch: the last block to arrive tells the
+// peers the step is done (goep_inn_step_done), advances the device round
+// counters (every block read them at its start and has arrived since) and
+// writes status 1. Every thread of every block calls it, last.
+__device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 blocks, const goep_inn_dispatch_layout& dl,
+                                                int nodes, int p, int node, int local, const u64* peer_nvl,
+                                                const goep_port_channel* ports, u32 stage, u64* epochs, int epoch,
+                                                u64 round, u64 steps, i32* out) {
+  if (!goep_inn_arrive(arrive, last, blocks)) {
+    return;
+  }
+  if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, stage))) {
+    return;
+  }
+  if (threadIdx.x == 0) {
+    epochs[epoch] = round;
+    epochs[GOEP_INN_EPOCH_STEPS] = steps + 1;
+    __threadfence_system();
+    *(volatile i32*)out = 1;
+  }
+}
+
 // Largest ranks per node the dispatch kernel's shared tables hold (the
 // target masks are 8 bits).
 #define GOEP_INN_MAX_P 8
@@ -646,17 +686,10 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    if (goep_inn_arrive(arrive, &last, ro.s_cnt)) {
-      for (int n = tid; n < nodes; n += nt) {
-        if (n == node) {
-          goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.net_counters) + node, 1);
-        } else {
-          ok &= goep_pc_atomic_add(ports[n], dl.net_counters + 8ull * node, 1, GOEP_INN_STAGE_DISPATCH_PUT);
-        }
-      }
-      if (goep_block_any_failed(!ok)) {
-        return;
-      }
+    if (goep_inn_arrive(arrive, &last, ro.s_cnt) &&
+        goep_block_any_failed(
+            !goep_inn_count_to_nodes(rdma, dl.net_counters, node, nodes, ports, GOEP_INN_STAGE_DISPATCH_PUT))) {
+      return;
     }
 
   }
@@ -774,18 +807,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
     }
   }
-  if (goep_inn_arrive(arrive + 2, &last, g)) {
-    if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_DISPATCH_DONE))) {
-      return;
-    }
-    if (tid == 0) {
-      // Every block read the epochs at its start (it arrived since).
-      epochs[GOEP_INN_EPOCH_DISPATCH] = round;
-      epochs[GOEP_INN_EPOCH_STEPS] = steps + 1;
-      __threadfence_system();
-      *(volatile i32*)out = 1;
-    }
-  }
+  goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_DISPATCH_DONE,
+                  epochs, GOEP_INN_EPOCH_DISPATCH, round, steps, out);
 }
 
 // ---------------------------------------------------------------------------
@@ -962,17 +985,10 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    if (goep_inn_arrive(arrive + 1, &last, red_cnt)) {
-      for (int n = tid; n < nodes; n += nt) {
-        if (n == node) {
-          goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + dl.comb_counters) + node, 1);
-        } else {
-          ok &= goep_pc_atomic_add(ports[n], dl.comb_counters + 8ull * node, 1, GOEP_INN_STAGE_COMBINE_PUT);
-        }
-      }
-      if (goep_block_any_failed(!ok)) {
-        return;
-      }
+    if (goep_inn_arrive(arrive + 1, &last, red_cnt) &&
+        goep_block_any_failed(
+            !goep_inn_count_to_nodes(rdma, dl.comb_counters, node, nodes, ports, GOEP_INN_STAGE_COMBINE_PUT))) {
+      return;
     }
 
   }
@@ -1049,16 +1065,6 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       }
     }
   }
-  if (goep_inn_arrive(arrive + 2, &last, g)) {
-    if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT))) {
-      return;
-    }
-    if (tid == 0) {
-      // Every block read the epochs at its start (it arrived since).
-      epochs[GOEP_INN_EPOCH_COMBINE] = round;
-      epochs[GOEP_INN_EPOCH_STEPS] = steps + 1;
-      __threadfence_system();
-      *(volatile i32*)out = 1;
-    }
-  }
+  goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT, epochs,
+                  GOEP_INN_EPOCH_COMBINE, round, steps, out);
 }

@@ -123,13 +123,16 @@ func newSocketPair(tb testing.TB, size int) *socketPair {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer ln.Close()
 	p := &socketPair{buf: make([]byte, size), done: make(chan error, 1)}
 	for i := range p.buf {
 		p.buf[i] = byte(i)
 	}
 	go func() {
+		// The listener closes after the accept, not when newSocketPair
+		// returns: a connection still in the backlog when the listener
+		// closes is reset (seen under load as "connection reset by peer").
 		c, err := ln.Accept()
+		_ = ln.Close()
 		if err != nil {
 			p.done <- err
 			return
@@ -152,6 +155,7 @@ func newSocketPair(tb testing.TB, size int) *socketPair {
 		}
 	}()
 	if p.c, err = net.Dial("tcp", ln.Addr().String()); err != nil {
+		_ = ln.Close() // ends the accept
 		tb.Fatal(err)
 	}
 	tune(p.c)

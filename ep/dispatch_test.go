@@ -18,6 +18,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/intranode/intranodetest"
 	"github.com/goep-dev/goep/routing"
 )
 
@@ -87,7 +88,7 @@ func (s spec) newInputs(t testing.TB, r *rig, rank int, seed uint64, ids []int64
 		in.XFP8 = randFP8(rng, n*s.hidden)
 		in.Scales = randF32(rng, n*s.hidden/128)
 	} else {
-		in.X = randBF16(rng, n*s.hidden)
+		in.X = intranodetest.RandBF16(rng, n*s.hidden, false)
 	}
 	if s.weights {
 		in.Weights = randF32(rng, n*s.topk)
@@ -364,7 +365,7 @@ func runCombine(t *testing.T, r *rig, s spec, results []ep.DispatchResult, dispa
 			x, w, err := r.bufs[i].CombineInput(results[i].Handle)
 			require.NoError(t, err)
 			require.Equal(t, rows, x.Rows())
-			cins[i].Y = randBF16(rng, n*s.hidden)
+			cins[i].Y = intranodetest.RandBF16(rng, n*s.hidden, false)
 			require.NoError(t, d.CopyIn(x.Ptr, bytesOf(cins[i].Y)))
 			a.X = x
 			if s.weights {
@@ -373,7 +374,7 @@ func runCombine(t *testing.T, r *rig, s spec, results []ep.DispatchResult, dispa
 				a.Weights = w
 			}
 		default:
-			cins[i].Y = randBF16(rng, n*s.hidden)
+			cins[i].Y = intranodetest.RandBF16(rng, n*s.hidden, false)
 			a.X = ep.NewTensor(alloc(t, d, 2*rows*s.hidden), ep.BF16, rows, s.hidden)
 			require.NoError(t, d.CopyIn(a.X.Ptr, bytesOf(cins[i].Y)))
 		}
@@ -383,7 +384,7 @@ func runCombine(t *testing.T, r *rig, s spec, results []ep.DispatchResult, dispa
 			require.NoError(t, d.CopyIn(a.Weights.Ptr, bytesOf(cins[i].Weights)))
 		}
 		for j := 0; j < s.bias; j++ {
-			bias := randBF16(rng, tok*s.hidden)
+			bias := intranodetest.RandBF16(rng, tok*s.hidden, false)
 			if j == 0 {
 				cins[i].Bias0 = bias
 			} else {

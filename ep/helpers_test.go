@@ -350,24 +350,6 @@ func sameFloats(t testing.TB, want, got []float32, format string, a ...any) {
 	sameSlice(t, w, g, format, a...)
 }
 
-// randBF16 draws BF16 values of either sign, magnitudes 2^-8..2^8 (on all
-// cores: GPU-sized tests draw billions).
-func randBF16(rng *rand.Rand, n int) []uint16 {
-	x := make([]uint16, n)
-	parallel.FillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
-		var bits uint64
-		for i := lo; i < hi; i++ {
-			if (i-lo)%4 == 0 {
-				bits = rng.Uint64()
-			}
-			v := uint16(bits)
-			bits >>= 16
-			x[i] = v&0x8000 | (119+(v>>8)&15)<<7 | v&0x7f
-		}
-	})
-	return x
-}
-
 func randF32(rng *rand.Rand, n int) []float32 {
 	w := make([]float32, n)
 	for i := range w {

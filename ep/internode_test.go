@@ -22,6 +22,7 @@ import (
 	"github.com/goep-dev/goep/internal/apicheck"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internode"
+	"github.com/goep-dev/goep/intranode/intranodetest"
 	"github.com/goep-dev/goep/routing"
 )
 
@@ -112,7 +113,7 @@ func newInterRound(rng *rand.Rand, s internode.Shape, tokens []int, kind int, fp
 		if fp8 {
 			in.XFP8, in.Scales = randFP8(rng, n*s.Hidden), randF32(rng, n*s.Hidden/128)
 		} else {
-			in.X = randBF16(rng, n*s.Hidden)
+			in.X = intranodetest.RandBF16(rng, n*s.Hidden, false)
 		}
 		if weights {
 			in.Weights = randF32(rng, n*s.TopK)
@@ -229,15 +230,15 @@ func interCombine(t *testing.T, r *rig, s internode.Shape, rng *rand.Rand, handl
 	cin := make([]internode.CombineInput, w)
 	for d := range cin {
 		n := dispatched[d].Received()
-		cin[d].Y = randBF16(rng, n*h)
+		cin[d].Y = intranodetest.RandBF16(rng, n*h, false)
 		if weights {
 			cin[d].Weights = randF32(rng, n*k)
 		}
 		if biases > 0 {
-			cin[d].Bias0 = randBF16(rng, tokens[d]*h)
+			cin[d].Bias0 = intranodetest.RandBF16(rng, tokens[d]*h, false)
 		}
 		if biases > 1 {
-			cin[d].Bias1 = randBF16(rng, tokens[d]*h)
+			cin[d].Bias1 = intranodetest.RandBF16(rng, tokens[d]*h, false)
 		}
 	}
 	want, err := internode.ReferenceCombine(s, tokens, dispatched, cin, internode.CombineOptions{Partial: internode.PartialBF16})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/intranode"
+	"github.com/goep-dev/goep/intranode/intranodetest"
 	"github.com/goep-dev/goep/routing"
 )
 
@@ -56,7 +57,7 @@ func TestMismatchedCalls(t *testing.T) {
 					rt, err := routing.Generate(routing.Shape{Tokens: tokens, K: topk, Experts: cfg.Experts, Ranks: ranks},
 						routing.GenOptions{Seed: uint64(i) + 1})
 					require.NoError(t, err)
-					io[i] = rankIO{x: toDev(t, d, randBF16(rng, tokens*hidden)), x8: toDev(t, d, randFP8(rng, tokens*hidden)),
+					io[i] = rankIO{x: toDev(t, d, intranodetest.RandBF16(rng, tokens*hidden, false)), x8: toDev(t, d, randFP8(rng, tokens*hidden)),
 						sc: toDev(t, d, randF32(rng, tokens*hidden/128)), ids: toDev(t, d, rt.Idx),
 						y: alloc(t, d, 2*hidden*r.bufs[i].MaxRecv())}
 				}

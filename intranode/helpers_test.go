@@ -182,31 +182,6 @@ type rankData struct {
 	handle  intranode.Handle
 }
 
-// randBF16 draws BF16 values of either sign with magnitudes in [2^-8, 2^8)
-// and random mantissas (cheaply, on all cores: GPU-sized tests draw
-// billions); special mixes in +-0, +-inf, NaN, subnormals and the largest
-// finite value.
-func randBF16(rng *rand.Rand, n int, special bool) []uint16 {
-	x := make([]uint16, n)
-	specials := []uint16{0x0000, 0x8000, 0x7f80, 0xff80, 0x7fc1, 0x0001, 0x8003, 0x7f7f}
-	parallel.FillChunks(rng, n, func(rng *rand.Rand, lo, hi int) {
-		var bits uint64
-		for i := lo; i < hi; i++ {
-			if (i-lo)%4 == 0 {
-				bits = rng.Uint64()
-			}
-			v := uint16(bits)
-			bits >>= 16
-			exp := 119 + uint16(v>>8)&15 // 2^-8 .. 2^7
-			x[i] = v&0x8000 | exp<<7 | v&0x7f
-			if special && v&0x3f00 == 0x1100 { // 1 in 64
-				x[i] = specials[int(v>>7)%len(specials)]
-			}
-		}
-	})
-	return x
-}
-
 func randF32(rng *rand.Rand, n int) []float32 {
 	w := make([]float32, n)
 	for i := range w {
@@ -232,7 +207,7 @@ func newInputs(t testing.TB, s spec, r int, ids []int64, seed uint64) intranode.
 		})
 		in.Scales = randF32(rng, n*s.hidden/128)
 	} else {
-		in.X = randBF16(rng, n*s.hidden, false)
+		in.X = intranodetest.RandBF16(rng, n*s.hidden, false)
 	}
 	if s.weights {
 		in.Weights = randF32(rng, n*s.topk)

@@ -240,7 +240,7 @@ func runCombine(t *testing.T, g *intranodetest.Group, streams []device.Stream, s
 				a.Weights = r.WS.Recv().Weights
 			}
 		case "cinput":
-			cins[i].Y = randBF16(rng, n*s.hidden, s.specialY)
+			cins[i].Y = intranodetest.RandBF16(rng, n*s.hidden, s.specialY)
 			a.Y = r.WS.CombineInput().X
 			require.NoError(t, d.CopyIn(a.Y, bytesOf(cins[i].Y)))
 			if s.weights {
@@ -249,7 +249,7 @@ func runCombine(t *testing.T, g *intranodetest.Group, streams []device.Stream, s
 				require.NoError(t, d.CopyIn(a.Weights, bytesOf(cins[i].Weights)))
 			}
 		case "copy", "rows":
-			cins[i].Y = randBF16(rng, n*s.hidden, s.specialY)
+			cins[i].Y = intranodetest.RandBF16(rng, n*s.hidden, s.specialY)
 			y := upload(t, d, cins[i].Y)
 			a.Y = y.Ptr
 			b = append(b, y)
@@ -271,13 +271,13 @@ func runCombine(t *testing.T, g *intranodetest.Group, streams []device.Stream, s
 			b = append(b, ow)
 		}
 		if s.bias >= 1 {
-			cins[i].Bias0 = randBF16(rng, tok*s.hidden, s.specialY)
+			cins[i].Bias0 = intranodetest.RandBF16(rng, tok*s.hidden, s.specialY)
 			b0 := upload(t, d, cins[i].Bias0)
 			a.Bias0 = b0.Ptr
 			b = append(b, b0)
 		}
 		if s.bias >= 2 {
-			cins[i].Bias1 = randBF16(rng, tok*s.hidden, false)
+			cins[i].Bias1 = intranodetest.RandBF16(rng, tok*s.hidden, false)
 			b1 := upload(t, d, cins[i].Bias1)
 			a.Bias1 = b1.Ptr
 			b = append(b, b1)
@@ -539,7 +539,7 @@ func TestCombineInputReuse(t *testing.T) {
 				for i, r := range g.Ranks {
 					rng := rand.New(rand.NewPCG(uint64(k), uint64(i)))
 					n, tok := want[i].Received(), s.tokens[i]
-					rd.cins[i] = intranode.CombineInput{Y: randBF16(rng, n*s.hidden, false), Weights: randF32(rng, n*s.topk)}
+					rd.cins[i] = intranode.CombineInput{Y: intranodetest.RandBF16(rng, n*s.hidden, false), Weights: randF32(rng, n*s.topk)}
 					rd.y = append(rd.y, upload(t, r.Dev, rd.cins[i].Y))
 					rd.w = append(rd.w, upload(t, r.Dev, rd.cins[i].Weights))
 					rd.out = append(rd.out, alloc(t, r.Dev, 2*tok*s.hidden))

@@ -360,43 +360,29 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 			return nil, err
 		}
 	}
-	nt.netWait = make([]uint32, s.Nodes)
-	for n := range nt.netWait {
-		src := s.Rank(n, i)
-		nt.netWait[n] = comm.NewWaitID(fmt.Sprintf("internode notify: counts from rank %d (node %d) over the network", src, n))
+	// One wait ID per peer a kernel waits on, named for the timeout error:
+	// over the network, rank (n, i) of every node n; over NVLink, every
+	// rank (a, l) of this node.
+	overNet := func(what string) []uint32 {
+		return waitIDs(comm, s.Nodes, func(n int) string {
+			return fmt.Sprintf("internode %s rank %d (node %d) over the network", what, s.Rank(n, i), n)
+		})
 	}
-	nt.nvlWait = make([]uint32, p)
-	for l := range nt.nvlWait {
-		nt.nvlWait[l] = comm.NewWaitID(fmt.Sprintf("internode notify: counts from forwarder rank %d (node %d)", s.Rank(a, l), a))
+	inNode := func(what string) []uint32 {
+		return waitIDs(comm, p, func(l int) string {
+			return fmt.Sprintf("internode %s rank %d (node %d)", what, s.Rank(a, l), a)
+		})
 	}
+	nt.netWait = overNet("notify: counts from")
+	nt.nvlWait = inNode("notify: counts from forwarder")
 	if cfg.MaxTokens > 0 {
-		nt.dispNetWait = make([]uint32, s.Nodes)
-		for n := range nt.dispNetWait {
-			src := s.Rank(n, i)
-			nt.dispNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode dispatch: rows from rank %d (node %d) over the network", src, n))
-		}
-		nt.dispNVLWait = make([]uint32, p)
-		nt.readyWait = make([]uint32, p)
-		for l := range nt.dispNVLWait {
-			nt.dispNVLWait[l] = comm.NewWaitID(fmt.Sprintf("internode dispatch: rows from forwarder rank %d (node %d)", s.Rank(a, l), a))
-			nt.readyWait[l] = comm.NewWaitID(fmt.Sprintf("internode dispatch: receive bases of rank %d (node %d)", s.Rank(a, l), a))
-		}
-		nt.combNetWait = make([]uint32, s.Nodes)
-		for n := range nt.combNetWait {
-			nt.combNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode combine: partials from forwarder rank %d (node %d) over the network", s.Rank(n, i), n))
-		}
-		nt.combReady = make([]uint32, p)
-		for l := range nt.combReady {
-			nt.combReady[l] = comm.NewWaitID(fmt.Sprintf("internode combine: expert outputs of rank %d (node %d)", s.Rank(a, l), a))
-		}
-		nt.doneNetWait = make([]uint32, s.Nodes)
-		for n := range nt.doneNetWait {
-			nt.doneNetWait[n] = comm.NewWaitID(fmt.Sprintf("internode cached dispatch: earlier steps of rank %d (node %d), over the network", s.Rank(n, i), n))
-		}
-		nt.doneNVLWait = make([]uint32, p)
-		for l := range nt.doneNVLWait {
-			nt.doneNVLWait[l] = comm.NewWaitID(fmt.Sprintf("internode cached dispatch: earlier steps of rank %d (node %d)", s.Rank(a, l), a))
-		}
+		nt.dispNetWait = overNet("dispatch: rows from")
+		nt.dispNVLWait = inNode("dispatch: rows from forwarder")
+		nt.readyWait = inNode("dispatch: receive bases of")
+		nt.combNetWait = overNet("combine: partials from forwarder")
+		nt.combReady = inNode("combine: expert outputs of")
+		nt.doneNetWait = overNet("cached dispatch: earlier steps of")
+		nt.doneNVLWait = inNode("cached dispatch: earlier steps of")
 	}
 	if runsKernels(dev) {
 		if err := nt.setupKernels(ctx); err != nil {
@@ -700,4 +686,13 @@ func (nt *Notify) twin(ids []int64, e uint64) (*NotifyResult, bool) {
 	}
 	res.TokensPerLocalExpert = perExpert
 	return res, true
+}
+
+// waitIDs registers n wait IDs with the communicator, named by name(j).
+func waitIDs(comm *channels.Communicator, n int, name func(j int) string) []uint32 {
+	ids := make([]uint32, n)
+	for j := range ids {
+		ids[j] = comm.NewWaitID(name(j))
+	}
+	return ids
 }

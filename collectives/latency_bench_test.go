@@ -28,6 +28,11 @@ import (
 //
 //	go test -c -o collectives.test ./collectives
 //	./collectives.test -test.run '^$' -test.bench 'GPUSmallAllReduce' -test.benchtime 5000x -test.count 5
+//
+// With GOEP_BENCH_NO_FINGERPRINT=1 the same binary runs the kernels
+// compiled without the call fingerprint (TestMain; measurement only): the
+// fingerprint's A/B. Each result reports the metric fingerprint (1 default,
+// 0 compiled out) and logs the mode.
 func BenchmarkGPUSmallAllReduce(b *testing.B) {
 	n := gpus()
 	if n == 0 {

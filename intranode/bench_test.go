@@ -83,6 +83,10 @@ func TestBenchHost(t *testing.T) {
 //
 // GOEP_BENCH_NO_TMA=1 leaves the TMA variants out (a TMA variant whose
 // module does not compile is skipped with the error).
+// GOEP_BENCH_NO_FINGERPRINT=1 runs the kernels compiled without the call
+// fingerprint (TestMain; measurement only): the same binary with and
+// without it is the fingerprint's A/B. Each result reports the metric
+// fingerprint (1 default, 0 compiled out) and logs the mode.
 func BenchmarkGPU(b *testing.B) {
 	n := gpuCount(b)
 	if n == 0 {

@@ -35,6 +35,12 @@ import (
 // native kernel on one rank against NCCL on another ends in the watchdog's
 // timeout on the native side). Config.Debug compares every call over the
 // bootstrap before any launch and remains the stronger check.
+//
+// Measurement only: with internal/kernelflags' switch
+// ($GOEP_BENCH_NO_FINGERPRINT=1, read by this package's test and benchmark
+// harness alone) the kernels are compiled with GOEP_NO_FINGERPRINT and run
+// the protocol of before fingerprints; mismatched calls are then not
+// detected (Config.Debug still compares calls over the bootstrap).
 
 // ErrMismatch: ranks made mismatched calls (another collective, dtype,
 // reduction, count, algorithm or grid, or the same calls in another order).

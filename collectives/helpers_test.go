@@ -16,6 +16,7 @@ import (
 	"github.com/goep-dev/goep/collectives/internal/fakenccl"
 	"github.com/goep-dev/goep/collectives/nccl"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/kernelflags"
 )
 
 // world is a set of goroutine ranks: the host backend always (CI), GPUs
@@ -117,6 +118,16 @@ var fakeNCCLPath string
 var realNCCL bool
 
 func TestMain(m *testing.M) {
+	// The fingerprint A/B switch ($GOEP_BENCH_NO_FINGERPRINT=1: kernels
+	// compiled without it, measurement only), set before any kernel is
+	// compiled; the benchmarks print the mode they ran.
+	if err := kernelflags.ApplyEnv(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	if kernelflags.NoFingerprint() {
+		fmt.Fprintln(os.Stderr, "collectives tests: "+kernelflags.Mode())
+	}
 	if gpus() == 0 && os.Getenv(nccl.EnvLibrary) == "" {
 		dir, err := os.MkdirTemp("", "fakenccl")
 		if err == nil {

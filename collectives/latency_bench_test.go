@@ -13,6 +13,7 @@ import (
 	"github.com/goep-dev/goep/collectives/colltest"
 	"github.com/goep-dev/goep/collectives/ref"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/kernelflags"
 )
 
 // Small-message allreduce latency on the GPUs present (2..8 goroutine
@@ -27,6 +28,11 @@ import (
 //
 //	go test -c -o collectives.test ./collectives
 //	./collectives.test -test.run '^$' -test.bench 'GPUSmallAllReduce' -test.benchtime 5000x -test.count 5
+//
+// With GOEP_BENCH_NO_FINGERPRINT=1 the same binary runs the kernels
+// compiled without the call fingerprint (TestMain; measurement only): the
+// fingerprint's A/B. Each result reports the metric fingerprint (1 default,
+// 0 compiled out) and logs the mode.
 func BenchmarkGPUSmallAllReduce(b *testing.B) {
 	n := gpus()
 	if n == 0 {
@@ -120,4 +126,18 @@ func benchAllReduce(b *testing.B, ranks, count int, algo string, graph bool) {
 	}
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(float64(elapsed.Load())/float64(calls)/1e3, "us/call")
+	reportFingerprintMode(b)
+}
+
+// reportFingerprintMode says which build a benchmark ran: the metric
+// fingerprint (1 default, 0 compiled out by $GOEP_BENCH_NO_FINGERPRINT=1)
+// on its result line, and the mode in its log (always printed for
+// benchmarks).
+func reportFingerprintMode(b *testing.B) {
+	on := 1.0
+	if kernelflags.NoFingerprint() {
+		on = 0
+	}
+	b.ReportMetric(on, "fingerprint")
+	b.Log(kernelflags.Mode())
 }

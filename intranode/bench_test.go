@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/kernelflags"
 	"github.com/goep-dev/goep/intranode"
 	"github.com/goep-dev/goep/routing"
 )
@@ -82,6 +83,10 @@ func TestBenchHost(t *testing.T) {
 //
 // GOEP_BENCH_NO_TMA=1 leaves the TMA variants out (a TMA variant whose
 // module does not compile is skipped with the error).
+// GOEP_BENCH_NO_FINGERPRINT=1 runs the kernels compiled without the call
+// fingerprint (TestMain; measurement only): the same binary with and
+// without it is the fingerprint's A/B. Each result reports the metric
+// fingerprint (1 default, 0 compiled out) and logs the mode.
 func BenchmarkGPU(b *testing.B) {
 	n := gpuCount(b)
 	if n == 0 {
@@ -214,6 +219,15 @@ func benchShape(b *testing.B, ranks, tokens int, fp8 bool) {
 				slowest = max(slowest, e)
 			}
 			b.ReportMetric(float64((slowest/time.Duration(b.N)).Nanoseconds())/1e3, "slowest-rank-us/call")
+			// Which build ran: 1 default, 0 fingerprint compiled out
+			// ($GOEP_BENCH_NO_FINGERPRINT=1, TestMain); the log says it in
+			// words (benchmark logs are always printed).
+			fpOn := 1.0
+			if kernelflags.NoFingerprint() {
+				fpOn = 0
+			}
+			b.ReportMetric(fpOn, "fingerprint")
+			b.Log(kernelflags.Mode())
 		})
 	}
 }

@@ -24,13 +24,22 @@ import (
 // arrival counter once a launch arrived in full. A wait polls only its
 // signal word and compares the tag once the progress part reached its
 // target, so a matching call costs no load, store or fence beyond those of
-// the protocol without fingerprints. The full word is also written to each
-// peer's fp[rank] (CtrlFingerprint), after the signal: it names the fields
-// of a mismatch, and a wait still behind looks at it in its slow path to
-// see a peer that made another kind of call at the same sequence number
-// (whose signals go to words this wait does not watch). The host backend's
-// twins (twins.go) keep the simpler protocol: the fp word written before
-// each signal and compared at every wait, with the same errors.
+// the protocol without fingerprints. The full word is published only off
+// the fast path, into the peer's pub[rank] (CtrlPublished, an LL16 packet
+// flagged with the 32-bit launch number, so an old word is never taken for
+// a later launch's): by a wait still behind, which then looks at the
+// peer's word to see a peer that made another kind of call at the same
+// sequence number (whose signals go to words this wait does not watch),
+// and by a wait that saw a tag differ, to name the fields. A matching call
+// that never waits long never writes or reads it. The host backend's twins
+// (twins.go) keep the simpler protocol: the fp word (CtrlFingerprint)
+// written before each signal and compared at every wait, with the same
+// errors.
+//
+// Measurement only: with internal/kernelflags' switch
+// ($GOEP_BENCH_NO_FINGERPRINT=1, read by this package's benchmark harness
+// alone) the kernels are compiled with GOEP_NO_FINGERPRINT and run the
+// protocol of before fingerprints; mismatched calls are then not detected.
 //
 // What notify's word carries is the layout only (ranks may run the fused
 // NotifyDispatch beside separate Notify + Dispatch calls), so a dtype or
@@ -38,7 +47,7 @@ import (
 // wait, after its rows were written but before it completes: the call fails
 // on every rank, its receive region is not a result.
 const (
-	CtrlFingerprint = 64 // u64[src]: the latest fingerprint of src's launches
+	CtrlFingerprint = 64 // u64[src]: the latest fingerprint of src's launches (host twins)
 	// SignalShift: entry flags and arrival counters hold their progress in
 	// bits 0..SignalShift-1 and the call's tag above.
 	SignalShift = 40
@@ -58,6 +67,10 @@ const (
 
 // FingerprintOffset is the byte offset of fp[src] in the control block.
 func FingerprintOffset(src int) int { return CtrlFingerprint + 8*src }
+
+// PublishedOffset is the byte offset of pub[src] (16 bytes) in the control
+// block.
+func PublishedOffset(src int) int { return CtrlPublished + 16*src }
 
 // ErrMismatch: ranks made different calls (another kind, dtype, weights or
 // layout, or the same calls in another order). Every rank of the call gets

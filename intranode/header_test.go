@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/internal/kernelflags"
 	"github.com/goep-dev/goep/internal/nvrtc"
 	"github.com/goep-dev/goep/intranode"
 	"github.com/goep-dev/goep/kernels"
@@ -50,6 +51,7 @@ func TestIntranodeConstantsMatchHeader(t *testing.T) {
 		"GOEP_IN_STAGE_MISMATCH":         intranode.StageMismatch,
 		"GOEP_IN_SIG_SHIFT":              intranode.SignalShift,
 		"GOEP_IN_CTRL_FP":                intranode.CtrlFingerprint,
+		"GOEP_IN_CTRL_PUB":               intranode.CtrlPublished,
 		"GOEP_IN_CTRL_FAILED":            intranode.CtrlFailed,
 	}
 	var b strings.Builder
@@ -65,6 +67,8 @@ func TestIntranodeConstantsMatchHeader(t *testing.T) {
 	fmt.Fprintf(&b, "static_assert(GOEP_IN_NO_OFFSET == %dull, \"no offset\");\n", intranode.NoOffset)
 	fmt.Fprintf(&b, "static_assert(GOEP_IN_CTRL_CINPUT + 3 * GOEP_IN_CTRL_CINPUT_STRIDE == %d, \"cinput\");\n",
 		intranode.CombineInputOffset(3))
+	fmt.Fprintf(&b, "static_assert(GOEP_IN_CTRL_PUB + 5 * sizeof(goep_ll16) == %d, \"pub\");\n",
+		intranode.PublishedOffset(5))
 	b.WriteString("extern \"C\" __global__ void goep_intranode_probe() {}\n")
 	c := kernels.NewCompiler(kernels.Options{CacheDir: "off", Logger: slog.New(slog.DiscardHandler)})
 	_, err := c.CompileSource("intranode_probe", b.String(), kernels.SM90)
@@ -81,7 +85,11 @@ func TestIntranodeKernelsDoNotSpill(t *testing.T) {
 		}
 		t.Skipf("NVRTC not available: %v", err)
 	}
-	for _, file := range []string{"intranode.cu", "intranode_tma.cu"} {
+	// The default build, and the one with the fingerprint compiled out
+	// (kernelflags' measurement switch): it must compile for the GPU A/B.
+	for _, file := range []string{"intranode.cu", "intranode_tma.cu", "intranode.cu (no fingerprint)"} {
+		noFP := strings.HasSuffix(file, " (no fingerprint)")
+		file, _, _ := strings.Cut(file, " ")
 		m, ok := kernels.ModuleForKernel(map[string]string{"intranode.cu": intranode.KernelCombine,
 			"intranode_tma.cu": intranode.KernelDispatchTMA}[file])
 		require.True(t, ok)
@@ -89,6 +97,9 @@ func TestIntranodeKernelsDoNotSpill(t *testing.T) {
 		c := kernels.NewCompiler(kernels.Options{CacheDir: "off", Logger: slog.New(slog.DiscardHandler)})
 		m.Name = "spill_" + m.Name
 		m.Options = append(m.Options, "-Xptxas", "-v")
+		if noFP {
+			m.Options = append(m.Options, kernelflags.DefineNoFingerprint)
+		}
 		res, err := c.Compile(m, kernels.SM90)
 		require.NoError(t, err)
 		entries := 0

@@ -330,9 +330,15 @@ func dumpControl(t testing.TB, g *intranodetest.Group) {
 					u(intranode.EnteredOffset(k, src))&progress)
 			}
 		}
-		fmt.Fprintf(&sb, " | fp seq:")
+		fmt.Fprintf(&sb, " | fp seq (host twins):")
 		for src := 0; src < l.Ranks; src++ {
 			fmt.Fprintf(&sb, " %d", uint16(u(intranode.FingerprintOffset(src))))
+		}
+		// Device kernels: pub[src] = {fp lo, n, fp hi, n}; the launch
+		// number n of src's last published word (0: never published).
+		fmt.Fprintf(&sb, " | published launch:")
+		for src := 0; src < l.Ranks; src++ {
+			fmt.Fprintf(&sb, " %d", uint32(u(intranode.PublishedOffset(src))>>32))
 		}
 		t.Log(sb.String())
 	}

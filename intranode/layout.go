@@ -72,7 +72,12 @@ const (
 	// weights), written by src before its combine entry flag.
 	CtrlCombineInput       = 896
 	CtrlCombineInputStride = 16
-	CtrlBytes              = 1024
+	// CtrlPublished holds, per source rank src at CtrlPublished + 16*src,
+	// src's published call fingerprint as an LL16 packet {fp low, n, fp
+	// high, n} flagged with the low 32 bits of src's launch number: written
+	// by the device kernels only off the fast path (fingerprint.go).
+	CtrlPublished = 1024
+	CtrlBytes     = 1152
 
 	KindNotify   = 0
 	KindDispatch = 1

@@ -62,6 +62,13 @@
 // GOEP_COLL_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
 // observed = the peer's, raises the abort flag and the kernel leaves.
 //
+// GOEP_NO_FINGERPRINT (common.cuh, a measurement switch) compiles all of
+// this out: goep_coll_begin returns a constant without looking at failed,
+// LL flags are the round's alone (goep_ll_flag_begin/_end, no tag, no
+// presence packets, count-0 launches do nothing), semaphore signals add 1
+// and waits are goep_sem_wait, nothing is published, and ctx.seq does not
+// advance (no launch counter): the kernels before fingerprints.
+//
 // ctx.failed: once any wait of a launch gave up (mismatch or timeout),
 // every later launch of this rank leaves at once without writing to a peer,
 // so peers never pair a stale sequence number of a broken rank with calls.
@@ -535,6 +542,10 @@ __device__ __forceinline__ u64 goep_coll_begin(goep_coll_ctx& dst, const goep_co
     ((u32*)&dst)[i] = ((const u32*)src)[i];
   }
   __syncthreads();
+#if GOEP_NO_FINGERPRINT
+  (void)shape;
+  return 1;  // a constant: every "fp == 0" test folds away
+#endif
   if (dst.failed != 0) {
     return 0;
   }
@@ -580,13 +591,17 @@ __device__ __forceinline__ u64 goep_coll_fp_tag(u64 fp) { return (fp ^ (fp >> 32
 
 // A wait of this launch gave up: later launches of this rank leave at once.
 __device__ __forceinline__ void goep_coll_set_failed(const goep_coll_ctx& c) {
+#if !GOEP_NO_FINGERPRINT
   *(volatile u64*)&c.self->failed = 1;
+#endif
 }
 
 // The launch counter's last step (one thread of the launch): the value
 // every block copied at its start, plus one (a store, no load).
 __device__ __forceinline__ void goep_coll_advance(const goep_coll_ctx& c) {
+#if !GOEP_NO_FINGERPRINT
   *(volatile u64*)&c.self->seq = c.seq + 1ull;
+#endif
 }
 
 // Records a mismatch with peer (the first thread of the watchdog wins; the
@@ -642,8 +657,12 @@ struct goep_coll_llf {
 };
 
 __device__ __forceinline__ u32 goep_coll_ll_flag_next(u32 f) {
+#if GOEP_NO_FINGERPRINT
+  return goep_ll_flag_next(f);
+#else
   f += 1u;
   return (f & 0xffffu) != 0u ? f : f + 2u;
+#endif
 }
 __device__ __forceinline__ u32 goep_coll_ll_flag_begin(const goep_ll_flag* f) {
   return goep_coll_ll_flag_next(*(const volatile u32*)&f->value);
@@ -652,7 +671,14 @@ __device__ __forceinline__ u32 goep_coll_ll_flag_begin(const goep_ll_flag* f) {
 // The call tag of fp for LL flags: the sequence number left out (rounds are
 // ordered by the flag itself), so one call repeated keeps the 2^32-round
 // flag period.
-__device__ __forceinline__ u32 goep_coll_ll_tag(u64 fp) { return (u32)goep_coll_fp_tag(fp & ~GOEP_COLL_FP_SEQ_MASK); }
+__device__ __forceinline__ u32 goep_coll_ll_tag(u64 fp) {
+#if GOEP_NO_FINGERPRINT
+  (void)fp;
+  return 0;  // flags {round, round}: goep_ll16_store's packets
+#else
+  return (u32)goep_coll_fp_tag(fp & ~GOEP_COLL_FP_SEQ_MASK);
+#endif
+}
 
 __device__ __forceinline__ goep_coll_llf goep_coll_llf_make(u32 flag, u32 tag) {
   goep_coll_llf r;
@@ -710,7 +736,7 @@ __device__ __noinline__ bool goep_coll_ll_wait(const goep_coll_ctx& c, const goe
       goep_coll_set_failed(c);
       return false;
     }
-    if (goep_coll_ll_suspect(diff) || (s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0) {
+    if (!GOEP_NO_FINGERPRINT && (goep_coll_ll_suspect(diff) || (s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0)) {
       goep_coll_ll_publish(c, fp);
       if (!goep_coll_fp_watch(c, fp)) {
         return false;
@@ -749,6 +775,11 @@ __device__ __forceinline__ bool goep_coll_get_word(const goep_coll_ctx& c, const
 // and, after a tag that differs, to name the fields.
 
 __device__ __forceinline__ void goep_coll_sem_signal_tag(const goep_semaphore& s, u64 tag) {
+#if GOEP_NO_FINGERPRINT
+  (void)tag;
+  goep_sem_signal(s);
+  return;
+#endif
   asm volatile("red.release.sys.global.add.u64 [%0], %1;" : : "l"(s.remote), "l"(1ull + (tag << GOEP_COLL_SIG_SHIFT))
                : "memory");
 }
@@ -786,6 +817,10 @@ __device__ __noinline__ void goep_coll_sig_mismatch(const goep_coll_ctx& c, u32 
 // launch that differs.
 __device__ __noinline__ bool goep_coll_sem_wait_tag(const goep_coll_ctx& c, const goep_semaphore& s, u32 peer, u64 fp,
                                                     u64 tag, u32 stage) {
+#if GOEP_NO_FINGERPRINT
+  (void)c, (void)peer, (void)fp, (void)tag;
+  return goep_sem_wait(s, stage);
+#endif
   const u64 target = goep_sem_expected(s) + 1ull + (tag << GOEP_COLL_SIG_SHIFT);
   goep_spin sp = goep_spin_start();
   u64 v;
@@ -814,6 +849,10 @@ __device__ __noinline__ bool goep_coll_sem_wait_tag(const goep_coll_ctx& c, cons
 // Call from every thread of every block, as the kernel's last step. LL
 // kernels use goep_coll_ll_end instead (one arrival for flag and counter).
 __device__ __forceinline__ void goep_coll_end(const goep_coll_ctx& c) {
+#if GOEP_NO_FINGERPRINT
+  (void)c;
+  return;  // no launch counter to advance
+#endif
   __syncthreads();
   if (threadIdx.x != 0) {
     return;
@@ -860,7 +899,7 @@ __device__ __forceinline__ bool goep_coll_barrier(const goep_coll_ctx& c, u64 fp
     const goep_semaphore& s = goep_coll_sem(c, t);
     const u64 tag = entry ? goep_coll_fp_tag(fp) : 0ull;
     goep_coll_sem_signal_tag(s, tag);
-    if (entry && blockIdx.x == 0) {
+    if (!GOEP_NO_FINGERPRINT && entry && blockIdx.x == 0) {
       goep_coll_pub_put(c, t, fp);
     }
     ok = goep_coll_sem_wait_tag(c, s, t, fp, tag, stage);
@@ -891,7 +930,7 @@ __device__ __forceinline__ bool goep_coll_exchange(const goep_coll_ctx& c, u64 f
     const goep_semaphore& s = goep_coll_sem(c, t);
     const u64 tag = goep_coll_fp_tag(fp);
     goep_coll_sem_signal_tag(s, tag);
-    if (blockIdx.x == 0) {
+    if (!GOEP_NO_FINGERPRINT && blockIdx.x == 0) {
       goep_coll_pub_put(c, t, fp);
     }
     ok = goep_coll_sem_wait_tag(c, s, t, fp, tag, GOEP_COLL_STAGE_ENTRY);

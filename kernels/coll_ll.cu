@@ -51,6 +51,10 @@ __device__ __forceinline__ goep_ll16* goep_coll_pkt(const goep_coll_ctx& c, u32 
 // counter (goep_ll_flag_end's protocol) after every thread of the launch is
 // done with them.
 __device__ __forceinline__ void goep_coll_ll_finish(const goep_coll_ctx& c, u32 flag) {
+#if GOEP_NO_FINGERPRINT
+  goep_ll_flag_end(c.flag, flag);  // no launch counter: the flag's protocol alone
+  return;
+#endif
   __syncthreads();
   if (threadIdx.x != 0) {
     return;
@@ -145,8 +149,10 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
   // packet in round 1, in the owner's slot [sender] at 0, where no piece
   // data goes (the owner's piece is empty). Both decide alike from the same
   // shape; a rank of another shape never accepts it (its tag).
+  // (None without fingerprints: nothing to check.)
   const u64 len_me = (u64)me * P < words ? min(P, words - (u64)me * P) : 0;
-  if (len_me == 0) {
+  const bool presence = !GOEP_NO_FINGERPRINT && len_me == 0;
+  if (presence) {
     for (u64 q = tid; q < W; q += n) {
       if (q != me && (u64)q * P >= words) {
         goep_coll_ll_store(goep_coll_pkt(c, (u32)q, b1, me, P, 0), fp, t1);
@@ -199,7 +205,7 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
     }
   }
   // The presence packets of the peers whose pieces are empty, as this one's.
-  if (len_me == 0) {
+  if (presence) {
     for (u64 q = tid; q < W; q += n) {
       u64 x;
       if (q != me && (u64)q * P >= words &&
@@ -343,6 +349,10 @@ extern "C" __global__ void goep_coll_rs_ll(const goep_coll_ctx* ctx, const void*
 // both instead of pairing the next calls wrongly. Thread i < W of the grid
 // takes peer i.
 extern "C" __global__ void goep_coll_fp_sync(const goep_coll_ctx* ctx, u64 shape) {
+#if GOEP_NO_FINGERPRINT
+  (void)ctx, (void)shape;
+  return;  // count 0 moves nothing and exchanges nothing, as before fingerprints
+#endif
   __shared__ goep_coll_ctx c;
   const u64 fp = goep_coll_begin(c, ctx, shape);
   if (fp == 0) {

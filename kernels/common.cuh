@@ -21,6 +21,19 @@
 #define GOEP_ENABLE_TMA 0
 #endif
 
+// GOEP_NO_FINGERPRINT: 1 compiles the always-on call fingerprints out of
+// the collectives and intranode kernels: matched calls then run the
+// protocol they ran before fingerprints (no tag bits in signals or packet
+// flags, no presence packets, no published words, no launch counters, no
+// checks) and mismatched calls are NOT detected. A measurement switch for
+// a same-commit A/B, set only by the benchmark harnesses through
+// internal/kernelflags ($GOEP_BENCH_NO_FINGERPRINT=1), which adds the define
+// to every compile (so to every cache key); 0, the default, everywhere
+// else.
+#ifndef GOEP_NO_FINGERPRINT
+#define GOEP_NO_FINGERPRINT 0
+#endif
+
 // ---------------------------------------------------------------------------
 // Fixed-width integers (LP64 device ABI: long long is 64 bits).
 typedef unsigned char u8;

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/goep-dev/goep/internal/kernelflags"
 	"github.com/goep-dev/goep/internal/nvrtc"
 )
 
@@ -270,6 +271,10 @@ func compileOptions(m Module, t Target, nvrtcMajor int) ([]string, string) {
 		"-DGOEP_ENABLE_TMA="+boolDigit(tma),
 		"-DGOEP_ARCH_SPECIFIC="+boolDigit(archSpecific),
 	)
+	// The measurement switches (internal/kernelflags; none by default) go
+	// into the option list, hence into the cache key: a switched build
+	// never shares a cache entry with a default one.
+	opts = append(opts, kernelflags.Defines()...)
 	return append(opts, m.Options...), arch
 }
 

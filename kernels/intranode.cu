@@ -121,10 +121,10 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
   }
   if (tid == 0) {
     s_bad = 0;
-    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_NOTIFY, rank, fp_shape, &s_epoch, &s_step);
+    GOEP_IN_BEGIN(ctrl, GOEP_IN_KIND_NOTIFY, rank, fp_shape, s_epoch, s_fp, s_step);
   }
   __syncthreads();
-  const u64 e = s_epoch, fp = s_fp;
+  const u64 e = s_epoch, fp = GOEP_IN_FPVAL(s_fp);
   if (fp == 0) {  // an earlier launch of this rank failed
     return;
   }
@@ -236,11 +236,10 @@ extern "C" __global__ void goep_intranode_notify(const u64* peers, u64 off_ctrl,
 
   // Barrier: every rank's counts of this epoch are here.
   // The arrivals carry the call's tag (notify's fingerprint holds the layout
-  // of the dispatch that follows); the fingerprint word goes out after them,
-  // for messages and the waits' slow path.
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, rank, s_step);
-  goep_in_publish_fp(peers, off_ctrl, num_ranks, rank, fp);
-  if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, e, fp, wd, wait_id,
+  // of the dispatch that follows); the fingerprint word itself is published
+  // only by a wait that is behind.
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, rank, GOEP_IN_STEPVAL(s_step));
+  if (!goep_in_wait_arrived(peers, off_ctrl, ctrl, GOEP_IN_KIND_NOTIFY, num_ranks, rank, e, fp, wd, wait_id,
                             GOEP_IN_STAGE_NOTIFY_BARRIER)) {
     return;
   }
@@ -450,13 +449,13 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
   u64* const my_wsrc = s_wsrc[warp];
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
-    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_COMBINE, rank, fp_shape, &s_epoch, &s_step);
+    GOEP_IN_BEGIN(ctrl, GOEP_IN_KIND_COMBINE, rank, fp_shape, s_epoch, s_fp, s_step);
   }
   if (tid < num_ranks) {
     s_base[tid] = recv_base[tid];
   }
   __syncthreads();
-  const u64 e = s_epoch, fp = s_fp;
+  const u64 e = s_epoch, fp = GOEP_IN_FPVAL(s_fp);
   if (fp == 0) {  // an earlier launch of this rank failed
     return;
   }
@@ -465,16 +464,25 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
     volatile u64* const desc = goep_in_cinput(peer_ctrl, rank);
     desc[0] = off_y;
     desc[1] = off_w;
-    // The entry flag carries the call's tag; the fingerprint word follows
-    // the release, which then never waits for it.
+    // The entry flag carries the call's tag (its release covers the
+    // descriptor); the fingerprint word is published only by a wait that
+    // is behind.
+#if GOEP_NO_FINGERPRINT
+    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, GOEP_IN_KIND_COMBINE, rank), e);
+#else
     goep_st_release_sys_u64(goep_in_entered(peer_ctrl, GOEP_IN_KIND_COMBINE, rank),
                             e + (goep_in_fp_tag(fp) << GOEP_IN_SIG_SHIFT));
-    *(volatile u64*)goep_in_fp(peer_ctrl, rank) = fp;
+#endif
   }
   bool ok = true;
   if (tid < num_ranks) {
-    ok = goep_in_wait_sig(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, goep_in_fp_tag(fp),
-                          goep_in_fp(ctrl, tid), fp, wd, wait_id, tid, GOEP_IN_STAGE_COMBINE_ENTRY);
+#if GOEP_NO_FINGERPRINT
+    ok = goep_in_wait_peer(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, peers, off_ctrl, fp, num_ranks, rank,
+                           wd, wait_id, GOEP_IN_STAGE_COMBINE_ENTRY);
+#else
+    ok = goep_in_wait_sig(goep_in_entered(ctrl, GOEP_IN_KIND_COMBINE, tid), e, goep_in_fp_tag(fp), peers, off_ctrl,
+                          fp, wd, wait_id, goep_in_who(tid, rank, num_ranks, GOEP_IN_STAGE_COMBINE_ENTRY));
+#endif
     if (ok) {
       // Program-ordered after this thread's acquire of peer tid's flag.
       const volatile u64* const desc = goep_in_cinput(ctrl, tid);
@@ -548,9 +556,9 @@ extern "C" __global__ void goep_intranode_combine(const u64* peers, u64 off_ctrl
 
   // Done reading every peer's input: tell them; block 0 waits until every
   // rank is done with this rank's input.
-  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank, s_step);
+  goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank, GOEP_IN_STEPVAL(s_step));
   if (blockIdx.x == 0) {
-    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_COMBINE, num_ranks, e, fp, wd, wait_id,
+    if (!goep_in_wait_arrived(peers, off_ctrl, ctrl, GOEP_IN_KIND_COMBINE, num_ranks, rank, e, fp, wd, wait_id,
                               GOEP_IN_STAGE_COMBINE_ARRIVAL)) {
       return;
     }

@@ -34,13 +34,16 @@
 //                        release covers it): where src's combine input rows
 //                        and weights lie in src's own workspace
 //                        (GOEP_IN_NO_OFFSET: no weights).
-//   fp[src]              u64, written by rank src in each of its launches
-//                        just after its first signal (never before a
-//                        release of the same thread, which would then wait
-//                        for it): src's call fingerprint (below). Read only
-//                        off the fast path: by a wait that is still behind
-//                        (every GOEP_SPIN_CHECK_EVERY polls) and to name the
-//                        fields of a mismatch.
+//   fp[src]              u64, the host kernel twins' fingerprint word
+//                        (intranode/twins.go); unused by these kernels.
+//   pub[src]             goep_ll16 {fp lo, n, fp hi, n}, written by rank src
+//                        only off the fast path: src's call fingerprint
+//                        (below) with n, the low 32 bits of its launch
+//                        number, as the packet flag. Written by a wait of
+//                        src that is behind (into the control block of the
+//                        rank it waits on) or that saw a tag differ, and
+//                        read only there: a matching call never writes or
+//                        reads it.
 //
 // Call fingerprint (always on; intranode/fingerprint.go decodes it): bits
 // 0..15 the launch's sequence number, epoch[notify] + epoch[dispatch] +
@@ -60,20 +63,34 @@
 // its own (register arithmetic): a matching call costs no extra load,
 // store or fence. A different tag is a mismatched call. A peer that made
 // another kind of call at this sequence number signals words this launch
-// does not wait on; a wait that is still behind therefore looks at the
-// peer's fp word in its slow path, and a word at this sequence number with
-// another kernel kind is a mismatch too (other differences are left to the
-// tag, which the peer's signal of the same kind brings). Either way the
-// first thread to see it fills the watchdog record with stage
+// does not wait on; a wait that is still behind therefore publishes this
+// launch's word into that peer's pub[rank] and looks at the peer's
+// pub[peer] in its slow path (every GOEP_SPIN_CHECK_EVERY polls), and a
+// word of this launch number with another kernel kind is a mismatch too
+// (other differences are left to the tag, which the peer's signal of the
+// same kind brings). Publication is lazy, as the collectives' LL kernels
+// do it: at the first call that differs, the per-kind epochs of all ranks
+// were equal before it, so two ranks in different kinds of kernel each
+// wait for a signal the other never sends (both behind: both publish and
+// both see the other's word), and two ranks in the same kind see each
+// other's tag (both publish before they look). Either way the first
+// thread to see it fills the watchdog record with stage
 // GOEP_IN_STAGE_MISMATCH, peer = that rank, expected = own fingerprint,
-// observed = the peer's fp word (looked at until it is no longer behind,
-// bounded by the watchdog's timeout),
+// observed = the peer's published word (looked at until the peer published
+// this launch's, bounded by the watchdog's timeout; 0 when it never came),
 // raises the abort flag, and the kernel leaves before touching data (waits
 // come before the writes they guard). No rank moves past a launch before
 // it saw every peer's signal of that launch carry its own tag, so a
 // mismatch is seen by every rank, never by only some (a signal already
 // past the target means the peer passed this launch, having checked this
-// rank's signal).
+// rank's signal). A published word is taken only when its flag is this
+// launch's number (32 bits), so a word published long ago is never read as
+// this launch's (flags repeat after 2^32 launches; a slot never written
+// reads as fingerprint 0, which no launch has).
+//
+// GOEP_NO_FINGERPRINT (common.cuh) compiles all of this out: signals carry
+// no tag, waits are goep_wait_ge_u64 again, nothing is published or
+// checked, and the failed flag is neither read nor written.
 //
 // Block shares: block b of a grid of G blocks adds
 //   floor((b+1)*U/G) - floor(b*U/G),  U = GOEP_IN_ARRIVAL_UNIT,
@@ -91,6 +108,7 @@
 
 #include "channel_wait.cuh"
 #include "common.cuh"
+#include "packet_device.cuh"
 
 #define GOEP_IN_MAX_RANKS 8
 #define GOEP_IN_MAX_TOPK 32
@@ -131,7 +149,8 @@
 #define GOEP_IN_CTRL_KIND_STRIDE 128
 #define GOEP_IN_CTRL_CINPUT 896
 #define GOEP_IN_CTRL_CINPUT_STRIDE 16
-#define GOEP_IN_CTRL_BYTES 1024
+#define GOEP_IN_CTRL_PUB 1024  // goep_ll16[src]: pub[src], a line of its own (peers write it off the fast path)
+#define GOEP_IN_CTRL_BYTES 1152
 
 // cinput: "this rank passes no combine weights".
 #define GOEP_IN_NO_OFFSET (~0ull)
@@ -162,8 +181,9 @@ static_assert(GOEP_IN_CTRL_EPOCH + 3 * 8 <= GOEP_IN_CTRL_FAILED, "goep: intranod
 static_assert(GOEP_IN_CTRL_FAILED + 8 <= GOEP_IN_CTRL_FP, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_FP + GOEP_IN_MAX_RANKS * 8 <= GOEP_IN_CTRL_ARRIVE, "goep: intranode ctrl");
 static_assert(GOEP_IN_CTRL_ENTERED + 3 * GOEP_IN_CTRL_KIND_STRIDE <= GOEP_IN_CTRL_CINPUT, "goep: intranode ctrl");
-static_assert(GOEP_IN_CTRL_CINPUT + GOEP_IN_MAX_RANKS * GOEP_IN_CTRL_CINPUT_STRIDE <= GOEP_IN_CTRL_BYTES,
+static_assert(GOEP_IN_CTRL_CINPUT + GOEP_IN_MAX_RANKS * GOEP_IN_CTRL_CINPUT_STRIDE <= GOEP_IN_CTRL_PUB,
               "goep: intranode ctrl");
+static_assert(GOEP_IN_CTRL_PUB + GOEP_IN_MAX_RANKS * 16 <= GOEP_IN_CTRL_BYTES, "goep: intranode ctrl");
 
 __device__ __forceinline__ u64* goep_in_ctrl(u64 base, u64 off_ctrl) { return (u64*)(base + off_ctrl); }
 __device__ __forceinline__ u64* goep_in_epoch(u64* ctrl, int kind) {
@@ -180,9 +200,27 @@ __device__ __forceinline__ u64* goep_in_cinput(u64* ctrl, int src) {
   return (u64*)((char*)ctrl + GOEP_IN_CTRL_CINPUT + src * GOEP_IN_CTRL_CINPUT_STRIDE);
 }
 
-__device__ __forceinline__ u64* goep_in_fp(u64* ctrl, int src) {
-  return (u64*)((char*)ctrl + GOEP_IN_CTRL_FP) + src;
+// pub[src]: src's published fingerprint.
+__device__ __forceinline__ goep_ll16* goep_in_pub(u64* ctrl, int src) {
+  return (goep_ll16*)((char*)ctrl + GOEP_IN_CTRL_PUB) + src;
 }
+
+// Thread 0 of each block, at the start of a launch of kind: s_epoch, and
+// with fingerprints s_fp and s_step (goep_in_begin). Without them the
+// start is the one load of the epoch it was before fingerprints.
+#if GOEP_NO_FINGERPRINT
+#define GOEP_IN_BEGIN(ctrl, kind, rank, shape, s_epoch, s_fp, s_step) \
+  ((s_epoch) = goep_in_ld_volatile_u64(goep_in_epoch((ctrl), (kind))) + 1ull)
+// A launch's fingerprint and arrival step as the kernels read them back
+// from shared memory: constants without fingerprints (no load).
+#define GOEP_IN_FPVAL(x) 1ull
+#define GOEP_IN_STEPVAL(x) 0ull
+#else
+#define GOEP_IN_BEGIN(ctrl, kind, rank, shape, s_epoch, s_fp, s_step) \
+  ((s_fp) = goep_in_begin((ctrl), (kind), (rank), (shape), &(s_epoch), &(s_step)))
+#define GOEP_IN_FPVAL(x) (x)
+#define GOEP_IN_STEPVAL(x) (x)
+#endif
 
 // The 24-bit tag of a fingerprint that signal words carry: the word folded
 // by XOR of its 24-bit thirds. Each field of the fingerprint lands on
@@ -223,14 +261,53 @@ __device__ __forceinline__ u64 goep_in_begin(u64* ctrl, int kind, int rank, u64 
   return failed != 0 ? 0 : fp;
 }
 
-// Thread d < R of block 0: this launch's fingerprint into peer d's
-// fp[rank], for the messages and the slow path of the waits only. Callers
-// write it after (never just before) a release of the same thread, so that
-// no release waits for it.
-__device__ __forceinline__ void goep_in_publish_fp(const u64* peers, u64 off_ctrl, int num_ranks, int rank, u64 fp) {
-  if (blockIdx.x == 0 && (int)threadIdx.x < num_ranks) {
-    *(volatile u64*)goep_in_fp(goep_in_ctrl(peers[threadIdx.x], off_ctrl), rank) = fp;
+// The running launch's number, the flag of the words it publishes: the low
+// 32 bits of epoch[notify] + epoch[dispatch] + epoch[combine] + 1, read
+// from this rank's own control block (off the fast path only). Any wait of
+// a launch reads the values of its start: a launch advances its epoch
+// after its last wait (block 0, once every block of every rank, this
+// rank's included, arrived).
+__device__ __forceinline__ u32 goep_in_launch_no(u64* ctrl) {
+  const volatile u64* ep = goep_in_epoch(ctrl, 0);
+  return (u32)(ep[GOEP_IN_KIND_NOTIFY] + ep[GOEP_IN_KIND_DISPATCH] + ep[GOEP_IN_KIND_COMBINE] + 1ull);
+}
+
+// Who a wait is, in one word for the calls off the fast path (every field
+// below 256): the peer waited on, this rank, the number of ranks and the
+// stage named in records.
+__device__ __forceinline__ u32 goep_in_who(u32 peer, u32 rank, u32 num_ranks, u32 stage) {
+  return peer | (rank << 8) | (num_ranks << 16) | (stage << 24);
+}
+__device__ __forceinline__ u32 goep_in_who_peer(u32 who) { return who & 0xffu; }
+__device__ __forceinline__ u32 goep_in_who_rank(u32 who) { return (who >> 8) & 0xffu; }
+__device__ __forceinline__ u32 goep_in_who_ranks(u32 who) { return (who >> 16) & 0xffu; }
+__device__ __forceinline__ u32 goep_in_who_stage(u32 who) { return who >> 24; }
+static_assert(GOEP_IN_MAX_RANKS < 256, "goep: goep_in_who");
+
+// This launch's fingerprint into every rank's pub[rank] (one 16-byte store
+// each, flagged with the launch number; never just before a release of
+// the same thread, which would then wait for it). Off the fast path only.
+// Every rank, not only the peer waited on: a rank that saw a mismatch
+// aborts its other waits, some of which may not have published yet, and
+// their peers must still find its word.
+__device__ __forceinline__ void goep_in_publish(const u64* peers, u64 off_ctrl, u32 who, u64 fp, u32 no) {
+  const u32 rank = goep_in_who_rank(who), n = goep_in_who_ranks(who);
+#pragma unroll
+  for (u32 d = 0; d < GOEP_IN_MAX_RANKS; ++d) {
+    if (d < n) {
+      goep_ll16_store(goep_in_pub(goep_in_ctrl(peers[d], off_ctrl), (int)rank), (u32)fp, (u32)(fp >> 32), no);
+    }
   }
+}
+
+// Peer's word published for launch number no, 0 when it published none
+// for it (yet).
+__device__ __forceinline__ u64 goep_in_published(u64* ctrl, u32 peer, u32 no) {
+  u32 lo, hi, seen;
+  if (!goep_ll16_try(goep_in_pub(ctrl, (int)peer), no, lo, hi, seen)) {
+    return 0;
+  }
+  return (u64)lo | ((u64)hi << 32);
 }
 
 // How a peer's fingerprint word compares with this launch's: the peer is
@@ -277,66 +354,75 @@ __device__ __forceinline__ void goep_in_mismatch(goep_watchdog* wd, u32 wait_id,
 }
 
 // The end of a wait that failed (off the fast path, not inlined). A
-// signal whose tag differs (sig_mismatch) is a mismatch for certain; the
-// record names the fields from the peer's fingerprint word, which the peer
-// wrote at the start of that launch but without ordering it before the
-// signal: look until it is no longer behind (bounded by the watchdog's
-// timeout; past it, the record keeps what is there). Either way this
-// rank's control block is marked failed (fp_slot is fp[peer] of it), so its
-// later launches leave at once.
-__device__ __noinline__ void goep_in_wait_failed(const u64* fp_slot, u64 fp, bool sig_mismatch, goep_watchdog* wd,
-                                                 u32 wait_id, u32 peer) {
+// signal whose tag differs (sig_mismatch) is a mismatch for certain: this
+// launch's word goes out (the peer saw this rank's tag differ too and
+// looks for it), and the record names the fields from the peer's word,
+// looked at until the peer published this launch's (bounded by the
+// watchdog's timeout; past it, the record holds 0 for the peer's). Either
+// way this rank's control block is marked failed, so its later launches
+// leave at once.
+__device__ __noinline__ void goep_in_wait_failed(const u64* peers, u64 off_ctrl, u64 fp, bool sig_mismatch,
+                                                 goep_watchdog* wd, u32 wait_id, u32 who) {
+  u64* const ctrl = goep_in_ctrl(peers[goep_in_who_rank(who)], off_ctrl);
   if (sig_mismatch) {
-    u64 f = goep_chan_ld_relaxed_sys_u64(fp_slot);
+    const u32 peer = goep_in_who_peer(who), no = goep_in_launch_no(ctrl);
+    goep_in_publish(peers, off_ctrl, who, fp, no);
+    u64 f = goep_in_published(ctrl, peer, no);
     const u64 start = goep_globaltimer();
-    while (goep_in_fp_cmp(fp, f) == GOEP_IN_FP_BEHIND && !goep_aborted(wd) &&
-           goep_globaltimer() - start < wd->timeout_ns) {
-      f = goep_chan_ld_relaxed_sys_u64(fp_slot);
+    while (f == 0 && !goep_aborted(wd) && goep_globaltimer() - start < wd->timeout_ns) {
+      f = goep_in_published(ctrl, peer, no);
     }
     goep_in_mismatch(wd, wait_id, peer, fp, f);
   }
-  *(volatile u64*)((char*)(fp_slot - peer) - GOEP_IN_CTRL_FP + GOEP_IN_CTRL_FAILED) = 1;
+  *(volatile u64*)((char*)ctrl + GOEP_IN_CTRL_FAILED) = 1;
 }
 
 // The slow path of a wait that is behind (every GOEP_SPIN_CHECK_EVERY
-// polls): a look at the peer's fingerprint word. The peer at this
-// sequence number in another kind of kernel is a mismatch: its signals go
-// to words this launch does not wait on, so no tag would ever show it.
-// Any other difference is left to the tag of the signal this wait gets
-// (the peer, in the same kind of launch, sends it).
-__device__ __noinline__ bool goep_in_fp_peek(const u64* fp_slot, u64 fp, goep_watchdog* wd, u32 wait_id, u32 peer) {
-  const u64 f = goep_chan_ld_relaxed_sys_u64(fp_slot);
-  if (goep_in_fp_cmp(fp, f) != GOEP_IN_FP_MISMATCH || (((f ^ fp) >> GOEP_IN_FP_KIND_SHIFT) & 3ull) == 0) {
+// polls): this launch's word out, then a look at the peer's. The peer at
+// this launch number in another kind of kernel is a mismatch: its signals
+// go to words this launch does not wait on, so no tag would ever show it
+// (and it waits for this rank in turn, so it publishes too). Any other
+// difference is left to the tag of the signal this wait gets (the peer, in
+// the same kind of launch, sends it).
+__device__ __noinline__ bool goep_in_fp_peek(const u64* peers, u64 off_ctrl, u64 fp, goep_watchdog* wd, u32 wait_id,
+                                             u32 who) {
+  u64* const ctrl = goep_in_ctrl(peers[goep_in_who_rank(who)], off_ctrl);
+  const u32 peer = goep_in_who_peer(who), no = goep_in_launch_no(ctrl);
+  goep_in_publish(peers, off_ctrl, who, fp, no);
+  const u64 f = goep_in_published(ctrl, peer, no);
+  if (f == 0 || goep_in_fp_cmp(fp, f) != GOEP_IN_FP_MISMATCH || (((f ^ fp) >> GOEP_IN_FP_KIND_SHIFT) & 3ull) == 0) {
     return true;
   }
   goep_in_mismatch(wd, wait_id, peer, fp, f);
   return false;
 }
 
-// Waits on a signal word of peer (entry flag or arrival counter) until its
-// progress part reaches target, then checks its tag: the fast path polls
-// that one word and ends with the acquire, exactly the loads of a wait
-// before fingerprints. Fails on a timeout, or on a mismatch: a tag that
-// differs once the peer's launch of this epoch arrived, or (slow path) the
-// peer's fingerprint word at this sequence number with another call.
-__device__ __forceinline__ bool goep_in_wait_sig(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
-                                                 goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+// Waits on a signal word of a peer (entry flag or arrival counter) until
+// its progress part reaches target, then checks its tag: the fast path
+// polls that one word and ends with the acquire, exactly the loads of a
+// wait before fingerprints. Fails on a timeout, or on a mismatch: a tag
+// that differs once the peer's launch of this epoch arrived, or (slow
+// path) the peer's published word of this launch number with another
+// call. peers and off_ctrl address the control blocks; who names the wait
+// (goep_in_who).
+__device__ __forceinline__ bool goep_in_wait_sig(const u64* p, u64 target, u64 tag, const u64* peers, u64 off_ctrl,
+                                                 u64 fp, goep_watchdog* wd, u32 wait_id, u32 who) {
   goep_spin s = goep_spin_start();
   u64 v;
   int c;
   while ((c = goep_in_sig_cmp(v = goep_chan_ld_relaxed_sys_u64(p), target, tag)) == GOEP_IN_FP_BEHIND) {
-    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, peer, stage, target, v)) {
-      goep_in_wait_failed(fp_slot, fp, false, wd, wait_id, peer);
+    if (!goep_spin_ok(s, wd, GOEP_OP_VALUE, wait_id, goep_in_who_peer(who), goep_in_who_stage(who), target, v)) {
+      goep_in_wait_failed(peers, off_ctrl, fp, false, wd, wait_id, who);
       return false;
     }
-    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_in_fp_peek(fp_slot, fp, wd, wait_id, peer)) {
-      goep_in_wait_failed(fp_slot, fp, false, wd, wait_id, peer);
+    if ((s.count & (GOEP_SPIN_CHECK_EVERY - 1)) == 0 && !goep_in_fp_peek(peers, off_ctrl, fp, wd, wait_id, who)) {
+      goep_in_wait_failed(peers, off_ctrl, fp, false, wd, wait_id, who);
       return false;
     }
   }
   (void)goep_ld_acquire_sys_u64(p);
   if (c == GOEP_IN_FP_MISMATCH) {
-    goep_in_wait_failed(fp_slot, fp, true, wd, wait_id, peer);
+    goep_in_wait_failed(peers, off_ctrl, fp, true, wd, wait_id, who);
     return false;
   }
   return true;
@@ -402,10 +488,12 @@ __device__ __forceinline__ u64 goep_in_ld_volatile_u64(const u64* p) { return *(
 // The waits of the block-wide helpers below come before or after the
 // dispatch's copy loop, whose registers (a 64-register budget at 1024
 // threads) the timer, watchdog and fingerprint handling would otherwise
-// share.
-__device__ __noinline__ bool goep_in_wait_sig_call(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
-                                                   goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
-  return goep_in_wait_sig(p, target, tag, fp_slot, fp, wd, wait_id, peer, stage);
+// share. Its arguments are few and cost the call site no load (the tag is
+// computed again from fp, the control blocks from the peer table, which
+// is a kernel parameter), so that the fast path keeps its registers.
+__device__ __noinline__ bool goep_in_wait_sig_call(const u64* p, u64 target, const u64* peers, u64 off_ctrl, u64 fp,
+                                                   goep_watchdog* wd, u32 wait_id, u32 who) {
+  return goep_in_wait_sig(p, target, goep_in_fp_tag(fp), peers, off_ctrl, fp, wd, wait_id, who);
 }
 
 // Polls inline before a wait leaves for its slow path (bounded, so no timer
@@ -421,8 +509,8 @@ __device__ __noinline__ bool goep_in_wait_sig_call(const u64* p, u64 target, u64
 // record). A matched call that finds its signal within the fast polls thus
 // runs exactly the instructions of a wait before fingerprints: no call, no
 // extra load.
-__device__ __forceinline__ bool goep_in_wait_sig_fast(const u64* p, u64 target, u64 tag, const u64* fp_slot, u64 fp,
-                                                      goep_watchdog* wd, u32 wait_id, u32 peer, u32 stage) {
+__device__ __forceinline__ bool goep_in_wait_sig_fast(const u64* p, u64 target, u64 tag, const u64* peers,
+                                                      u64 off_ctrl, u64 fp, goep_watchdog* wd, u32 wait_id, u32 who) {
   const u64 want = target + (tag << GOEP_IN_SIG_SHIFT);
   u64 d = goep_chan_ld_relaxed_sys_u64(p) - want;
 #pragma unroll 1
@@ -436,31 +524,50 @@ __device__ __forceinline__ bool goep_in_wait_sig_fast(const u64* p, u64 target, 
     (void)goep_ld_acquire_sys_u64(p);
     return true;
   }
-  return goep_in_wait_sig_call(p, target, tag, fp_slot, fp, wd, wait_id, peer, stage);
+  return goep_in_wait_sig_call(p, target, peers, off_ctrl, fp, wd, wait_id, who);
 }
 
 // Block 0 announces to every peer that this rank entered epoch e of kind
 // with the call whose fingerprint is fp: the entry flag's value is e with
 // fp's tag in the tag part (the same single release store as before
-// fingerprints, another value). Then, after the release so that it never
-// waits for it, the fingerprint word itself (goep_in_publish_fp).
+// fingerprints, another value; without fingerprints, e).
 __device__ __forceinline__ void goep_in_announce(const u64* peers, u64 off_ctrl, int kind, int num_ranks, int rank,
                                                  u64 e, u64 fp) {
   if (blockIdx.x == 0 && (int)threadIdx.x < num_ranks) {
     u64* peer_ctrl = goep_in_ctrl(peers[threadIdx.x], off_ctrl);
+#if GOEP_NO_FINGERPRINT
+    (void)fp;
+    goep_st_release_sys_u64(goep_in_entered(peer_ctrl, kind, rank), e);
+#else
     goep_st_release_sys_u64(goep_in_entered(peer_ctrl, kind, rank), e + (goep_in_fp_tag(fp) << GOEP_IN_SIG_SHIFT));
-    *(volatile u64*)goep_in_fp(peer_ctrl, rank) = fp;
+#endif
   }
+}
+
+// Thread d < R: waits for the signal word p of peer d to reach target (an
+// entry epoch, or an arrival count) with this launch's tag; without
+// fingerprints, the plain wait it was before them.
+__device__ __forceinline__ bool goep_in_wait_peer(const u64* p, u64 target, const u64* peers, u64 off_ctrl, u64 fp,
+                                                  int num_ranks, int rank, goep_watchdog* wd, u32 wait_id,
+                                                  u32 stage) {
+#if GOEP_NO_FINGERPRINT
+  (void)peers, (void)off_ctrl, (void)fp, (void)num_ranks, (void)rank;
+  return goep_wait_ge_u64(p, target, wd, wait_id, threadIdx.x, stage);
+#else
+  return goep_in_wait_sig_fast(p, target, goep_in_fp_tag(fp), peers, off_ctrl, fp, wd, wait_id,
+                               goep_in_who(threadIdx.x, rank, num_ranks, stage));
+#endif
 }
 
 // Waits until every peer announced epoch e of kind, with this launch's tag.
 // Returns false (for the whole block) when a wait gave up.
-__device__ __forceinline__ bool goep_in_wait_entered(u64* ctrl, int kind, int num_ranks, u64 e, u64 fp,
-                                                     goep_watchdog* wd, u32 wait_id, u32 stage) {
+__device__ __forceinline__ bool goep_in_wait_entered(const u64* peers, u64 off_ctrl, u64* ctrl, int kind,
+                                                     int num_ranks, int rank, u64 e, u64 fp, goep_watchdog* wd,
+                                                     u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_in_wait_sig_fast(goep_in_entered(ctrl, kind, threadIdx.x), e, goep_in_fp_tag(fp),
-                               goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
+    ok = goep_in_wait_peer(goep_in_entered(ctrl, kind, threadIdx.x), e, peers, off_ctrl, fp, num_ranks, rank, wd,
+                           wait_id, stage);
   }
   return !goep_block_any_failed(!ok);
 }
@@ -479,7 +586,7 @@ __device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctr
   __syncthreads();
   if (threadIdx.x == 0) {
     goep_fence_acq_rel_sys();
-    const u64 share = goep_in_block_share() + (blockIdx.x == 0 ? step : 0ull);
+    const u64 share = goep_in_block_share() + (!GOEP_NO_FINGERPRINT && blockIdx.x == 0 ? step : 0ull);
     for (int d = 0; d < num_ranks; ++d) {
       goep_in_red_add_relaxed_sys_u64(goep_in_arrive(goep_in_ctrl(peers[d], off_ctrl), kind, rank), share);
     }
@@ -489,12 +596,13 @@ __device__ __forceinline__ void goep_in_arrive_all(const u64* peers, u64 off_ctr
 // Waits until every source's launch of epoch e has fully arrived here, with
 // this launch's tag. Returns false (for the whole block) when a wait gave
 // up.
-__device__ __forceinline__ bool goep_in_wait_arrived(u64* ctrl, int kind, int num_ranks, u64 e, u64 fp,
-                                                     goep_watchdog* wd, u32 wait_id, u32 stage) {
+__device__ __forceinline__ bool goep_in_wait_arrived(const u64* peers, u64 off_ctrl, u64* ctrl, int kind,
+                                                     int num_ranks, int rank, u64 e, u64 fp, goep_watchdog* wd,
+                                                     u32 wait_id, u32 stage) {
   bool ok = true;
   if ((int)threadIdx.x < num_ranks) {
-    ok = goep_in_wait_sig_fast(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT,
-                               goep_in_fp_tag(fp), goep_in_fp(ctrl, threadIdx.x), fp, wd, wait_id, threadIdx.x, stage);
+    ok = goep_in_wait_peer(goep_in_arrive(ctrl, kind, threadIdx.x), e * GOEP_IN_ARRIVAL_UNIT, peers, off_ctrl, fp,
+                           num_ranks, rank, wd, wait_id, stage);
   }
   return !goep_block_any_failed(!ok);
 }
@@ -547,7 +655,7 @@ __device__ __forceinline__ bool goep_in_dispatch_enter(const u64* peers, u64 off
   if (skip_entry) {
     return true;
   }
-  return goep_in_wait_entered(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, fp, wd, wait_id,
+  return goep_in_wait_entered(peers, off_ctrl, ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e, fp, wd, wait_id,
                               GOEP_IN_STAGE_DISPATCH_ENTRY);
 }
 
@@ -559,7 +667,7 @@ __device__ __forceinline__ void goep_in_dispatch_finish(const u64* peers, u64 of
                                                         u32 wait_id) {
   goep_in_arrive_all(peers, off_ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, step);
   if (blockIdx.x == 0) {
-    if (!goep_in_wait_arrived(ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, e, fp, wd, wait_id,
+    if (!goep_in_wait_arrived(peers, off_ctrl, ctrl, GOEP_IN_KIND_DISPATCH, num_ranks, rank, e, fp, wd, wait_id,
                               GOEP_IN_STAGE_DISPATCH_ARRIVAL)) {
       return;
     }
@@ -736,7 +844,7 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
   const int tid = threadIdx.x;                                                                                    \
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);                                                          \
   if (tid == 0) {                                                                                                 \
-    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_DISPATCH, rank, fp_shape, &s_epoch, &s_step);                        \
+    GOEP_IN_BEGIN(ctrl, GOEP_IN_KIND_DISPATCH, rank, fp_shape, s_epoch, s_fp, s_step);                           \
   }                                                                                                               \
   if (tid < num_ranks) {                                                                                          \
     s_peers[tid] = peers[tid];                                                                                    \
@@ -744,10 +852,11 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
   }                                                                                                               \
   __syncthreads();                                                                                                \
   const u64 e = s_epoch;                                                                               \
-  if (s_fp == 0) { /* an earlier launch of this rank failed */                                         \
+  if (GOEP_IN_FPVAL(s_fp) == 0) { /* an earlier launch of this rank failed */                          \
     return;                                                                                            \
   }                                                                                                    \
-  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, s_fp, skip_entry, wd, wait_id)) {          \
+  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, GOEP_IN_FPVAL(s_fp), skip_entry, wd,       \
+                              wait_id)) {                                                                         \
     return;                                                                                                       \
   }                                                                                                               \
   goep_in_dispatch_rows<UNROLL, PREFETCH>(s_peers, s_base, s_drow[tid >> 5], off_recv_x, off_recv_scales,        \
@@ -755,7 +864,7 @@ __device__ __forceinline__ void goep_in_dispatch_rows(const u64* s_peers, const 
                                           topk_weights, send_pos, num_tokens, k, num_ranks, local_experts,        \
                                           row_bytes, num_scales, scale_token_stride, scale_hidden_stride,        \
                                           num_slices);                                                            \
-  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp,                   \
-                          *(volatile u64*)&s_step, wd, wait_id);
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, GOEP_IN_FPVAL(*(volatile u64*)&s_fp),    \
+                          GOEP_IN_STEPVAL(*(volatile u64*)&s_step), wd, wait_id);
 
 #endif  // GOEP_INTRANODE_CUH

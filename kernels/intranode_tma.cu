@@ -140,7 +140,7 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u64* const ctrl = goep_in_ctrl(peers[rank], off_ctrl);
   if (tid == 0) {
-    s_fp = goep_in_begin(ctrl, GOEP_IN_KIND_DISPATCH, rank, fp_shape, &s_epoch, &s_step);
+    GOEP_IN_BEGIN(ctrl, GOEP_IN_KIND_DISPATCH, rank, fp_shape, s_epoch, s_fp, s_step);
   }
   if (tid < num_ranks) {
     s_peers[tid] = peers[tid];
@@ -160,10 +160,11 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
   }
   __syncthreads();
   const u64 e = s_epoch;
-  if (s_fp == 0) {  // an earlier launch of this rank failed
+  if (GOEP_IN_FPVAL(s_fp) == 0) {  // an earlier launch of this rank failed
     return;
   }
-  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, s_fp, skip_entry, wd, wait_id)) {
+  if (!goep_in_dispatch_enter(peers, off_ctrl, ctrl, num_ranks, rank, e, GOEP_IN_FPVAL(s_fp), skip_entry, wd,
+                              wait_id)) {
     return;
   }
 
@@ -258,8 +259,8 @@ extern "C" __global__ void goep_intranode_dispatch_tma(const u64* peers, u64 off
     goep_fence_acq_rel_sys();
   }
 
-  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, *(volatile u64*)&s_fp, *(volatile u64*)&s_step,
-                          wd, wait_id);
+  goep_in_dispatch_finish(peers, off_ctrl, ctrl, num_ranks, rank, e, GOEP_IN_FPVAL(*(volatile u64*)&s_fp),
+                          GOEP_IN_STEPVAL(*(volatile u64*)&s_step), wd, wait_id);
 #else
   (void)piece_bytes;
   (void)stages;

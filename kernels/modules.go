@@ -12,7 +12,9 @@
 // Compiler options (Compiled.Options has the exact list): -std=c++17,
 // --gpu-architecture=sm_XY (sm_XYa for a module with NeedsArchSpecific when
 // NVRTC is 12+), -lineinfo (except NVRTC 11.x for sm_90+, which crashes on
-// it), -DGOEP_ENABLE_TMA=0|1, -DGOEP_ARCH_SPECIFIC=0|1, then the module's own
+// it), -DGOEP_ENABLE_TMA=0|1, -DGOEP_ARCH_SPECIFIC=0|1, the measurement
+// switches of internal/kernelflags (-DGOEP_NO_FINGERPRINT=1 when a benchmark
+// harness turned it on; nothing by default), then the module's own
 // options. Not used: --use_fast_math (a kernel that
 // wants it says so in Module.Options) and -default-device (every device
 // function is annotated; an unannotated helper should fail to compile rather

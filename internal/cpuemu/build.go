@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/goep-dev/goep/internal/kernelflags"
 	"github.com/goep-dev/goep/kernels"
 )
 
@@ -182,9 +183,12 @@ func build(file string) (*module, error) {
 		"  return emu_run(emu_kernels, sizeof emu_kernels / sizeof emu_kernels[0], name, grid, block, smem, args, nargs, limit_s, err, errlen);\n}\n")
 	files["emu_entry.cc"] = entry.String()
 
+	// The measurement switches (internal/kernelflags) are g++ defines too,
+	// and part of the build's key like the flags.
+	flags := append(append([]string(nil), cxxFlags...), kernelflags.Defines()...)
 	h := sha256.New()
 	out, _ := exec.Command(cxx, "--version").Output()
-	fmt.Fprintf(h, "%s\x00%s\x00", out, strings.Join(cxxFlags, " "))
+	fmt.Fprintf(h, "%s\x00%s\x00", out, strings.Join(flags, " "))
 	keys := make([]string, 0, len(files))
 	for k := range files {
 		keys = append(keys, k)
@@ -201,7 +205,7 @@ func build(file string) (*module, error) {
 	base := strings.TrimSuffix(file, ".cu")
 	so := filepath.Join(dir, base+"-"+key+".so")
 	if _, err := os.Stat(so); err != nil {
-		if err := compile(cxx, dir, so, files); err != nil {
+		if err := compile(cxx, dir, so, files, flags); err != nil {
 			return nil, fmt.Errorf("cpuemu: building %s: %w", file, err)
 		}
 		prune(dir, base, so)
@@ -269,7 +273,7 @@ const compileTimeout = 10 * time.Minute
 // compile writes files into a fresh directory and builds so from them,
 // one builder per output across processes (a lock file), published by an
 // atomic rename.
-func compile(cxx, dir, so string, files map[string]string) error {
+func compile(cxx, dir, so string, files map[string]string, flags []string) error {
 	unlock, err := lockFile(so+".lock", compileTimeout)
 	if err != nil {
 		return err
@@ -289,7 +293,7 @@ func compile(cxx, dir, so string, files map[string]string) error {
 		}
 	}
 	tmp := filepath.Join(work, "out.so")
-	args := append(append([]string(nil), cxxFlags...), "-I", work, "-o", tmp, filepath.Join(work, "emu_entry.cc"))
+	args := append(append([]string(nil), flags...), "-I", work, "-o", tmp, filepath.Join(work, "emu_entry.cc"))
 	cmd := exec.Command(cxx, args...)
 	cmd.Dir = work
 	done := make(chan struct{})

@@ -68,6 +68,15 @@ var forbidden = []struct{ from, to, why string }{
 	{"ep/...", "lowlatency/...", "ep imports no protocol package: the Buffer picks the mode"},
 }
 
+// restricted are packages that only the listed product packages may
+// import (tests may import them freely): internal/kernelflags holds the
+// benchmarks' measurement switches (fingerprint compiled out), which the
+// kernel compilers apply and only test and benchmark harnesses set; no
+// product package may read or set them.
+var restricted = map[string][]string{
+	"internal/kernelflags": {"kernels", "internal/cpuemu", "bench/..."},
+}
+
 func match(pattern, pkg string) bool {
 	if pattern == "*" {
 		return true
@@ -114,6 +123,9 @@ func violations(graph map[string][]string) []string {
 				out = append(out, fmt.Sprintf("%s imports %s, which is not in the layer table", pkg, imp))
 			case to > from:
 				out = append(out, fmt.Sprintf("%s (layer %d) imports %s (layer %d): an upward import", pkg, from, imp, to))
+			}
+			if allowed, ok := restricted[imp]; ok && !inList(allowed, pkg) {
+				out = append(out, fmt.Sprintf("%s imports %s, which only %v may import (the benchmarks' measurement switches)", pkg, imp, allowed))
 			}
 			if inList(testSupport, imp) && !inList(testSupport, pkg) && !inList(mayImportTestSupport, pkg) {
 				out = append(out, fmt.Sprintf("%s imports the test-support package %s", pkg, imp))
@@ -196,6 +208,7 @@ func TestViolationsAreFound(t *testing.T) {
 		"kernels/ is a leaf":     {"kernels/twins": {"channels/devapi"}, "channels/devapi": nil},
 		"know nothing of EP":     {"collectives/plan/gpu": {"intranode"}, "intranode": nil},
 		"imports no protocol":    {"ep": {"intranode"}, "intranode": nil},
+		"measurement switches":   {"intranode": {"internal/kernelflags"}, "internal/kernelflags": nil},
 	}
 	for want, g := range cases {
 		v := violations(g)

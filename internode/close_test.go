@@ -33,13 +33,15 @@ func checkNotifyClose(t *testing.T, gone bool, seed int64) {
 	topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
 	w := topo.World()
 	rng := rand.New(rand.NewSource(seed))
-	s := internode.Shape{Topology: topo, Hidden: 8, TopK: 2, Experts: 2 * w}
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 2, Experts: 2 * w}
 	const rounds = 3
-	ids := make([][][]int64, rounds)
-	for e := range ids {
-		ids[e] = make([][]int64, w)
-		for r := range ids[e] {
-			ids[e][r] = notifyIDs(rng, s, r, -1)
+	in := make([][]internode.RankInput, rounds)
+	maxTokens := 1
+	for e := range in {
+		in[e] = make([]internode.RankInput, w)
+		for r := range in[e] {
+			in[e][r] = dispatchInput(rng, s, notifyIDs(rng, s, r, -1), e == 1, true)
+			maxTokens = max(maxTokens, len(in[e][r].TopK)/s.TopK)
 		}
 	}
 	delay := make([]time.Duration, w)
@@ -57,12 +59,26 @@ func checkNotifyClose(t *testing.T, gone bool, seed int64) {
 			return err
 		}
 		me := c.Rank()
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 5})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 5, MaxTokens: maxTokens})
 		if err != nil {
 			return errors.Join(err, c.Close())
 		}
+		// Notify, dispatch and combine: the steps' completion flags to
+		// the network peers are the operations nobody waits for last.
+		yr := rand.New(rand.NewSource(seed + int64(me)))
 		for e := 0; e < rounds; e++ {
-			if _, err := nt.Run(ids[e][me]); err != nil {
+			err := func() error {
+				if _, err := nt.Run(in[e][me].TopK); err != nil {
+					return err
+				}
+				out, err := nt.Dispatch(in[e][me])
+				if err != nil {
+					return err
+				}
+				_, err = nt.Combine(internode.CombineInput{Y: bf16s(yr, out.Received()*s.Hidden)}, internode.CombineOptions{})
+				return err
+			}()
+			if err != nil {
 				return errors.Join(err, nt.Close(), c.Close())
 			}
 		}

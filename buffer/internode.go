@@ -500,8 +500,9 @@ func (b *Buffer) barrierInternode(s device.Stream) error {
 	return nil
 }
 
-// closeInternode closes the Notify (its proxy drains what it sent); the
-// caller meets the peers before and after, as its Close requires.
+// closeInternode closes the Notify (its proxy drains what it sent, the
+// ranks meet, then it frees); the caller meets the peers after, as its
+// Close requires, before the communicators close.
 func (b *Buffer) closeInternode() error {
 	if b.inter == nil || b.inter.notify == nil {
 		return nil

@@ -21,3 +21,14 @@ func getU16s(dst []uint16, src []byte) {
 		dst[j] = binary.LittleEndian.Uint16(src[2*j:])
 	}
 }
+
+// putU16s encodes src little-endian into dst.
+func putU16s(dst []byte, src []uint16) {
+	if littleEndian && len(src) > 0 {
+		copy(dst[:2*len(src)], unsafe.Slice((*byte)(unsafe.Pointer(&src[0])), 2*len(src)))
+		return
+	}
+	for j, v := range src {
+		binary.LittleEndian.PutUint16(dst[2*j:], v)
+	}
+}

@@ -703,8 +703,10 @@ func (b *Buffer) Close(ctx context.Context) error {
 		errs = append(errs, b.errorf("close: meeting the peers: %w", timeoutError(err)))
 	}
 	if b.inter != nil {
-		// The Notify's proxy drains over the peers' connections: nobody
-		// closes its communicator before every rank has closed its Notify.
+		// The Notify's Close drains its proxy, meets every rank and only
+		// then frees (no peer's put is in flight toward it); its drain
+		// needs the peers' connections: nobody closes its communicator
+		// before every rank has closed its Notify.
 		errs = append(errs, b.closeInternode())
 		if _, err := b.exchangeAll(ctx, tagClosed, nil); err != nil {
 			errs = append(errs, b.errorf("close: meeting the peers after the internode close: %w", timeoutError(err)))

@@ -217,6 +217,13 @@ func (b *Buffer) readDev(p uintptr, n int) ([]byte, error) {
 }
 
 func (b *Buffer) readU16(p uintptr, n int) ([]uint16, error) {
+	if littleEndian {
+		out := make([]uint16, n)
+		if n == 0 {
+			return out, nil
+		}
+		return out, b.dev.CopyOut(u16Bytes(out), p)
+	}
 	raw, err := b.readDev(p, 2*n)
 	out := make([]uint16, n)
 	for i := range out {
@@ -226,6 +233,13 @@ func (b *Buffer) readU16(p uintptr, n int) ([]uint16, error) {
 }
 
 func (b *Buffer) readF32(p uintptr, n int) ([]float32, error) {
+	if littleEndian {
+		out := make([]float32, n)
+		if n == 0 {
+			return out, nil
+		}
+		return out, b.dev.CopyOut(f32Bytes(out), p)
+	}
 	raw, err := b.readDev(p, 4*n)
 	out := make([]float32, n)
 	for i := range out {
@@ -276,6 +290,10 @@ func (b *Buffer) readScales(p uintptr, tokens int, st [2]int64) ([]float32, erro
 }
 
 func putU16s(v []uint16) []byte {
+	if littleEndian && len(v) > 0 {
+		// A view, not a copy: callers only copy it to the device.
+		return u16Bytes(v)
+	}
 	out := make([]byte, 2*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint16(out[2*i:], x)
@@ -284,6 +302,9 @@ func putU16s(v []uint16) []byte {
 }
 
 func putF32s(v []float32) []byte {
+	if littleEndian && len(v) > 0 {
+		return f32Bytes(v) // a view, as putU16s
+	}
 	out := make([]byte, 4*len(v))
 	for i, x := range v {
 		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
@@ -500,8 +521,9 @@ func (b *Buffer) barrierInternode(s device.Stream) error {
 	return nil
 }
 
-// closeInternode closes the Notify (its proxy drains what it sent); the
-// caller meets the peers before and after, as its Close requires.
+// closeInternode closes the Notify (its proxy drains what it sent, the
+// ranks meet, then it frees); the caller meets the peers after, as its
+// Close requires, before the communicators close.
 func (b *Buffer) closeInternode() error {
 	if b.inter == nil || b.inter.notify == nil {
 		return nil

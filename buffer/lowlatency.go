@@ -425,12 +425,20 @@ func (b *LowLatency) Close(ctx context.Context) error {
 	// Across nodes the proxy may still carry this rank's last puts and
 	// counter adds into peers' workspaces: it drains before the meeting,
 	// after which every rank may free its workspace.
-	if err := b.conn.Close(); err != nil {
+	conn := b.conn
+	if err := conn.Close(); err != nil {
 		errs = append(errs, b.errorf("close: port channels: %w", err))
 	}
 	b.conn = nil
 	if _, err := b.exchangeAll(ctx, tagClose, nil); err != nil {
 		errs = append(errs, b.errorf("close: meeting the peers: %w", err))
+	}
+	// Then withdrawn from the network transport: a put that arrives
+	// after all (a peer that missed the meeting) is refused, not written
+	// into the freed workspace. Kept (a leak) if one is still being applied.
+	if err := conn.Withdraw(); err != nil {
+		errs = append(errs, b.errorf("close: %w (the workspace is not freed)", err))
+		b.ws = device.Buffer{}
 	}
 	errs = append(errs, b.free())
 	return errors.Join(errs...)

@@ -150,6 +150,7 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 		go t.receiver(k)
 	}
 	base.release = t.release
+	base.settle = t.settle
 	return t, nil
 }
 
@@ -569,10 +570,13 @@ func (t *tcpConnection) applyWrite(conn net.Conn, k int, which *int, key uint32,
 	if n > uint64(t.chunk) {
 		return fmt.Errorf("rank %d sent a write of %d bytes, above the %d-byte chunk", t.peer, n, t.chunk)
 	}
-	p, err := t.c.netRegion(key, off, n)
+	p, r, err := t.c.netRegion(key, off, n)
 	if err != nil {
 		return fmt.Errorf("write from rank %d: %w", t.peer, err)
 	}
+	// Done once the bytes are read (host) or their copy-in is queued on rx
+	// (GPU: DeregisterMemory then settles rx before the memory is freed).
+	defer r.applying.Done()
 	if !t.stage {
 		if _, err := io.ReadFull(conn, devapi.Bytes(p, n)); err != nil {
 			return t.peerGone("receive", k, err)
@@ -597,12 +601,13 @@ func (t *tcpConnection) applyWrite(conn net.Conn, k int, which *int, key uint32,
 // applyWord stores (update) or adds (atomic add) val at the word.
 func (t *tcpConnection) applyWord(op byte, key uint32, off, val uint64) error {
 	what := map[byte]string{tcpOpUpdate: "update", tcpOpAdd: "atomic add"}[op]
-	p, err := t.c.netRegion(key, off, 8)
-	if err != nil || p%8 != 0 {
-		if err == nil {
-			err = fmt.Errorf("address %#x is not 8-byte aligned", p)
-		}
+	p, r, err := t.c.netRegion(key, off, 8)
+	if err != nil {
 		return fmt.Errorf("%s from rank %d: %w", what, t.peer, err)
+	}
+	defer r.applying.Done()
+	if p%8 != 0 {
+		return fmt.Errorf("%s from rank %d: address %#x is not 8-byte aligned", what, t.peer, p)
 	}
 	if t.c.kind == device.Host {
 		// Host backend: copies are done when issued.
@@ -632,6 +637,18 @@ func (t *tcpConnection) applyWord(op byte, key uint32, off, val uint64) error {
 	}
 	if err := t.dev.CopyIn(p, binary.LittleEndian.AppendUint64(nil, val)); err != nil {
 		return fmt.Errorf("update: %w", err)
+	}
+	return nil
+}
+
+// settle waits for the copy-ins and adds queued on the receive stream
+// (nothing to wait for on the host backend: writes are done when read).
+func (t *tcpConnection) settle() error {
+	if !t.stage || t.rx == nil {
+		return nil
+	}
+	if err := t.rx.Synchronize(); err != nil {
+		return t.errorf("settle receive stream: %w", err)
 	}
 	return nil
 }

@@ -110,6 +110,10 @@ type connBase struct {
 	closed    bool
 	// release frees the transport's resources; called with c.mu held.
 	release func() error
+	// settle, when set, waits until what the connection's receiving side
+	// has applied so far is done in memory (TCP: its copy-in stream):
+	// DeregisterMemory calls it before the memory may be freed.
+	settle func() error
 }
 
 func (b *connBase) Transport() Transport {

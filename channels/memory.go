@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -37,6 +40,9 @@ type region struct {
 	// mapped (base 0) and only a network transport reaches it.
 	key      uint32
 	locality [16]byte // the owner's (netState.locality)
+	// applying counts network operations being applied into the region
+	// (netRegion to netDone): DeregisterMemory waits for them.
+	applying sync.WaitGroup
 }
 
 // Valid reports whether m refers to memory.
@@ -131,6 +137,59 @@ func (c *Communicator) registerLocked(b device.Buffer) (RegisteredMemory, error)
 		shared: h, base: b.Ptr, size: b.Size, locality: c.net.locality}
 	c.netKeyLocked(r)
 	return RegisteredMemory{r: r, size: b.Size}, nil
+}
+
+// DeregisterMemory withdraws m, memory this rank registered, from the
+// network transports before its allocation is freed: a peer's write,
+// update or atomic add that names it afterwards is refused (an error naming
+// the key, which breaks the communicator) instead of landing in freed or
+// reused memory. It waits, within Timeouts.Wait, for operations already
+// being applied into it to finish in memory. The CUDA IPC and host
+// transports write through mappings and are not stopped by it: peers must
+// have drained their proxies (and met this rank) before it is freed, which
+// is what callers do first; this is the guard for a peer that did not.
+// Views and handles of m stay valid values; m itself remains usable by
+// this rank's own channels. Deregistering twice is not an error.
+func (c *Communicator) DeregisterMemory(m RegisteredMemory) error {
+	if c == nil {
+		return ErrNil
+	}
+	if m.r == nil || m.r.comm != c || !m.IsLocal() {
+		return c.errorf("deregister memory: %v is not memory this rank registered", m)
+	}
+	r := m.r
+	c.net.mu.Lock()
+	if c.net.keys[r.key] == r {
+		delete(c.net.keys, r.key)
+	}
+	c.net.mu.Unlock()
+	// No new operation resolves r from here on (netRegion holds the read
+	// lock while it counts one), so the count only falls.
+	done := make(chan struct{})
+	go func() { r.applying.Wait(); close(done) }()
+	timer := time.NewTimer(c.timeouts.Wait)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		return c.errorf("deregister memory: a peer's operation into %v was still being applied after %s", m, c.timeouts.Wait)
+	}
+	c.mu.Lock()
+	var settle []func() error
+	for _, b := range c.conns {
+		if b.settle != nil && !b.closed {
+			settle = append(settle, b.settle)
+		}
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, f := range settle {
+		errs = append(errs, f())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c.errorf("deregister memory: %w", err)
+	}
+	return nil
 }
 
 // localTransports are the transports that reach this rank's memory.

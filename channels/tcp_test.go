@@ -1,6 +1,7 @@
 package channels_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -600,4 +601,115 @@ func TestTopologyVirtualNodes(t *testing.T) {
 	for r, err := range errs {
 		require.ErrorContains(t, err, "Network.VirtualNodes differs between ranks: 2 on ranks [0 1 2], 4 on ranks [3]", "rank %d", r)
 	}
+}
+
+// A write into memory its owner deregistered (what a Notify does before it
+// frees) is refused: the owner's communicator breaks with an error naming
+// the memory's key, and the deregistered bytes, poisoned with a random
+// pattern, are untouched. A write before the deregistration lands (the
+// check can tell the two apart).
+func TestTCPWriteAfterDeregister(t *testing.T) {
+	runRaw(t, world{device.Host, 2}, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
+		c, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: time.Minute}, Network: tcpNet(2)})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		me, peer := c.Rank(), 1-c.Rank()
+		const n = 40 << 10 // three chunks
+		buf, err := dev.Alloc(n)
+		if err != nil {
+			return err
+		}
+		defer dev.Free(buf)
+		fill := func(seed uint64, b []byte) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			for i := range b {
+				b[i] = byte(rng.Uint32())
+			}
+		}
+		src := make([]byte, n)
+		fill(uint64(91+me), src)
+		if err := dev.CopyIn(buf.Ptr, src); err != nil {
+			return err
+		}
+		mem, err := c.RegisterMemory(buf)
+		if err != nil {
+			return err
+		}
+		remote, err := c.ExchangeMemory(ctx, mem, []int{peer}, 5)
+		if err != nil {
+			return err
+		}
+		conn, err := c.Connect(ctx, peer, 5)
+		if err != nil {
+			return err
+		}
+		peerSrc := make([]byte, n)
+		fill(uint64(91+peer), peerSrc)
+		if me == 0 { // before: lands
+			if err := conn.Write(remote[0], 0, mem, 0, n/2); err != nil {
+				return err
+			}
+			if err := conn.Flush(); err != nil {
+				return err
+			}
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		if me == 1 {
+			got := make([]byte, n)
+			if err := dev.CopyOut(got, buf.Ptr); err != nil {
+				return err
+			}
+			if !bytes.Equal(got[:n/2], peerSrc[:n/2]) || !bytes.Equal(got[n/2:], src[n/2:]) {
+				return fmt.Errorf("rank 1: the write before the deregistration did not land as sent")
+			}
+			if err := c.DeregisterMemory(mem); err != nil {
+				return err
+			}
+			if err := c.DeregisterMemory(mem); err != nil {
+				return fmt.Errorf("second deregistration: %w", err)
+			}
+			// Poison what rank 0 writes next.
+			poison := make([]byte, n)
+			fill(1234, poison)
+			if err := dev.CopyIn(buf.Ptr, poison); err != nil {
+				return err
+			}
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+			start := time.Now()
+			for time.Since(start) < 20*time.Second && c.Check() == nil {
+				time.Sleep(time.Millisecond)
+			}
+			cerr := c.Check()
+			if cerr == nil || !strings.Contains(cerr.Error(), "no registered memory with key") {
+				return fmt.Errorf("rank 1 after a write into deregistered memory: %v, want broken naming the key", cerr)
+			}
+			if err := dev.CopyOut(got, buf.Ptr); err != nil {
+				return err
+			}
+			if !bytes.Equal(got, poison) {
+				return fmt.Errorf("rank 1: a write into deregistered memory landed")
+			}
+			return bs.Barrier(ctx) // rank 0's source stays allocated until here
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		// After: refused at the receiver (no flush: it would not be
+		// acknowledged).
+		if err := conn.Write(remote[0], 0, mem, 0, n); err != nil {
+			return err
+		}
+		// Not deregistered by another rank: refused here.
+		var foreign channels.RegisteredMemory
+		if err := c.DeregisterMemory(foreign); err == nil {
+			return fmt.Errorf("deregistering no memory: nil error")
+		}
+		return bs.Barrier(ctx)
+	})
 }

@@ -190,17 +190,23 @@ func (c *Communicator) netKeyLocked(r *region) {
 
 // netRegion resolves [off, off+n) of this rank's allocation key to an
 // address, for a receiver applying a peer's operation.
-func (c *Communicator) netRegion(key uint32, off uint64, n uint64) (uintptr, error) {
+func (c *Communicator) netRegion(key uint32, off uint64, n uint64) (uintptr, *region, error) {
 	c.net.mu.RLock()
 	r := c.net.keys[key]
+	if r != nil {
+		// Counted under the read lock: DeregisterMemory, which removes the
+		// key under the write lock, then waits for every count taken.
+		r.applying.Add(1)
+	}
 	c.net.mu.RUnlock()
 	if r == nil {
-		return 0, fmt.Errorf("no registered memory with key %d on rank %d", key, c.rank)
+		return 0, nil, fmt.Errorf("no registered memory with key %d on rank %d (never registered, or deregistered before it was freed)", key, c.rank)
 	}
 	if off > uint64(r.size) || n > uint64(r.size)-off {
-		return 0, fmt.Errorf("%d bytes at offset %d of registered memory %d (%d bytes) are out of range", n, off, key, r.size)
+		r.applying.Done()
+		return 0, nil, fmt.Errorf("%d bytes at offset %d of registered memory %d (%d bytes) are out of range", n, off, key, r.size)
 	}
-	return r.base + uintptr(off), nil
+	return r.base + uintptr(off), r, nil
 }
 
 // virtualNode is rank's virtual node when the ranks are split into k.

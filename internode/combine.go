@@ -147,9 +147,7 @@ func (nt *Notify) combineTwin(in CombineInput, opt CombineOptions, tokens int, c
 	// 1. Expert outputs into the receive region.
 	for r := 0; r < res.Received; r++ {
 		rr := devapi.Bytes(nvl+uintptr(dl.recv+r*dl.recvRow), uint64(2*h+4*k))
-		for j := 0; j < h; j++ {
-			le32.PutUint16(rr[2*j:], in.Y[r*h+j])
-		}
+		putU16s(rr, in.Y[r*h:(r+1)*h])
 		if weights {
 			for j := 0; j < k; j++ {
 				le32.PutUint32(rr[2*h+4*j:], math.Float32bits(in.Weights[r*k+j]))

@@ -401,9 +401,7 @@ func (nt *Notify) readRecv(out *RankOutput, rows []byte, weights, fp8 bool, xByt
 				out.RecvScales[r*h/FP8Block+j] = math.Float32frombits(le32.Uint32(rr[h+4*j:]))
 			}
 		} else {
-			for j := 0; j < h; j++ {
-				out.RecvX[r*h+j] = le32.Uint16(rr[2*j:])
-			}
+			getU16s(out.RecvX[r*h:(r+1)*h], rr)
 		}
 		for j := 0; j < k; j++ {
 			out.RecvTopK[r*k+j] = int64(le32.Uint64(rr[xBytes+8*j:]))

@@ -160,7 +160,10 @@ type Notify struct {
 	combNetWait, combReady []uint32
 
 	rdma, nvl device.Buffer
-	proxy     *channels.Proxy
+	// rdmaMem, nvlMem: their registrations, withdrawn from the network
+	// transport before the memory is freed (Close).
+	rdmaMem, nvlMem channels.RegisteredMemory
+	proxy           *channels.Proxy
 	// kern is the kernels' state on a device that runs them (a GPU or the
 	// CPU emulation: kernel.go); nil on the host backend (Go twins).
 	kern *kernelState
@@ -276,7 +279,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	nt := &Notify{shape: s, cfg: cfg, comm: comm, dev: dev, rank: rank, dl: dl}
 	defer func() {
 		if err != nil {
-			err = errors.Join(fail("%w", err), nt.free())
+			err = errors.Join(fail("%w", err), nt.free(false))
 			nt = nil
 		}
 	}()
@@ -294,6 +297,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if err != nil {
 		return nil, err
 	}
+	nt.nvlMem = nvlMem
 	nt.peerNVL = make([]uintptr, p)
 	nt.peerNVL[i] = nt.nvl.Ptr
 	var local []int
@@ -344,6 +348,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		if err != nil {
 			return nil, err
 		}
+		nt.rdmaMem = rdmaMem
 		if nt.proxy, err = comm.NewProxy(channels.ProxyConfig{}); err != nil {
 			return nil, err
 		}
@@ -403,7 +408,20 @@ func (nt *Notify) alloc(n int) (device.Buffer, error) {
 	return b, nil
 }
 
-func (nt *Notify) free() error {
+// free stops the proxy, then (meet: Close) meets every rank, then frees.
+//
+// Why the meeting: a peer's last port-channel puts and atomic adds into
+// this rank's RDMA buffer (completion flags of the last step, which nobody
+// waits for) may still be in its proxy or on the wire when this rank is
+// done. Stopping a proxy drains it: it returns once the receivers
+// acknowledged everything it sent. So after every rank has stopped its
+// proxy and met, nothing is in flight toward this rank and it may free.
+// The registrations are withdrawn from the network transport first: a
+// write that still arrives (a peer that timed out of the meeting) is then
+// an error naming the memory on this rank's communicator, not a write into
+// freed memory. NewNotify's cleanup frees without meeting (its peers may
+// not have failed), the withdrawal still guarding it.
+func (nt *Notify) free(meet bool) error {
 	var errs []error
 	if nt.proxy != nil {
 		// After a failed round the proxy's drain may fail too (a peer that
@@ -414,14 +432,36 @@ func (nt *Notify) free() error {
 		}
 		nt.proxy = nil
 	}
+	if meet && nt.comm != nil && nt.comm.Size() > 1 {
+		// Bounded by the bootstrap's timeout; its error names the ranks
+		// that did not come. Reported even after a failed round: a peer
+		// that is gone is what the caller needs to hear.
+		if err := nt.comm.Bootstrap().Barrier(context.Background()); err != nil {
+			errs = append(errs, fmt.Errorf("internode: rank %d: close: meeting the peers after the drain: %w", nt.rank, err))
+		}
+	}
 	if nt.kern != nil {
 		errs = append(errs, nt.kern.free(nt.dev))
 		nt.kern = nil
 	}
-	for _, b := range []*device.Buffer{&nt.rdma, &nt.nvl} {
-		if b.Ptr != 0 {
-			errs = append(errs, nt.dev.Free(*b))
-			*b = device.Buffer{}
+	for _, x := range []struct {
+		b *device.Buffer
+		m *channels.RegisteredMemory
+	}{{&nt.rdma, &nt.rdmaMem}, {&nt.nvl, &nt.nvlMem}} {
+		if x.m.Valid() {
+			if err := nt.comm.DeregisterMemory(*x.m); err != nil {
+				// A peer's operation is still being applied into it:
+				// keep the allocation (a leak) rather than free it under
+				// the write.
+				errs = append(errs, fmt.Errorf("internode: rank %d: close: %w (its %d bytes are not freed)", nt.rank, err, x.b.Size))
+				*x.b, *x.m = device.Buffer{}, channels.RegisteredMemory{}
+				continue
+			}
+			*x.m = channels.RegisteredMemory{}
+		}
+		if x.b.Ptr != 0 {
+			errs = append(errs, nt.dev.Free(*x.b))
+			*x.b = device.Buffer{}
 		}
 	}
 	return errors.Join(errs...)
@@ -447,10 +487,14 @@ func (nt *Notify) twinFailed(fail func(string, ...any) error, ok bool, bad error
 	return nt.err
 }
 
-// Close stops the proxy (waiting until what it sent has landed) and frees
-// the memory. Peers must no longer write into it, and must not close their
-// communicators before this returns (their connections acknowledge the
-// drain): a barrier before and one after, as for any channels object.
+// Close stops the proxy (waiting until the receivers acknowledged what it
+// sent), meets every rank on the bootstrap (bounded by its timeout; the
+// error names ranks that did not come), withdraws the memory from the
+// network transport and frees it. Collective: after the meeting no peer's
+// put or atomic add is in flight toward this rank. Callers finish their
+// rounds (streams synchronised) first, and must not close their
+// communicators before every rank's Close returned (a barrier after, as
+// the Buffer does): a peer's drain needs this rank's connection.
 func (nt *Notify) Close() error {
 	if nt == nil {
 		return fmt.Errorf("internode: notify: nil")
@@ -458,7 +502,7 @@ func (nt *Notify) Close() error {
 	if errors.Is(nt.err, channels.ErrClosed) {
 		return nil
 	}
-	err := nt.free()
+	err := nt.free(true)
 	nt.err = fmt.Errorf("internode: rank %d: notify: %w", nt.rank, channels.ErrClosed)
 	return err
 }

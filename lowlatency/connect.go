@@ -19,6 +19,10 @@ type Connection struct {
 	table device.Buffer
 	ports *channels.DeviceArray
 	proxy *channels.Proxy
+	// comm and mine: the workspace's registration, which Withdraw takes
+	// back from the network transport before the caller frees ws.
+	comm *channels.Communicator
+	mine channels.RegisteredMemory
 }
 
 // Connect joins this rank's workspace ws (at least l.Size bytes, control
@@ -61,7 +65,7 @@ func Connect(ctx context.Context, comm *channels.Communicator, ws device.Buffer,
 		}
 	}
 	dev := comm.Device()
-	c := &Connection{dev: dev}
+	c := &Connection{dev: dev, comm: comm}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fail("%w", err), c.Close())
@@ -72,6 +76,7 @@ func Connect(ctx context.Context, comm *channels.Communicator, ws device.Buffer,
 	if err != nil {
 		return nil, Workspace{}, err
 	}
+	c.mine = mine
 	var local, remote []int
 	nodeMask := l.NodeMask(rank)
 	for p := 0; p < ranks; p++ {
@@ -131,10 +136,11 @@ func Connect(ctx context.Context, comm *channels.Communicator, ws device.Buffer,
 	return c, w, nil
 }
 
-// Close stops the proxy (draining what kernels pushed) and frees the
-// tables. Callers synchronise their streams and meet their peers first:
-// a peer may still be putting into this rank's workspace. Nil-safe and
-// idempotent.
+// Close stops the proxy (draining what kernels pushed: it returns once the
+// receivers acknowledged this rank's puts and adds) and frees the tables.
+// Callers synchronise their streams first; after every rank's Close they
+// meet (nothing is then in flight toward this rank), Withdraw, and free
+// the workspace. Nil-safe and idempotent.
 func (c *Connection) Close() error {
 	if c == nil {
 		return nil
@@ -153,4 +159,22 @@ func (c *Connection) Close() error {
 		c.table = device.Buffer{}
 	}
 	return errors.Join(errs...)
+}
+
+// Withdraw takes the workspace back from the network transport
+// (channels.Communicator.DeregisterMemory): a peer's put or add that still
+// arrives is then refused, an error naming the memory, instead of landing
+// in the freed workspace. Call it after Close and the meeting, before the
+// workspace is freed, and before the communicator closes. Nil-safe and
+// idempotent.
+func (c *Connection) Withdraw() error {
+	if c == nil || !c.mine.Valid() {
+		return nil
+	}
+	err := c.comm.DeregisterMemory(c.mine)
+	c.mine = channels.RegisteredMemory{}
+	if err != nil {
+		return fmt.Errorf("lowlatency: withdraw workspace: %w", err)
+	}
+	return nil
 }

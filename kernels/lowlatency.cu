@@ -457,6 +457,8 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   __shared__ u32 s_eff;
   __shared__ int s_ntok[GOEP_LL_MAX_RANKS];
   __shared__ int s_warp[33];
+  __shared__ int s_tokbeg[GOEP_LL_MAX_RANKS + 1];
+  __shared__ int s_cnt[GOEP_LL_MAX_RANKS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
   const u64 base = peers[rank];
@@ -694,22 +696,61 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     // expert's tables, each part tab_row of its own rows (no two blocks
     // write one word).
     const int copies = max(1, (int)gridDim.x / local_experts);
+    // One scan over every source's tokens at once (flattened: source,
+    // then token, the order of the rows), not one per source: each
+    // per-source scan was a dependent global load of the ids and three
+    // barriers, R of them in a row (8 at EP8). Per-source totals (the
+    // layout ranges) from shared integer atomics, which are exact in any
+    // order.
+    if (tid == 0) {
+      int acc = 0;
+      for (int s = 0; s < num_ranks; ++s) {
+        s_tokbeg[s] = acc;
+        acc += s_ntok[s];
+      }
+      s_tokbeg[num_ranks] = acc;
+    }
+    __syncthreads();
+    const int ntot = s_tokbeg[num_ranks];
+    const int per = (ntot + blockDim.x - 1) / blockDim.x;
+    const int g0 = min(ntot, tid * per), g1 = min(ntot, g0 + per);
     for (int u = blockIdx.x; u < local_experts * copies; u += gridDim.x) {
       const int le = u / copies, part = u - le * copies;
-      int total_all = 0;
-      for (int s = 0; s < num_ranks; ++s) {
-        const int n = s_ntok[s];
-        const int per = (n + blockDim.x - 1) / blockDim.x;
-        const int t0 = min(n, tid * per), t1 = min(n, t0 + per);
-        int cnt = 0;
-        for (int t = t0; t < t1; ++t) {
+      if (tid < num_ranks) {
+        s_cnt[tid] = 0;
+      }
+      __syncthreads();
+      int cnt = 0;
+      {
+        int s = 0, cs = 0;
+        for (int g = g0; g < g1; ++g) {
+          while (g >= s_tokbeg[s + 1]) {
+            if (cs != 0) {
+              atomicAdd(&s_cnt[s], cs);
+            }
+            cnt += cs;
+            cs = 0;
+            ++s;
+          }
+          const i64 row = (i64)s * max_tokens + (g - s_tokbeg[s]);
           for (int j = 0; j < k; ++j) {
-            cnt += stage_ids[((i64)s * max_tokens + t) * k + j] == le;
+            cs += stage_ids[row * k + j] == le;
           }
         }
-        int total;
-        int p = total_all + goep_ll_block_scan(cnt, &total, s_warp);
-        for (int t = t0; t < t1; ++t) {
+        if (cs != 0) {
+          atomicAdd(&s_cnt[s], cs);
+        }
+        cnt += cs;
+      }
+      int total_all;
+      int p = goep_ll_block_scan(cnt, &total_all, s_warp);  // its barriers also complete s_cnt
+      {
+        int s = 0;
+        for (int g = g0; g < g1; ++g) {
+          while (g >= s_tokbeg[s + 1]) {
+            ++s;
+          }
+          const int t = g - s_tokbeg[s];
           for (int j = 0; j < k; ++j) {
             const i64 q = ((i64)s * max_tokens + t) * k + j;
             if (stage_ids[q] == le) {
@@ -724,10 +765,13 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
             }
           }
         }
-        if (tid == 0 && part == 0) {
-          ((u64*)(base + off_recv_range))[(i64)le * num_ranks + s] = (u64)(u32)total_all | ((u64)(u32)total << 32);
+      }
+      if (part == 0 && tid < num_ranks) {
+        int begin = 0;
+        for (int s = 0; s < tid; ++s) {
+          begin += s_cnt[s];
         }
-        total_all += total;
+        ((u64*)(base + off_recv_range))[(i64)le * num_ranks + tid] = (u64)(u32)begin | ((u64)(u32)s_cnt[tid] << 32);
       }
       if (tid == 0 && part == 0) {
         ((i32*)(base + off_recv_count))[le] = total_all;

@@ -903,29 +903,61 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         for (int q = 0; q < 8; ++q) {
           acc[q] = 0.0f;
         }
+        // Up to four of the token's local rows loaded before any is added
+        // (one memory round trip per four entries instead of one each),
+        // added in ascending slot order as the reference does.
         u32 m = local;
-        while (m) {
-          const int j = __ffs(m) - 1;
-          m &= m - 1u;
-          const int p = __shfl_sync(0xffffffffu, pos, j);
-          const float wj = __shfl_sync(0xffffffffu, w, j);
-          if (in) {
-            float yv[8];
-            if (y_fp8) {
-              const u32* q8 = (const u32*)(y + (u64)p * hidden + (u64)c * 8);
-              const u32 lo = q8[0], hi = q8[1];
-              const float sc = y_scales[(i64)p * ns + (c >> 4)];
+        while (m != 0) {
+          int pq[4];
+          float wq[4];
+          int nb = 0;
 #pragma unroll
-              for (int q = 0; q < 4; ++q) {
-                yv[q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(lo >> (8 * q))), sc);
-                yv[4 + q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(hi >> (8 * q))), sc);
-              }
-            } else {
-              goep_ll_bf16x8_to_f32(goep_in_ld_nc_v4(y + (u64)p * row2 + (u64)c * 16), yv);
+          for (int q = 0; q < 4; ++q) {
+            pq[q] = 0;
+            wq[q] = 0.0f;
+            if (m != 0) {  // warp-uniform (a ballot)
+              const int j = __ffs(m) - 1;
+              m &= m - 1u;
+              pq[q] = __shfl_sync(0xffffffffu, pos, j);
+              wq[q] = __shfl_sync(0xffffffffu, w, j);
+              nb = q + 1;
             }
+          }
+          if (!in) {
+            continue;
+          }
+          uint4 v[4];
+          float sc[4];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) {
-              acc[q] = goep_ll_add(acc[q], goep_ll_mul(wj, yv[q]));
+          for (int q = 0; q < 4; ++q) {
+            if (q < nb) {
+              if (y_fp8) {
+                const u32* q8 = (const u32*)(y + (u64)pq[q] * hidden + (u64)c * 8);
+                v[q].x = q8[0];
+                v[q].y = q8[1];
+                sc[q] = y_scales[(i64)pq[q] * ns + (c >> 4)];
+              } else {
+                v[q] = goep_in_ld_nc_v4(y + (u64)pq[q] * row2 + (u64)c * 16);
+              }
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (q < nb) {
+              float yv[8];
+              if (y_fp8) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                  yv[x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].x >> (8 * x))), sc[q]);
+                  yv[4 + x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].y >> (8 * x))), sc[q]);
+                }
+              } else {
+                goep_ll_bf16x8_to_f32(v[q], yv);
+              }
+#pragma unroll
+              for (int x = 0; x < 8; ++x) {
+                acc[x] = goep_ll_add(acc[x], goep_ll_mul(wq[q], yv[x]));
+              }
             }
           }
         }

@@ -244,13 +244,25 @@ __device__ __forceinline__ bool goep_ll_last_block(u8* ctrl, int off_done, int s
 __device__ __forceinline__ bool goep_ll_send_gate(u8* ctrl, int off_freed, int set, int num_ranks, int rank, u64 e,
                                                   int elastic, goep_watchdog* wd, u32 wait_id, u32 stage,
                                                   u32* s_active) {
-  if (threadIdx.x == 0) {
-    *s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+  // Threads tid < R read the mask themselves (one round trip, no barrier
+  // before the waits); the waits' closing barrier publishes *s_active.
+  const int tid = threadIdx.x;
+  int r = 0;
+  if (tid < GOEP_LL_MAX_RANKS) {
+    const u32 act = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+    if (tid == 0) {
+      *s_active = act;
+    }
+    if ((act >> tid) & 1u) {
+      r = goep_ll_wait(goep_ll_u64(ctrl, off_freed, set, tid), (e - 1) * GOEP_IN_ARRIVAL_UNIT, goep_ll_mask(ctrl), tid,
+                       elastic, wd, wait_id, stage);
+    }
   }
-  __syncthreads();
-  if (!goep_ll_wait_ranks(ctrl, off_freed, set, *s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic, wd, wait_id,
-                          stage)) {
+  if (goep_block_any_failed(r == 2)) {
     return false;
+  }
+  if (!elastic) {
+    return true;  // the mask cannot change during a non-elastic call
   }
   if (threadIdx.x == 0) {
     *s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
@@ -296,7 +308,41 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
                                              int* s_ntok) {
   u64* gate = (u64*)(ctrl + off_gate) + set;
   u32* eff = (u32*)(ctrl + off_eff) + set;
-  if (!elastic || blockIdx.x == 0) {
+  if (!elastic) {
+    // Thread s < R reads the mask (it cannot change during a non-elastic
+    // call: one read), waits for source s, then reads s's token count
+    // itself after its own acquire: one round trip for all the counts
+    // instead of thread 0 reading them one after another, and no barrier
+    // but the closing one.
+    const int tid = threadIdx.x;
+    int r = 0;
+    if (tid < GOEP_LL_MAX_RANKS) {
+      u32 m = goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl));
+      if ((m >> rank) & 1u) {
+        m = 0xffffffffu;
+      }
+      const bool want = tid < num_ranks && !((m >> tid) & 1u);
+      if (want) {
+        r = goep_ll_wait(goep_ll_u64(ctrl, off_counter, set, tid), e * GOEP_IN_ARRIVAL_UNIT, goep_ll_mask(ctrl), tid, 0,
+                         wd, wait_id, stage);
+      }
+      if (s_ntok != nullptr && tid < num_ranks && r == 0) {
+        const i32 n = want ? ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 4 * GOEP_LL_MAX_RANKS * set))[tid] : 0;
+        s_ntok[tid] = n;
+        if (blockIdx.x == 0 && tab_t != nullptr) {
+          tab_t[tid] = n;
+        }
+      }
+      if (tid == 0) {
+        *s_eff = m;
+        if (blockIdx.x == 0) {
+          *(volatile u32*)eff = m;
+        }
+      }
+    }
+    return !goep_block_any_failed(r == 2);
+  }
+  if (blockIdx.x == 0) {
     if (threadIdx.x == 0) {
       *s_eff = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);  // the ranks to wait for
     }
@@ -323,15 +369,10 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
             tab_t[s] = s_ntok[s];
           }
         }
-        if (elastic) {
-          goep_st_release_sys_u64(gate, e);
-        }
+        goep_st_release_sys_u64(gate, e);
       }
     }
     __syncthreads();
-    if (!elastic) {
-      return true;
-    }
   } else {
     bool ok = true;
     if (threadIdx.x == 0) {

@@ -31,9 +31,13 @@ type llOpts struct {
 	mask                  int
 	seed                  uint64
 	graph                 bool
-	warmup, iters         int
-	flushMiB              int
-	ranks, sms            int
+	// burst: also time this many calls captured back to back in one graph
+	// (per-call mean of a replay; 0: not): no host pacing between them, so
+	// the figure shows the kernels' own time without the ranks' launch skew.
+	burst         int
+	warmup, iters int
+	flushMiB      int
+	ranks, sms    int
 	// nodes splits the ranks into virtual nodes (0: $GOEP_VIRTUAL_NODES,
 	// else one node): the other nodes' rows go over port channels.
 	nodes                int
@@ -58,6 +62,7 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.IntVar(&o.mask, "mask", 1, "rank masked in the mask check (-1: no mask check)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the routing and the data")
 	fs.BoolVar(&o.graph, "graph", true, "also time dispatch+combine captured in a CUDA graph and replayed")
+	fs.IntVar(&o.burst, "burst", 8, "also time N calls captured back to back in one graph (per-call mean; needs --graph, not where ranks share a GPU; 0: off)")
 	hostTiming := addTimingFlags(fs, &o.warmup, &o.iters, &o.flushMiB, timingDefaults{warmup: 20, iters: 50, hostWarmup: 1, hostIters: 3})
 	fs.IntVar(&o.ranks, "ranks", 0, "goroutine ranks (default: every GPU up to 8, or 4 host ranks); more ranks than GPUs share them")
 	fs.IntVar(&o.nodes, "nodes", 0, "virtual nodes the ranks split into (0: $GOEP_VIRTUAL_NODES, else one node); other nodes are reached over port channels")
@@ -92,8 +97,11 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return fmt.Errorf("--tokens: %d is negative", t)
 		}
 	}
-	if o.iters < 2 || o.warmup < 0 || o.ranks < 0 || o.sms < 0 || o.timeout < 0 || o.flushMiB < 0 || o.nodes < 0 {
-		return errors.New("want --iters >= 2 and non-negative --warmup, --ranks, --nodes, --sms, --timeout, --flush-mib")
+	if o.iters < 2 || o.warmup < 0 || o.ranks < 0 || o.sms < 0 || o.timeout < 0 || o.flushMiB < 0 || o.nodes < 0 || o.burst < 0 {
+		return errors.New("want --iters >= 2 and non-negative --warmup, --ranks, --nodes, --sms, --timeout, --flush-mib, --burst")
+	}
+	if o.burst > 64 {
+		return fmt.Errorf("--burst %d: want at most 64 calls in one graph", o.burst)
 	}
 	if o.flushMiB > 1<<20 {
 		return fmt.Errorf("--flush-mib %d: want at most %d", o.flushMiB, 1<<20)
@@ -572,6 +580,47 @@ func (r *llRank) time(t int, f ep.LLFormat) error {
 		return err
 	}
 	r.record(t, f, "dispatch+combine", true, us)
+	return r.timeBurst(t, f, dispatch, both)
+}
+
+// timeBurst times o.burst dispatches, then o.burst dispatch+combine
+// pairs, each captured back to back in one graph (the sets alternate as
+// they do call by call), and records the per-call mean of a replay. The
+// figures above pace every call on the host, so a call's time includes
+// waiting for the last rank's launch; inside one replay the calls follow
+// each other on the GPU, as in an engine's captured decode step. Not where
+// ranks share a GPU (many dependent launches queued by every rank: the
+// head-of-line risk of DESIGN.md).
+func (r *llRank) timeBurst(t int, f ep.LLFormat, dispatch, both func() error) error {
+	n := r.o.burst
+	if n == 0 || r.o.shared {
+		return nil
+	}
+	st := r.buf.Stream()
+	for _, c := range []struct {
+		op   string
+		call func() error
+	}{{"dispatch", dispatch}, {"dispatch+combine", both}} {
+		g, err := r.dev.Capture(st, func() error {
+			for i := 0; i < n; i++ {
+				if err := c.call(); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		us, err := r.timeCalls(nil, func() error { return g.Launch(st) })
+		if cerr := g.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+		r.record(t, f, fmt.Sprintf("%s x%d", c.op, n), true, us/float64(n))
+	}
 	return nil
 }
 

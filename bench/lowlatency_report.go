@@ -15,7 +15,7 @@ import (
 type llFigure struct {
 	Tokens int     `json:"tokens"`
 	Format string  `json:"format"`
-	Op     string  `json:"op"` // dispatch, combine, dispatch+combine
+	Op     string  `json:"op"` // dispatch, combine, dispatch+combine; "dispatch x8": per-call mean of 8 in one graph (--burst)
 	Graph  bool    `json:"graph"`
 	US     float64 `json:"us"`
 	MinUS  float64 `json:"min_us"`
@@ -58,6 +58,10 @@ func llTimingRules(o llOpts) string {
 		"each between its own two events; rank 0's own figure (min..max over ranks beside); combine = a combine after an "+
 		"untimed dispatch outside the events; graph = the call captured once in a CUDA graph and replayed (graph combine after "+
 		"an untimed dispatch replay)", o.warmup, o.flushMiB, o.iters-1, o.iters)
+	if o.graph && o.burst > 0 && !o.shared {
+		s += fmt.Sprintf("; \"x%d\" = %d calls captured back to back in one graph, the replay's time divided by %d (no host "+
+			"pacing between them: no launch skew between ranks)", o.burst, o.burst, o.burst)
+	}
 	s += "; every rank issues a call before any issues the next (host-side pacing, outside the events)"
 	switch {
 	case o.shared:

@@ -36,8 +36,9 @@ func TestLowLatencyOnHost(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &rep))
 	require.Equal(t, 4, rep.Ranks)
 	// 3 token counts x 3 formats x (dispatch, combine; graph: dispatch,
-	// combine, dispatch+combine), each once.
-	require.Len(t, rep.Figures, 45)
+	// combine, dispatch+combine, dispatch x8, dispatch+combine x8), each
+	// once.
+	require.Len(t, rep.Figures, 63)
 	seen := map[string]bool{}
 	for _, f := range rep.Figures {
 		key := fmt.Sprintf("%d %s %s %v", f.Tokens, f.Format, f.Op, f.Graph)
@@ -45,7 +46,8 @@ func TestLowLatencyOnHost(t *testing.T) {
 		seen[key] = true
 		require.True(t, f.MinUS <= f.US && f.US <= f.MaxUS, "%+v", f)
 	}
-	require.True(t, seen["6 ue8m0 combine true"] && seen["1 fp8 dispatch+combine true"] && seen["6 bf16 dispatch false"])
+	require.True(t, seen["6 ue8m0 combine true"] && seen["1 fp8 dispatch+combine true"] && seen["6 bf16 dispatch false"] &&
+		seen["6 fp8 dispatch+combine x8 true"] && seen["1 bf16 dispatch x8 true"])
 	require.Contains(t, rep.Timing, "DeepEP's timing rules")
 	for _, c := range rep.Checks {
 		require.NotEqual(t, "fail", c.Status, "%+v", c)

@@ -244,13 +244,25 @@ __device__ __forceinline__ bool goep_ll_last_block(u8* ctrl, int off_done, int s
 __device__ __forceinline__ bool goep_ll_send_gate(u8* ctrl, int off_freed, int set, int num_ranks, int rank, u64 e,
                                                   int elastic, goep_watchdog* wd, u32 wait_id, u32 stage,
                                                   u32* s_active) {
-  if (threadIdx.x == 0) {
-    *s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+  // Threads tid < R read the mask themselves (one round trip, no barrier
+  // before the waits); the waits' closing barrier publishes *s_active.
+  const int tid = threadIdx.x;
+  int r = 0;
+  if (tid < GOEP_LL_MAX_RANKS) {
+    const u32 act = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
+    if (tid == 0) {
+      *s_active = act;
+    }
+    if ((act >> tid) & 1u) {
+      r = goep_ll_wait(goep_ll_u64(ctrl, off_freed, set, tid), (e - 1) * GOEP_IN_ARRIVAL_UNIT, goep_ll_mask(ctrl), tid,
+                       elastic, wd, wait_id, stage);
+    }
   }
-  __syncthreads();
-  if (!goep_ll_wait_ranks(ctrl, off_freed, set, *s_active, (e - 1) * GOEP_IN_ARRIVAL_UNIT, elastic, wd, wait_id,
-                          stage)) {
+  if (goep_block_any_failed(r == 2)) {
     return false;
+  }
+  if (!elastic) {
+    return true;  // the mask cannot change during a non-elastic call
   }
   if (threadIdx.x == 0) {
     *s_active = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);
@@ -296,7 +308,41 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
                                              int* s_ntok) {
   u64* gate = (u64*)(ctrl + off_gate) + set;
   u32* eff = (u32*)(ctrl + off_eff) + set;
-  if (!elastic || blockIdx.x == 0) {
+  if (!elastic) {
+    // Thread s < R reads the mask (it cannot change during a non-elastic
+    // call: one read), waits for source s, then reads s's token count
+    // itself after its own acquire: one round trip for all the counts
+    // instead of thread 0 reading them one after another, and no barrier
+    // but the closing one.
+    const int tid = threadIdx.x;
+    int r = 0;
+    if (tid < GOEP_LL_MAX_RANKS) {
+      u32 m = goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl));
+      if ((m >> rank) & 1u) {
+        m = 0xffffffffu;
+      }
+      const bool want = tid < num_ranks && !((m >> tid) & 1u);
+      if (want) {
+        r = goep_ll_wait(goep_ll_u64(ctrl, off_counter, set, tid), e * GOEP_IN_ARRIVAL_UNIT, goep_ll_mask(ctrl), tid, 0,
+                         wd, wait_id, stage);
+      }
+      if (s_ntok != nullptr && tid < num_ranks && r == 0) {
+        const i32 n = want ? ((volatile i32*)(ctrl + GOEP_LL_CTRL_NTOK + 4 * GOEP_LL_MAX_RANKS * set))[tid] : 0;
+        s_ntok[tid] = n;
+        if (blockIdx.x == 0 && tab_t != nullptr) {
+          tab_t[tid] = n;
+        }
+      }
+      if (tid == 0) {
+        *s_eff = m;
+        if (blockIdx.x == 0) {
+          *(volatile u32*)eff = m;
+        }
+      }
+    }
+    return !goep_block_any_failed(r == 2);
+  }
+  if (blockIdx.x == 0) {
     if (threadIdx.x == 0) {
       *s_eff = goep_ll_active(goep_ld_relaxed_sys_u32(goep_ll_mask(ctrl)), num_ranks, rank);  // the ranks to wait for
     }
@@ -323,15 +369,10 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
             tab_t[s] = s_ntok[s];
           }
         }
-        if (elastic) {
-          goep_st_release_sys_u64(gate, e);
-        }
+        goep_st_release_sys_u64(gate, e);
       }
     }
     __syncthreads();
-    if (!elastic) {
-      return true;
-    }
   } else {
     bool ok = true;
     if (threadIdx.x == 0) {
@@ -457,6 +498,8 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   __shared__ u32 s_eff;
   __shared__ int s_ntok[GOEP_LL_MAX_RANKS];
   __shared__ int s_warp[33];
+  __shared__ int s_tokbeg[GOEP_LL_MAX_RANKS + 1];
+  __shared__ int s_cnt[GOEP_LL_MAX_RANKS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
   const u64 base = peers[rank];
@@ -694,22 +737,61 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     // expert's tables, each part tab_row of its own rows (no two blocks
     // write one word).
     const int copies = max(1, (int)gridDim.x / local_experts);
+    // One scan over every source's tokens at once (flattened: source,
+    // then token, the order of the rows), not one per source: each
+    // per-source scan was a dependent global load of the ids and three
+    // barriers, R of them in a row (8 at EP8). Per-source totals (the
+    // layout ranges) from shared integer atomics, which are exact in any
+    // order.
+    if (tid == 0) {
+      int acc = 0;
+      for (int s = 0; s < num_ranks; ++s) {
+        s_tokbeg[s] = acc;
+        acc += s_ntok[s];
+      }
+      s_tokbeg[num_ranks] = acc;
+    }
+    __syncthreads();
+    const int ntot = s_tokbeg[num_ranks];
+    const int per = (ntot + blockDim.x - 1) / blockDim.x;
+    const int g0 = min(ntot, tid * per), g1 = min(ntot, g0 + per);
     for (int u = blockIdx.x; u < local_experts * copies; u += gridDim.x) {
       const int le = u / copies, part = u - le * copies;
-      int total_all = 0;
-      for (int s = 0; s < num_ranks; ++s) {
-        const int n = s_ntok[s];
-        const int per = (n + blockDim.x - 1) / blockDim.x;
-        const int t0 = min(n, tid * per), t1 = min(n, t0 + per);
-        int cnt = 0;
-        for (int t = t0; t < t1; ++t) {
+      if (tid < num_ranks) {
+        s_cnt[tid] = 0;
+      }
+      __syncthreads();
+      int cnt = 0;
+      {
+        int s = 0, cs = 0;
+        for (int g = g0; g < g1; ++g) {
+          while (g >= s_tokbeg[s + 1]) {
+            if (cs != 0) {
+              atomicAdd(&s_cnt[s], cs);
+            }
+            cnt += cs;
+            cs = 0;
+            ++s;
+          }
+          const i64 row = (i64)s * max_tokens + (g - s_tokbeg[s]);
           for (int j = 0; j < k; ++j) {
-            cnt += stage_ids[((i64)s * max_tokens + t) * k + j] == le;
+            cs += stage_ids[row * k + j] == le;
           }
         }
-        int total;
-        int p = total_all + goep_ll_block_scan(cnt, &total, s_warp);
-        for (int t = t0; t < t1; ++t) {
+        if (cs != 0) {
+          atomicAdd(&s_cnt[s], cs);
+        }
+        cnt += cs;
+      }
+      int total_all;
+      int p = goep_ll_block_scan(cnt, &total_all, s_warp);  // its barriers also complete s_cnt
+      {
+        int s = 0;
+        for (int g = g0; g < g1; ++g) {
+          while (g >= s_tokbeg[s + 1]) {
+            ++s;
+          }
+          const int t = g - s_tokbeg[s];
           for (int j = 0; j < k; ++j) {
             const i64 q = ((i64)s * max_tokens + t) * k + j;
             if (stage_ids[q] == le) {
@@ -724,17 +806,29 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
             }
           }
         }
-        if (tid == 0 && part == 0) {
-          ((u64*)(base + off_recv_range))[(i64)le * num_ranks + s] = (u64)(u32)total_all | ((u64)(u32)total << 32);
+      }
+      if (part == 0 && tid < num_ranks) {
+        int begin = 0;
+        for (int s = 0; s < tid; ++s) {
+          begin += s_cnt[s];
         }
-        total_all += total;
+        ((u64*)(base + off_recv_range))[(i64)le * num_ranks + tid] = (u64)(u32)begin | ((u64)(u32)s_cnt[tid] << 32);
       }
       if (tid == 0 && part == 0) {
         ((i32*)(base + off_recv_count))[le] = total_all;
       }
       __syncthreads();  // tab_row of this part's rows, written by the block, is complete
       const int nch = out_row >> 4;
-      for (int p = part + copies * warp; p < total_all; p += copies * nwarps) {
+      // This part's rows are p = part, part + copies, ...; with fewer rows
+      // than warps each row is cut into up to 8 pieces of whole chunks, a
+      // warp each (at 128 tokens a block has about 8 rows for 16 warps; at
+      // 1 token one row for 16 warps): fewer dependent round trips per
+      // warp, the rows' latency no longer on half the warps or one.
+      const int rows_here = total_all > part ? (total_all - part + copies - 1) / copies : 0;
+      const int pieces = rows_here > 0 ? min(8, max(1, (nwarps + rows_here - 1) / rows_here)) : 1;
+      for (int v = warp; v < rows_here * pieces; v += nwarps) {
+        const int p = part + copies * (v / pieces), piece = v % pieces;
+        const int c_lo = (int)((i64)nch * piece / pieces), c_hi = (int)((i64)nch * (piece + 1) / pieces);
         const i64 from = tab_row[(i64)le * slots + p];
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
@@ -743,20 +837,23 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         // then its store per chunk waits out a memory round trip each
         // (the asm's memory clobber keeps that order), 28 of them a BF16
         // row at H 7168.
-        for (int c0 = lane; c0 < nch; c0 += 4 * 32) {
-          uint4 v[4];
+        for (int c0 = c_lo + lane; c0 < c_hi; c0 += 4 * 32) {
+          uint4 x4[4];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (c0 + 32 * q < nch) {
-              v[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
+            if (c0 + 32 * q < c_hi) {
+              x4[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
             }
           }
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (c0 + 32 * q < nch) {
-              goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, v[q]);
+            if (c0 + 32 * q < c_hi) {
+              goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, x4[q]);
             }
           }
+        }
+        if (piece != 0) {
+          continue;  // the scales go with the row's first piece
         }
         if (format == GOEP_LL_FP8) {
           const float* ss = (const float*)(base + off_stage_s) + from * ns;
@@ -859,29 +956,61 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         for (int q = 0; q < 8; ++q) {
           acc[q] = 0.0f;
         }
+        // Up to four of the token's local rows loaded before any is added
+        // (one memory round trip per four entries instead of one each),
+        // added in ascending slot order as the reference does.
         u32 m = local;
-        while (m) {
-          const int j = __ffs(m) - 1;
-          m &= m - 1u;
-          const int p = __shfl_sync(0xffffffffu, pos, j);
-          const float wj = __shfl_sync(0xffffffffu, w, j);
-          if (in) {
-            float yv[8];
-            if (y_fp8) {
-              const u32* q8 = (const u32*)(y + (u64)p * hidden + (u64)c * 8);
-              const u32 lo = q8[0], hi = q8[1];
-              const float sc = y_scales[(i64)p * ns + (c >> 4)];
+        while (m != 0) {
+          int pq[4];
+          float wq[4];
+          int nb = 0;
 #pragma unroll
-              for (int q = 0; q < 4; ++q) {
-                yv[q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(lo >> (8 * q))), sc);
-                yv[4 + q] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(hi >> (8 * q))), sc);
-              }
-            } else {
-              goep_ll_bf16x8_to_f32(goep_in_ld_nc_v4(y + (u64)p * row2 + (u64)c * 16), yv);
+          for (int q = 0; q < 4; ++q) {
+            pq[q] = 0;
+            wq[q] = 0.0f;
+            if (m != 0) {  // warp-uniform (a ballot)
+              const int j = __ffs(m) - 1;
+              m &= m - 1u;
+              pq[q] = __shfl_sync(0xffffffffu, pos, j);
+              wq[q] = __shfl_sync(0xffffffffu, w, j);
+              nb = q + 1;
             }
+          }
+          if (!in) {
+            continue;
+          }
+          uint4 v[4];
+          float sc[4];
 #pragma unroll
-            for (int q = 0; q < 8; ++q) {
-              acc[q] = goep_ll_add(acc[q], goep_ll_mul(wj, yv[q]));
+          for (int q = 0; q < 4; ++q) {
+            if (q < nb) {
+              if (y_fp8) {
+                const u32* q8 = (const u32*)(y + (u64)pq[q] * hidden + (u64)c * 8);
+                v[q].x = q8[0];
+                v[q].y = q8[1];
+                sc[q] = y_scales[(i64)pq[q] * ns + (c >> 4)];
+              } else {
+                v[q] = goep_in_ld_nc_v4(y + (u64)pq[q] * row2 + (u64)c * 16);
+              }
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (q < nb) {
+              float yv[8];
+              if (y_fp8) {
+#pragma unroll
+                for (int x = 0; x < 4; ++x) {
+                  yv[x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].x >> (8 * x))), sc[q]);
+                  yv[4 + x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].y >> (8 * x))), sc[q]);
+                }
+              } else {
+                goep_ll_bf16x8_to_f32(v[q], yv);
+              }
+#pragma unroll
+              for (int x = 0; x < 8; ++x) {
+                acc[x] = goep_ll_add(acc[x], goep_ll_mul(wq[q], yv[x]));
+              }
             }
           }
         }

@@ -25,6 +25,9 @@ mutations=(
   "lowlatency-combine-sum|kernels/lowlatency.cu|acc[x] = goep_ll_add(acc[x], pv[x]);|acc[x] = pv[x];|./lowlatency|TestEmulatedKernels/bf16-random"
   "lowlatency-port-rows|kernels/lowlatency.cu|  if (rows <= 0) {|  if (rows <= 1) {|./lowlatency|TestEmulatedNodes/2x2"
   "lowlatency-expert-parts|kernels/lowlatency.cu|              if (p % copies == part) {|              if (part == 0) {|./lowlatency|TestEmulatedKernels/one-rank"
+  "lowlatency-scan-ranges|kernels/lowlatency.cu|          begin += s_cnt[s];|          begin += 0;|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-send-batch|kernels/lowlatency.cu|              nb = q + 1;|              nb = 1;|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-copy-pieces|kernels/lowlatency.cu|c_hi = (int)((i64)nch * (piece + 1) / pieces);|c_hi = (int)((i64)nch * (piece + 1) / pieces) - 1;|./lowlatency|TestEmulatedKernels/bf16-random"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

@@ -819,16 +819,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       }
       __syncthreads();  // tab_row of this part's rows, written by the block, is complete
       const int nch = out_row >> 4;
-      // This part's rows are p = part, part + copies, ...; with fewer rows
-      // than warps each row is cut into up to 8 pieces of whole chunks, a
-      // warp each (at 128 tokens a block has about 8 rows for 16 warps; at
-      // 1 token one row for 16 warps): fewer dependent round trips per
-      // warp, the rows' latency no longer on half the warps or one.
-      const int rows_here = total_all > part ? (total_all - part + copies - 1) / copies : 0;
-      const int pieces = rows_here > 0 ? min(8, max(1, (nwarps + rows_here - 1) / rows_here)) : 1;
-      for (int v = warp; v < rows_here * pieces; v += nwarps) {
-        const int p = part + copies * (v / pieces), piece = v % pieces;
-        const int c_lo = (int)((i64)nch * piece / pieces), c_hi = (int)((i64)nch * (piece + 1) / pieces);
+      for (int p = part + copies * warp; p < total_all; p += copies * nwarps) {
         const i64 from = tab_row[(i64)le * slots + p];
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
@@ -837,23 +828,20 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         // then its store per chunk waits out a memory round trip each
         // (the asm's memory clobber keeps that order), 28 of them a BF16
         // row at H 7168.
-        for (int c0 = c_lo + lane; c0 < c_hi; c0 += 4 * 32) {
-          uint4 x4[4];
+        for (int c0 = lane; c0 < nch; c0 += 4 * 32) {
+          uint4 v[4];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (c0 + 32 * q < c_hi) {
-              x4[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
+            if (c0 + 32 * q < nch) {
+              v[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
             }
           }
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            if (c0 + 32 * q < c_hi) {
-              goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, x4[q]);
+            if (c0 + 32 * q < nch) {
+              goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, v[q]);
             }
           }
-        }
-        if (piece != 0) {
-          continue;  // the scales go with the row's first piece
         }
         if (format == GOEP_LL_FP8) {
           const float* ss = (const float*)(base + off_stage_s) + from * ns;

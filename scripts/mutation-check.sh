@@ -27,7 +27,6 @@ mutations=(
   "lowlatency-expert-parts|kernels/lowlatency.cu|              if (p % copies == part) {|              if (part == 0) {|./lowlatency|TestEmulatedKernels/one-rank"
   "lowlatency-scan-ranges|kernels/lowlatency.cu|          begin += s_cnt[s];|          begin += 0;|./lowlatency|TestEmulatedKernels/bf16-random"
   "lowlatency-combine-send-batch|kernels/lowlatency.cu|              nb = q + 1;|              nb = 1;|./lowlatency|TestEmulatedKernels/bf16-random"
-  "lowlatency-copy-pieces|kernels/lowlatency.cu|c_hi = (int)((i64)nch * (piece + 1) / pieces);|c_hi = (int)((i64)nch * (piece + 1) / pieces) - 1;|./lowlatency|TestEmulatedKernels/bf16-random"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

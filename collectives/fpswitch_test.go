@@ -3,8 +3,6 @@ package collectives_test
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -41,15 +39,8 @@ func TestEmulatedFingerprintSwitch(t *testing.T) {
 	for r, err := range errs {
 		require.ErrorIs(t, err, collectives.ErrMismatch, "rank %d", r)
 	}
-	if os.Getenv(kernelflags.EnvNoFingerprint) != "" {
-		t.Fatalf("%s is set but the switch is off", kernelflags.EnvNoFingerprint)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^(TestEmulatedFingerprintSwitch|TestEmulatedKernelsMatchReference)$/^(2)?$",
-		"-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), kernelflags.EnvNoFingerprint+"=1")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the switched run failed:\n%s", out)
-	s := string(out)
+	s, err := kernelflags.RerunSwitched("^(TestEmulatedFingerprintSwitch|TestEmulatedKernelsMatchReference)$/^(2)?$")
+	require.NoError(t, err, "%s", s)
 	require.Contains(t, s, "collectives tests: fingerprint=off", "the child ran the switched build")
 	require.Contains(t, s, "mismatched calls returned success on every rank")
 	require.Contains(t, s, "--- PASS: TestEmulatedKernelsMatchReference/2")

@@ -1,8 +1,6 @@
 package intranode_test
 
 import (
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -39,15 +37,8 @@ func TestEmulatedFingerprintSwitch(t *testing.T) {
 		require.Contains(t, intranode.NewMismatchError(i, te.Peer, "emulated", te.Expected, te.Observed).Error(),
 			"dtype FP8", "rank %d", i)
 	}
-	if os.Getenv(kernelflags.EnvNoFingerprint) != "" {
-		t.Fatalf("%s is set but the switch is off", kernelflags.EnvNoFingerprint)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^(TestEmulatedFingerprintSwitch|TestEmulatedKernels)$/^(R2-H128-.*)?$",
-		"-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), kernelflags.EnvNoFingerprint+"=1")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "the switched run failed:\n%s", out)
-	s := string(out)
+	s, err := kernelflags.RerunSwitched("^(TestEmulatedFingerprintSwitch|TestEmulatedKernels)$/^(R2-H128-.*)?$")
+	require.NoError(t, err, "%s", s)
 	require.Contains(t, s, "intranode tests: fingerprint=off", "the child ran the switched build")
 	require.Contains(t, s, "mismatched calls returned success on every rank")
 	require.Contains(t, s, "--- PASS: TestEmulatedKernels/R2-H128-")

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"sync"
 )
 
@@ -92,4 +93,22 @@ func Mode() string {
 		return "fingerprint=off (" + EnvNoFingerprint + "=1: compiled out, measurement only)"
 	}
 	return "fingerprint=on (default build)"
+}
+
+// RerunSwitched runs this test binary again (os.Args[0]) with the switch on,
+// -test.run run and -test.v, and returns its combined output: the
+// harnesses' own check that the switched build is what a child gets. It
+// refuses to run from a process whose switch is already on (the parent
+// must be the default build it compares against).
+func RerunSwitched(run string) (string, error) {
+	if NoFingerprint() || os.Getenv(EnvNoFingerprint) == "1" {
+		return "", fmt.Errorf("kernelflags: %s is set in the parent: the rerun compares a default parent with a switched child", EnvNoFingerprint)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", run, "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), EnvNoFingerprint+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kernelflags: the switched run of %q failed: %w", run, err)
+	}
+	return string(out), nil
 }

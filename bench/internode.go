@@ -690,6 +690,10 @@ type interRow struct {
 	// leg's share of it (percent; issue 14's goal: >= 90).
 	Put      interPut `json:"port_put"`
 	NetOfPut float64  `json:"network_of_put_pct"`
+	// The same against the put timed with every rank putting at once
+	// (interPut.AllGBps): what the transport gives under the network leg's
+	// load.
+	NetOfPutAll float64 `json:"network_of_put_all_pct,omitempty"`
 }
 
 type interReport struct {
@@ -747,6 +751,9 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		if f.Put.GBps > 0 {
 			row.NetOfPut = 100 * row.NetGBps / f.Put.GBps
 		}
+		if f.Put.AllGBps > 0 {
+			row.NetOfPutAll = 100 * row.NetGBps / f.Put.AllGBps
+		}
 		for _, oc := range outs[1:] {
 			if i < len(oc.Figures) && oc.Figures[i].Key == f.Key {
 				row.MaxUS = max(row.MaxUS, oc.Figures[i].US)
@@ -781,17 +788,21 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 	if len(rep.Rows) > 0 {
 		fmt.Fprintln(w, "TIMINGS (rank 0)")
 		tw := newTable(w)
-		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tport put GB/s\tnet/put\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
+		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tport put GB/s\tnet/put\tput all GB/s\tnet/put all\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
 		for _, r := range rep.Rows {
 			put, ratio := "-", "-"
 			if r.Put.GBps > 0 {
 				put, ratio = fmt.Sprintf("%.2f", r.Put.GBps), fmt.Sprintf("%.0f%%", r.NetOfPut)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%s\t%s\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
-				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
+			putAll, ratioAll := "-", "-"
+			if r.Put.AllGBps > 0 {
+				putAll, ratioAll = fmt.Sprintf("%.2f", r.Put.AllGBps), fmt.Sprintf("%.0f%%", r.NetOfPutAll)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
+				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, putAll, ratioAll, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
 		}
 		tw.Flush()
-		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%)\n", rep.Split)
+		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that\n", rep.Split)
 	}
 	if len(rep.Sweep) > 0 {
 		fmt.Fprintln(w, "SPLIT SWEEP (rank 0, cached dispatch and combine, BF16; senders,forwarders,receivers)")

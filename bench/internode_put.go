@@ -25,16 +25,24 @@ import (
 // first push to the flush's completion). Collective: every rank builds the
 // communicator and port channels; only rank 0 times.
 
-// interPut is rank 0's put timing of one byte count.
+// interPut is rank 0's put timing of one byte count: alone (every other
+// rank idle, the transport's best case) and with every rank putting the
+// same count to its forwarder on the next node at once (All*: the load
+// internode's network leg runs under, where every rank sends and receives
+// at the same time; on virtual nodes of one host all these connections
+// share its CPUs and memory).
 type interPut struct {
-	Bytes int64   `json:"bytes"`
-	Iters int     `json:"iters"`
-	US    float64 `json:"us_per_put"`
-	GBps  float64 `json:"gbps"`
+	Bytes   int64   `json:"bytes"`
+	Iters   int     `json:"iters"`
+	US      float64 `json:"us_per_put"`
+	GBps    float64 `json:"gbps"`
+	AllUS   float64 `json:"all_us_per_put,omitempty"`
+	AllGBps float64 `json:"all_gbps,omitempty"`
 }
 
 // measureInterPuts times puts of each byte count (0: skipped) from rank 0
-// to its forwarder on node 1; other ranks return zeros.
+// to its forwarder on node 1, then from every rank to its forwarder on the
+// next node at once; other ranks return zeros.
 func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, topo internode.Topology, timeout time.Duration,
 	sizes []int64, iters int) (_ []interPut, err error) {
 	maxBytes := int64(1)
@@ -59,54 +67,84 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 	if err := r.EnsurePort(ctx); err != nil {
 		return nil, fmt.Errorf("port put: port channels: %w", err)
 	}
-	peer := topo.RanksPerNode // rank 0's forwarder on node 1
+	buf, err := dev.Alloc(16)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, dev.Free(buf)) }()
+	st, err := dev.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, st.Close()) }()
+	// The destination region's offset (channeltest's: after the source
+	// region and its guard).
+	dst := uint64(l.Region + l.Guard)
+	// put times n puts of size bytes to peer and a flush (ns, in the
+	// kernel).
+	put := func(peer int, size int64, n int) (uint64, error) {
+		if err := dev.CopyIn(buf.Ptr, make([]byte, 16)); err != nil {
+			return 0, err
+		}
+		args := device.NewArgs(8).Ptr(r.PortHandles.Ptr()).U32(uint32(peer)).U64(dst).U64(0).U64(uint64(size)).
+			U32(uint32(n)).U32(23).Ptr(buf.Ptr)
+		if err := dev.Launch(devapi.KernelPortPutBench, device.Dim3{X: 1}, device.Dim3{X: 32}, 0, st, args); err != nil {
+			return 0, err
+		}
+		if err := st.Synchronize(); err != nil {
+			return 0, err
+		}
+		b := make([]byte, 16)
+		if err := dev.CopyOut(b, buf.Ptr); err != nil {
+			return 0, err
+		}
+		if binary.LittleEndian.Uint64(b) != 1 {
+			return 0, fmt.Errorf("port put of %d bytes to rank %d: the flush did not complete", size, peer)
+		}
+		return binary.LittleEndian.Uint64(b[8:]), nil
+	}
+	rate := func(size int64, ns uint64) (us, gbps float64) {
+		if ns == 0 {
+			return 0, 0
+		}
+		return float64(ns) / 1e3 / float64(iters), float64(size) * float64(iters) / float64(ns)
+	}
 	out := make([]interPut, len(sizes))
 	if bs.Rank() == 0 {
-		buf, err := dev.Alloc(16)
-		if err != nil {
-			return nil, err
-		}
-		defer func() { err = errors.Join(err, dev.Free(buf)) }()
-		st, err := dev.NewStream()
-		if err != nil {
-			return nil, err
-		}
-		defer func() { err = errors.Join(err, st.Close()) }()
-		// The destination region's offset (channeltest's: after the source
-		// region and its guard).
-		dst := uint64(l.Region + l.Guard)
+		peer := topo.RanksPerNode // rank 0's forwarder on node 1
 		for j, size := range sizes {
 			if size <= 0 {
 				continue
 			}
 			var ns uint64
 			for _, n := range []int{1, iters} { // a warm-up put, then the timed ones
-				if err := dev.CopyIn(buf.Ptr, make([]byte, 16)); err != nil {
+				if ns, err = put(peer, size, n); err != nil {
 					return nil, err
 				}
-				args := device.NewArgs(8).Ptr(r.PortHandles.Ptr()).U32(uint32(peer)).U64(dst).U64(0).U64(uint64(size)).
-					U32(uint32(n)).U32(23).Ptr(buf.Ptr)
-				if err := dev.Launch(devapi.KernelPortPutBench, device.Dim3{X: 1}, device.Dim3{X: 32}, 0, st, args); err != nil {
-					return nil, err
-				}
-				if err := st.Synchronize(); err != nil {
-					return nil, err
-				}
-				b := make([]byte, 16)
-				if err := dev.CopyOut(b, buf.Ptr); err != nil {
-					return nil, err
-				}
-				if binary.LittleEndian.Uint64(b) != 1 {
-					return nil, fmt.Errorf("port put of %d bytes to rank %d: the flush did not complete", size, peer)
-				}
-				ns = binary.LittleEndian.Uint64(b[8:])
 			}
-			p := interPut{Bytes: size, Iters: iters}
-			if ns > 0 {
-				p.US = float64(ns) / 1e3 / float64(iters)
-				p.GBps = float64(size) * float64(iters) / float64(ns)
+			out[j] = interPut{Bytes: size, Iters: iters}
+			out[j].US, out[j].GBps = rate(size, ns)
+		}
+	}
+	// All ranks at once: rank r to its forwarder on the next node (a
+	// permutation: every rank receives from one), each launch after a
+	// barrier so the puts overlap.
+	peer := (bs.Rank() + topo.RanksPerNode) % (topo.Nodes * topo.RanksPerNode)
+	for j, size := range sizes {
+		if size <= 0 {
+			continue
+		}
+		var ns uint64
+		for _, n := range []int{1, iters} {
+			if err := comm.Barrier(ctx); err != nil {
+				return nil, err
 			}
-			out[j] = p
+			if ns, err = put(peer, size, n); err != nil {
+				return nil, fmt.Errorf("rank %d: %w", bs.Rank(), err)
+			}
+		}
+		if bs.Rank() == 0 {
+			out[j].AllUS, out[j].AllGBps = rate(size, ns)
 		}
 	}
 	if err := comm.Barrier(ctx); err != nil {

@@ -159,6 +159,13 @@ type devRoundSpec struct {
 	// each followed by its combine, follow the round's, all checked
 	// against the same reference.
 	cached int
+	// again is how many more combines follow, each after a cached
+	// route-only dispatch (the Buffer's second combine of the handle
+	// dispatched last). After a BF16 dispatch the relay rows are in place
+	// and the kernel skips its network puts; after an FP8 one they are in
+	// the other layout and must be put again: both checked against the
+	// same reference.
+	again int
 }
 
 // checkDeviceRounds runs the rounds; early makes each rank's stream
@@ -168,9 +175,9 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 	w := topo.World()
 	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 1 + rng.Intn(4), Experts: 2 * w}
 	rounds := []devRoundSpec{
-		{weights: true, align: 4, biases: 2, partial: internode.PartialBF16, cached: 2},
+		{weights: true, align: 4, biases: 2, partial: internode.PartialBF16, cached: 2, again: 2},
 		{fp8: true, strided: true, biases: 1, partial: internode.PartialFP32},
-		{fp8: true, weights: true, partial: internode.PartialBF16, cached: 1},
+		{fp8: true, weights: true, partial: internode.PartialBF16, cached: 1, again: 1},
 		{weights: true, partial: internode.PartialBF16, replay: 1},
 	}
 	const maxTokens = 9
@@ -273,7 +280,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 			// Every dispatch (cached ones too) has its combine.
 			steps := len(rounds)
 			for _, rd := range rounds {
-				steps += rd.cached
+				steps += rd.cached + rd.again
 			}
 			d, err := nt.DebugCounters()
 			if err != nil || strings.Count(d, fmt.Sprintf("want %d;", len(rounds))) != 2 ||
@@ -423,6 +430,16 @@ func (d *devMem) round(nt *internode.Notify, s internode.Shape, rd devRoundSpec,
 				return fmt.Errorf("cached dispatch %d: %w", rep, err)
 			}
 			return err
+		}
+	}
+	// Any nonzero replay makes roundOnce dispatch the route only and skip
+	// the (unwritten) receive outputs.
+	ro := rd
+	ro.replay = -1
+	for rep := 1; rep <= rd.again; rep++ {
+		d.mark("cached route-only dispatch %d", rep)
+		if err := d.roundOnce(nt, s, ro, in, ci, want, wantC, true); err != nil {
+			return fmt.Errorf("cached route-only dispatch %d and its combine: %w", rep, err)
 		}
 	}
 	return nil

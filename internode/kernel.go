@@ -542,6 +542,15 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 	}
 	if a.Cached {
 		cached = 1
+		// A cached route-only dispatch after a BF16 dispatch of the same
+		// notify round (nt.dispXBytes is that round's last): every
+		// forwarder's relay rows already hold this route in the layout a
+		// route-only dispatch writes (the same ids give the same rows and
+		// metadata, and only dispatches write relay rows), so the kernel
+		// skips its network puts (bit 1) and only counts them.
+		if a.RouteOnly && nt.dispXBytes == s.xBytes(false) {
+			cached |= 2
+		}
 	}
 	// Offsets of notify's outputs that dispatch reads on the device.
 	relayOff, prefixOff := s.notifyOffsets()

@@ -527,6 +527,15 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // reads them here; the last block advances them at the end).
   const u64 round = epochs[GOEP_INN_EPOCH_DISPATCH] + 1, steps = epochs[GOEP_INN_EPOCH_STEPS];
   const goep_inn_roles ro(blk, g, split_s, split_f);
+  // cached bit 1: a cached route-only dispatch whose relay rows are already
+  // in place at every forwarder (the same notify round's rows, BF16 layout,
+  // put by an earlier dispatch of this round; nothing since writes them):
+  // the rows it would put are the same metadata with stale payload, so it
+  // puts nothing and only counts. This is the Buffer's second combine of a
+  // handle, which would otherwise move every relay row over the network
+  // again for nothing.
+  const bool relay_in_place = (cached & 2) != 0;
+  cached &= 1;
   // Per destination node: rows of the tokens before this block's chunk
   // ([n][0]) and slots at each target local rank ([n][1 + l]); then this
   // block's first and end row per node.
@@ -677,7 +686,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     // applies a channel's operations in push order.
     for (int n = tid; n < nodes; n += nt) {
       const int lo = row_lo[n], hi = min(row_hi[n], dl.max_tokens);
-      if (n != node && hi > lo) {
+      if (n != node && hi > lo && !relay_in_place) {
         ok &= goep_pc_put(ports[n], dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
                           dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row, (u64)(hi - lo) * dl.relay_row,
                           GOEP_INN_STAGE_DISPATCH_PUT);

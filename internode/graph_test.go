@@ -163,17 +163,31 @@ func checkGraphReplays(t *testing.T, b backend, topo internode.Topology, seed in
 		})
 		defer internode.SetDeviceTestHook(nil)
 	}
-	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+	// The graph and memory are freed only once every rank's last replay
+	// ended (the harness runs free after all ranks returned): a rank that
+	// destroyed its graph or freed as soon as its own last replay ended
+	// held its GPU's later launches, among them the TCP receiver's last
+	// atomic add that a peer's combine on that GPU still waited for
+	// (ARCHITECTURE.md, "No allocation or free while a peer spins"; seen on
+	// 2 GPUs: replay 120 of 120 timing out at "wanted 240, saw 239").
+	errs := runNotifyRanksFree(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
 		me := c.Rank()
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 91, MaxTokens: maxTokens, Split: sp})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		m, err := newDevMem(c.Device(), s, maxTokens, nil)
 		if err != nil {
-			return nt, err
+			return nt, nil, err
 		}
-		defer m.free()
+		var graph device.Graph
+		free := func() error {
+			if graph != nil {
+				graph.Close()
+			}
+			m.free()
+			return nil
+		}
 		issue := func() error {
 			dn := internode.DeviceNotify{TopK: m.off["ids"], Tokens: tokens[me], ExpertAlignment: align,
 				NumRecv: m.off["numRecv"], RankPrefix: m.off["prefix"], ExpertCounts: m.off["experts"],
@@ -204,14 +218,14 @@ func checkGraphReplays(t *testing.T, b backend, topo internode.Topology, seed in
 		if b == emuBackend {
 			v, ok := recs.Load(c.Device())
 			if !ok {
-				return nt, fmt.Errorf("the Notify's device is not the recording one")
+				return nt, free, fmt.Errorf("the Notify's device is not the recording one")
 			}
 			rd := v.(*recDevice)
 			rd.recording = true
 			err := issue()
 			rd.recording = false
 			if err != nil {
-				return nt, err
+				return nt, free, err
 			}
 			ops := rd.ops
 			rd.ops = nil
@@ -226,14 +240,14 @@ func checkGraphReplays(t *testing.T, b backend, topo internode.Topology, seed in
 		} else {
 			g, err := c.Device().Capture(m.st, issue)
 			if err != nil {
-				return nt, err
+				return nt, free, err
 			}
-			defer g.Close()
+			graph = g
 			replay = func() error { return g.Launch(m.st) }
 		}
 		for e := range reps {
 			if err := m.checkReplay(nt, s, reps[e], me, align, replay); err != nil {
-				return nt, fmt.Errorf("replay %d of %d: %w", e+1, len(reps), err)
+				return nt, free, fmt.Errorf("replay %d of %d: %w", e+1, len(reps), err)
 			}
 		}
 		if b == emuBackend {
@@ -242,10 +256,10 @@ func checkGraphReplays(t *testing.T, b backend, topo internode.Topology, seed in
 			r := uint64(len(reps))
 			d, err := nt.DebugCounters()
 			if want := fmt.Sprintf("device epochs [notify dispatch combine steps] [%d %d %d %d]", r, 2*r, 2*r, 4*r); err != nil || !strings.Contains(d, want) {
-				return nt, fmt.Errorf("counters after %d replays: %q (%v), want %q", r, d, err, want)
+				return nt, free, fmt.Errorf("counters after %d replays: %q (%v), want %q", r, d, err, want)
 			}
 		}
-		return nt, nil
+		return nt, free, nil
 	})
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)

@@ -707,16 +707,23 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   float* tab_w = (float*)(base + off_tab_w);
   // Tables: weights of every entry; -1 for entries of other ranks
   // (rank-major: 0 marks a local entry, the row itself is the output).
-  const int gthreads = gridDim.x * blockDim.x;
-  for (int i = blockIdx.x * blockDim.x + tid; i < num_ranks * max_tokens; i += gthreads) {
-    const int s = i / max_tokens, t = i - s * max_tokens;
-    if (t >= s_ntok[s]) {
-      continue;
-    }
-    for (int j = 0; j < k; ++j) {
-      const i64 q = (i64)i * k + j;
+  // One entry (s, t, j) per thread, in runs of 32 (a warp, coalesced)
+  // dealt to the blocks in turn: a thread per (s, t) looping over j put
+  // every entry in block 0 (R x MaxTokens threads), each of its threads
+  // waiting out k dependent load round trips (the stores between them may
+  // alias the loads) before that block could start its expansion.
+  {
+    const i64 entries = (i64)num_ranks * max_tokens * k;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 q = ((i64)warp * gridDim.x + blockIdx.x) * 32 + lane; q < entries; q += stride) {
+      const i64 i = q / k;
+      const int s = (int)(i / max_tokens), t = (int)(i - (i64)s * max_tokens);
+      if (t >= s_ntok[s]) {
+        continue;
+      }
       const i32 id = stage_ids[q];
-      tab_w[q] = stage_w[q];
+      const float w = stage_w[q];
+      tab_w[q] = w;
       if (id < 0) {
         tab_pos[q] = -1;
       } else if (rank_major) {

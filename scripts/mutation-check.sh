@@ -26,6 +26,7 @@ mutations=(
   "lowlatency-port-rows|kernels/lowlatency.cu|  if (rows <= 0) {|  if (rows <= 1) {|./lowlatency|TestEmulatedNodes/2x2"
   "lowlatency-expert-parts|kernels/lowlatency.cu|              if (p % copies == part) {|              if (part == 0) {|./lowlatency|TestEmulatedKernels/one-rank"
   "lowlatency-scan-ranges|kernels/lowlatency.cu|          begin += s_cnt[s];|          begin += 0;|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-tables-spread|kernels/lowlatency.cu|blockIdx.x) * 32 + lane; q < entries; q += stride) {|blockIdx.x) * 32; q < entries; q += stride) {|./lowlatency|TestEmulatedKernels/bf16-random"
   "lowlatency-combine-send-batch|kernels/lowlatency.cu|              nb = q + 1;|              nb = 1;|./lowlatency|TestEmulatedKernels/bf16-random"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )

@@ -831,20 +831,21 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
         u8* drow = (u8*)(base + off_recv_x) + to * out_row;
-        // Four loads in flight per lane before their stores: one load
+        // Eight loads in flight per lane before their stores: one load
         // then its store per chunk waits out a memory round trip each
         // (the asm's memory clobber keeps that order), 28 of them a BF16
-        // row at H 7168.
-        for (int c0 = lane; c0 < nch; c0 += 4 * 32) {
-          uint4 v[4];
+        // row at H 7168; with eight, 4 a BF16 row and 2 an FP8 one (four
+        // in flight left 7 and 4, and one warp copies a whole row).
+        for (int c0 = lane; c0 < nch; c0 += 8 * 32) {
+          uint4 v[8];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < 8; ++q) {
             if (c0 + 32 * q < nch) {
               v[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
             }
           }
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < 8; ++q) {
             if (c0 + 32 * q < nch) {
               goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, v[q]);
             }

@@ -879,6 +879,60 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
 // ---------------------------------------------------------------------------
 // Combine.
 
+// Combine send: the table entries of unit u (lane j < k: entry j's
+// position, -1 when not local, and weight) when u is a token this rank
+// received from an active source; false (and -1) otherwise.
+__device__ __forceinline__ bool goep_ll_comb_entry(int u, int units, int num_slices, int max_tokens, const int* s_ntok,
+                                                   u32 active, int k, int lane, const i32* tab_pos,
+                                                   const float* tab_w, int* pos, float* w) {
+  *pos = -1;
+  *w = 0.0f;
+  if (u >= units) {
+    return false;
+  }
+  const int i = u / num_slices;
+  const int s = i / max_tokens, t = i - s * max_tokens;
+  if (t >= s_ntok[s] || !((active >> s) & 1u)) {
+    return false;
+  }
+  if (lane < k) {
+    *pos = tab_pos[(i64)i * k + lane];
+    *w = tab_w[(i64)i * k + lane];
+  }
+  return true;
+}
+
+// Combine send: chunk c of expert-major row p of y (BF16, or FP8 with its
+// group's scale in *sc), and its weighted addition acc += w * y.
+__device__ __forceinline__ uint4 goep_ll_y_chunk(const u8* y, const float* y_scales, int y_fp8, int p, int hidden,
+                                                 int ns, int c, float* sc) {
+  if (y_fp8) {
+    const u32* q8 = (const u32*)(y + (u64)p * hidden + (u64)c * 8);
+    *sc = y_scales[(i64)p * ns + (c >> 4)];
+    return make_uint4(q8[0], q8[1], 0, 0);
+  }
+  *sc = 0.0f;
+  return goep_in_ld_nc_v4(y + (u64)p * hidden * 2 + (u64)c * 16);
+}
+
+__device__ __forceinline__ void goep_ll_y_acc(uint4 v, float sc, int y_fp8, float w, float acc[8]) {
+  float yv[8];
+  if (y_fp8) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      yv[x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v.x >> (8 * x))), sc);
+      yv[4 + x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v.y >> (8 * x))), sc);
+    }
+  } else {
+    goep_ll_bf16x8_to_f32(v, yv);
+  }
+#pragma unroll
+  for (int x = 0; x < 8; ++x) {
+    acc[x] = goep_ll_add(acc[x], goep_ll_mul(w, yv[x]));
+  }
+}
+
+
 extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 off_tab_pos, u64 off_tab_w,
                                            u64 off_tab_t, u64 off_own_mask, u64 off_cstage, const u8* y,
                                            const float* y_scales, int y_fp8, u8* out, int num_tokens, int k,
@@ -918,18 +972,28 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     const i32* tab_pos = (const i32*)(base + off_tab_pos);
     const float* tab_w = (const float*)(base + off_tab_w);
     const int units = num_ranks * max_tokens * num_slices;
-    for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
-      const int i = u / num_slices, slice = u - i * num_slices;
-      const int s = i / max_tokens, t = i - s * max_tokens;
-      if (t >= s_ntok[s] || !((active >> s) & 1u)) {
+    const int ustride = gridDim.x * nwarps;
+    // Software-pipelined over a warp's units (4 a warp at EP4 x 128
+    // tokens): the next unit's table entries are loaded before this
+    // unit's rows, so their round trip hides behind this unit's work
+    // instead of opening every unit.
+    int u = blockIdx.x * nwarps + warp;
+    int pos_n;
+    float w_n;
+    bool ok_n =
+        goep_ll_comb_entry(u, units, num_slices, max_tokens, s_ntok, active, k, lane, tab_pos, tab_w, &pos_n, &w_n);
+    for (; u < units; u += ustride) {
+      const int pos = pos_n;
+      const float w = w_n;
+      const bool ok = ok_n;
+      const i64 un = (i64)u + ustride;
+      ok_n = un < units && goep_ll_comb_entry((int)un, units, num_slices, max_tokens, s_ntok, active, k, lane, tab_pos,
+                                              tab_w, &pos_n, &w_n);
+      if (!ok) {
         continue;
       }
-      int pos = -1;
-      float w = 0.0f;
-      if (lane < k) {
-        pos = tab_pos[(i64)i * k + lane];
-        w = tab_w[(i64)i * k + lane];
-      }
+      const int i = u / num_slices, slice = u - i * num_slices;
+      const int s = i / max_tokens, t = i - s * max_tokens;
       const u32 local = __ballot_sync(0xffffffffu, pos >= 0);
       if (local == 0) {
         continue;
@@ -980,33 +1044,13 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             if (q < nb) {
-              if (y_fp8) {
-                const u32* q8 = (const u32*)(y + (u64)pq[q] * hidden + (u64)c * 8);
-                v[q].x = q8[0];
-                v[q].y = q8[1];
-                sc[q] = y_scales[(i64)pq[q] * ns + (c >> 4)];
-              } else {
-                v[q] = goep_in_ld_nc_v4(y + (u64)pq[q] * row2 + (u64)c * 16);
-              }
+              v[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c, &sc[q]);
             }
           }
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             if (q < nb) {
-              float yv[8];
-              if (y_fp8) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                  yv[x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].x >> (8 * x))), sc[q]);
-                  yv[4 + x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].y >> (8 * x))), sc[q]);
-                }
-              } else {
-                goep_ll_bf16x8_to_f32(v[q], yv);
-              }
-#pragma unroll
-              for (int x = 0; x < 8; ++x) {
-                acc[x] = goep_ll_add(acc[x], goep_ll_mul(wq[q], yv[x]));
-              }
+              goep_ll_y_acc(v[q], sc[q], y_fp8, wq[q], acc);
             }
           }
         }

@@ -29,6 +29,7 @@ mutations=(
   "lowlatency-tables-spread|kernels/lowlatency.cu|blockIdx.x) * 32 + lane; q < entries; q += stride) {|blockIdx.x) * 32; q < entries; q += stride) {|./lowlatency|TestEmulatedKernels/bf16-random"
   "lowlatency-copy-batch|kernels/lowlatency.cu|        for (int c0 = lane; c0 < nch; c0 += 8 * 32) {|        for (int c0 = lane; c0 < nch; c0 += 9 * 32) {|./lowlatency|TestEmulatedKernels/wide"
   "lowlatency-combine-send-batch|kernels/lowlatency.cu|              nb = q + 1;|              nb = 1;|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-prefetch|kernels/lowlatency.cu|      ok_n = un < units && goep_ll_comb_entry((int)un,|      ok_n = un < units && goep_ll_comb_entry((int)u,|./lowlatency|TestEmulatedKernels/bf16-random"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

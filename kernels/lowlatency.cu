@@ -1002,19 +1002,32 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
                                   (u64)s * max_tokens + t, row2);
       int r_lo, r_hi;
       goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
-      for (int rr = r_lo; rr < r_hi; ++rr) {
-        const int c = rr * 32 + lane;
-        const bool in = c < nchunks;
+      // Two rounds at a time: the loads of both go out before any add
+      // (one round trip per two rounds; 1-2 rounds a unit at 16 slices).
+      for (int rr = r_lo; rr < r_hi; rr += 2) {
+        const int c0 = rr * 32 + lane, c1 = c0 + 32;
+        const bool in0 = c0 < nchunks, in1 = rr + 1 < r_hi && c1 < nchunks;  // in1 implies in0
         if (rank_major) {
-          if (in) {
-            goep_in_st_v4(dst + (u64)c * 16, goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c * 16));
+          uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+          if (in0) {
+            a = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c0 * 16);
+          }
+          if (in1) {
+            b = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c1 * 16);
+          }
+          if (in0) {
+            goep_in_st_v4(dst + (u64)c0 * 16, a);
+          }
+          if (in1) {
+            goep_in_st_v4(dst + (u64)c1 * 16, b);
           }
           continue;
         }
-        float acc[8];
+        float acc0[8], acc1[8];
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          acc[q] = 0.0f;
+          acc0[q] = 0.0f;
+          acc1[q] = 0.0f;
         }
         // Up to four of the token's local rows loaded before any is added
         // (one memory round trip per four entries instead of one each),
@@ -1036,26 +1049,35 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
               nb = q + 1;
             }
           }
-          if (!in) {
+          if (!in0) {
             continue;
           }
-          uint4 v[4];
-          float sc[4];
+          uint4 v0[4], v1[4];
+          float sc0[4], sc1[4];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             if (q < nb) {
-              v[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c, &sc[q]);
+              v0[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c0, &sc0[q]);
+              if (in1) {
+                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c1, &sc1[q]);
+              }
             }
           }
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             if (q < nb) {
-              goep_ll_y_acc(v[q], sc[q], y_fp8, wq[q], acc);
+              goep_ll_y_acc(v0[q], sc0[q], y_fp8, wq[q], acc0);
+              if (in1) {
+                goep_ll_y_acc(v1[q], sc1[q], y_fp8, wq[q], acc1);
+              }
             }
           }
         }
-        if (in) {
-          goep_in_st_v4(dst + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
+        if (in0) {
+          goep_in_st_v4(dst + (u64)c0 * 16, goep_ll_f32x8_to_bf16(acc0));
+        }
+        if (in1) {
+          goep_in_st_v4(dst + (u64)c1 * 16, goep_ll_f32x8_to_bf16(acc1));
         }
       }
     }

@@ -41,6 +41,10 @@ func cases() []llCase {
 		// batch; 528 here, the last batch partial), and many rounds a slice.
 		{name: "wide", ranks: 2, maxTokens: 3, hidden: 4224, topk: 3, le: 2, weights: true, microBatches: 1, iters: 2,
 			minus1: 10, hot: -1, cold: -1},
+		{name: "wide-fp8", ranks: 2, maxTokens: 3, hidden: 4224, topk: 3, le: 2, format: lowlatency.FP8, weights: true,
+			fp8Combine: true, microBatches: 1, iters: 1, minus1: 10, hot: -1, cold: -1},
+		{name: "wide-rank-major", ranks: 2, maxTokens: 3, hidden: 4224, topk: 2, le: 2, rankMajor: true, weights: true,
+			microBatches: 1, iters: 1, hot: -1, cold: -1},
 	}
 }
 

@@ -30,6 +30,9 @@ mutations=(
   "lowlatency-copy-batch|kernels/lowlatency.cu|        for (int c0 = lane; c0 < nch; c0 += 8 * 32) {|        for (int c0 = lane; c0 < nch; c0 += 9 * 32) {|./lowlatency|TestEmulatedKernels/wide"
   "lowlatency-combine-send-batch|kernels/lowlatency.cu|              nb = q + 1;|              nb = 1;|./lowlatency|TestEmulatedKernels/bf16-random"
   "lowlatency-combine-prefetch|kernels/lowlatency.cu|      ok_n = un < units && goep_ll_comb_entry((int)un,|      ok_n = un < units && goep_ll_comb_entry((int)u,|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-two-rounds|kernels/lowlatency.cu|        const bool in0 = c0 < nchunks, in1 = rr + 1 < r_hi && c1 < nchunks;|        const bool in0 = c0 < nchunks, in1 = false;|./lowlatency|TestEmulatedKernels/wide"
+  "lowlatency-combine-two-rounds-rm|kernels/lowlatency.cu|            b = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c1 * 16);|            b = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c0 * 16);|./lowlatency|TestEmulatedKernels/wide-rank-major"
+  "lowlatency-combine-two-rounds-fp8|kernels/lowlatency.cu|                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c1, &sc1[q]);|                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c0, &sc1[q]);|./lowlatency|TestEmulatedKernels/wide-fp8"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

@@ -531,6 +531,18 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     const int units = num_tokens * num_slices;
     for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
       const int t = u / num_slices, slice = u - t * num_slices;
+      int r_lo, r_hi;
+      goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
+      const u8* src = x + (u64)t * row2;
+      // The slice's first row load goes out before the ids' (the row of
+      // token t is valid memory whether or not it goes anywhere), and
+      // every next round's before this round's stores: a unit's chain was
+      // ids, then per round a load then its stores; now the ids' round trip
+      // and the first load's overlap, and later loads hide behind stores.
+      uint4 vn = make_uint4(0, 0, 0, 0);
+      if (r_lo < r_hi && r_lo * 32 + lane < nchunks) {
+        vn = goep_in_ld_nc_v4(src + (u64)(r_lo * 32 + lane) * 16);
+      }
       i64 id = -1;
       float w = 1.0f;
       if (lane < k) {
@@ -572,15 +584,13 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       if (tmask == 0) {
         continue;
       }
-      int r_lo, r_hi;
-      goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
-      const u8* src = x + (u64)t * row2;
       for (int rr = r_lo; rr < r_hi; ++rr) {
         const int c = rr * 32 + lane;
         const bool in = c < nchunks;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (in) {
-          v = goep_in_ld_nc_v4(src + (u64)c * 16);
+        const uint4 v = vn;  // zero where !in
+        vn = make_uint4(0, 0, 0, 0);
+        if (rr + 1 < r_hi && c + 32 < nchunks) {
+          vn = goep_in_ld_nc_v4(src + (u64)(c + 32) * 16);
         }
         if (!quant) {
           if (in) {

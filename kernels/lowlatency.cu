@@ -394,23 +394,26 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
   return true;
 }
 
-// The last block of a receive step resets the done counter and advances
-// the set's epoch (every block read the epoch at its start); a dispatch's
-// also moves the invalid-id count of its send step to InvalidOut.
-// Across nodes (remote != 0), that block then adds the unit to the freed
-// counter (off_freed) of this rank at every rank of another node, one
+// A receive step's end, after its reads of what peers wrote: every block
+// adds its share of the unit to the freed counter (off_freed) of this rank
+// at every rank in `to` (this node's), and the last block (a done counter)
+// resets that counter and advances the set's epoch (every block read the
+// epoch at its start); a dispatch's also moves the invalid-id count of its
+// send step to InvalidOut. One system-scope fence covers both the freed
+// shares and the done count, and the shares go out after the done count:
+// a fence after them (the done count's, as it was) waited for those
+// remote reductions to complete, one NVLink round trip in every block.
+// Across nodes (remote != 0), the last block then adds the unit to the
+// freed counter of this rank at every rank of another node, one
 // port-channel atomic add each (masked ranks too: counters stay in step).
-__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e, bool invalid,
-                                               const goep_port_channel* ports, u32 remote, int rank, u64 off_ctrl,
-                                               int off_freed, int* s_last) {
+__device__ __forceinline__ void goep_ll_finish(const u64* s_peers, u8* ctrl, int off_done, int off_epoch, int set,
+                                               u64 e, bool invalid, const goep_port_channel* ports, u32 to,
+                                               u32 remote, int rank, u64 off_ctrl, int off_freed, int* s_last) {
+  __syncthreads();
   if (threadIdx.x == 0) {
     u32* done = (u32*)(ctrl + off_done) + set;
     *s_last = 0;
-    if (remote != 0) {
-      goep_fence_acq_rel_sys();
-    } else {
-      goep_fence_acq_rel_gpu();
-    }
+    goep_fence_acq_rel_sys();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
       *s_last = 1;
       goep_fence_acq_rel_gpu();
@@ -421,6 +424,12 @@ __device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_e
         *acc = 0;
       }
       *(volatile u64*)((u64*)(ctrl + off_epoch) + set) = e;
+    }
+    const u64 share = goep_in_block_share();
+    for (int d = 0; d < GOEP_LL_MAX_RANKS; ++d) {
+      if ((to >> d) & 1u) {
+        goep_in_red_add_relaxed_sys_u64(goep_ll_u64(goep_ll_ctrl(s_peers[d], off_ctrl), off_freed, set, rank), share);
+      }
     }
   }
   if (remote == 0) {
@@ -881,9 +890,8 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     }
   }
   // Done reading the staged rows: the sources may write this set again.
-  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_FREED, set, rank, goep_ll_all(num_ranks) & node_mask);
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports, remote, rank, off_ctrl,
-                 GOEP_LL_CTRL_DISP_FREED, &s_last);
+  goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports,
+                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_DISP_FREED, &s_last);
 }
 
 // ---------------------------------------------------------------------------
@@ -1164,9 +1172,8 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     }
   }
   // Done reading the partials: the expert ranks may write this set again.
-  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_FREED, set, rank, goep_ll_all(num_ranks) & node_mask);
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports, remote, rank, off_ctrl,
-                 GOEP_LL_CTRL_COMB_FREED, &s_last);
+  goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports,
+                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_COMB_FREED, &s_last);
 }
 
 // Mask update, stream-ordered and graph-capturable: op 0 sets the mask to

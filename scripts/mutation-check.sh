@@ -34,6 +34,7 @@ mutations=(
   "lowlatency-combine-two-rounds-rm|kernels/lowlatency.cu|            b = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c1 * 16);|            b = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c0 * 16);|./lowlatency|TestEmulatedKernels/wide-rank-major"
   "lowlatency-combine-two-rounds-fp8|kernels/lowlatency.cu|                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c1, &sc1[q]);|                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c0, &sc1[q]);|./lowlatency|TestEmulatedKernels/wide-fp8"
   "lowlatency-dispatch-send-prefetch|kernels/lowlatency.cu|          vn = goep_in_ld_nc_v4(src + (u64)(c + 32) * 16);|          vn = goep_in_ld_nc_v4(src + (u64)(c + 64) * 16);|./lowlatency|TestEmulatedKernels/wide"
+  "lowlatency-finish-last|kernels/lowlatency.cu|    if (atomicAdd(done, 1u) == gridDim.x - 1) {\n      *s_last = 1;\n      goep_fence_acq_rel_gpu();|    if (atomicAdd(done, 1u) == gridDim.x) {\n      *s_last = 1;\n      goep_fence_acq_rel_gpu();|./lowlatency|TestEmulatedKernels/bf16-random"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

@@ -1130,29 +1130,37 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     const u32 dm = own_mask[t] & ~eff;
     int r_lo, r_hi;
     goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
-    for (int rr = r_lo; rr < r_hi; ++rr) {
-      const int c = rr * 32 + lane;
-      if (c >= nchunks) {
+    // Two rounds at a time: the partial loads of both go out before any
+    // add (one round trip per two rounds: 1-2 rounds a unit at 16 slices).
+    for (int rr = r_lo; rr < r_hi; rr += 2) {
+      const int c0 = rr * 32 + lane, c1 = c0 + 32;
+      const bool in1 = rr + 1 < r_hi && c1 < nchunks;  // implies c0 < nchunks
+      if (c0 >= nchunks) {
         continue;
       }
-      float acc[8];
+      float acc0[8], acc1[8];
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        acc[q] = 0.0f;
+        acc0[q] = 0.0f;
+        acc1[q] = 0.0f;
       }
-      // Up to four partials loaded before any is added (one memory
-      // round trip per four destinations instead of one each), added in
-      // ascending d as the reference does.
+      // Up to four partials (of each round) loaded before any is added
+      // (one memory round trip per four destinations instead of one
+      // each), added in ascending d as the reference does.
       u32 m = dm;
       while (m != 0) {
-        uint4 v[4];
+        uint4 v0[4], v1[4];
         int nb = 0;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           if (m != 0) {
             const int d = __ffs(m) - 1;
             m &= m - 1u;
-            v[q] = goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16);
+            const u8* prow = cstage + ((u64)d * max_tokens + t) * row2;
+            v0[q] = goep_in_ld_peer_v4(prow + (u64)c0 * 16);
+            if (in1) {
+              v1[q] = goep_in_ld_peer_v4(prow + (u64)c1 * 16);
+            }
             nb = q + 1;
           }
         }
@@ -1160,15 +1168,25 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         for (int q = 0; q < 4; ++q) {
           if (q < nb) {
             float pv[8];
-            goep_ll_bf16x8_to_f32(v[q], pv);
+            goep_ll_bf16x8_to_f32(v0[q], pv);
 #pragma unroll
             for (int x = 0; x < 8; ++x) {
-              acc[x] = goep_ll_add(acc[x], pv[x]);
+              acc0[x] = goep_ll_add(acc0[x], pv[x]);
+            }
+            if (in1) {
+              goep_ll_bf16x8_to_f32(v1[q], pv);
+#pragma unroll
+              for (int x = 0; x < 8; ++x) {
+                acc1[x] = goep_ll_add(acc1[x], pv[x]);
+              }
             }
           }
         }
       }
-      goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
+      goep_in_st_v4(out + (u64)t * row2 + (u64)c0 * 16, goep_ll_f32x8_to_bf16(acc0));
+      if (in1) {
+        goep_in_st_v4(out + (u64)t * row2 + (u64)c1 * 16, goep_ll_f32x8_to_bf16(acc1));
+      }
     }
   }
   // Done reading the partials: the expert ranks may write this set again.

@@ -22,7 +22,7 @@ mutations=(
   "coll_bulk-zc-offset|kernels/coll_bulk.cu|srcs[q] = (q < W) ? s_in[q] + lo * E : nullptr;|srcs[q] = (q < W) ? s_in[q] + (lo + 1) * E : nullptr;|./collectives|TestEmulatedKernelsMatchReference/2"
   "channel-put-no-signal|kernels/channel_kernels.cu|      goep_mc_signal(ch);\n    }\n  }\n}|      (void)ch;\n    }\n  }\n}|./channels|TestEmulatedMemoryChannels"
   "port-put-offset|kernels/port_kernels.cu|goep_pc_put(tx, doff + h, soff + h, size - h, stage)|goep_pc_put(tx, doff + h, soff + h + 1, size - h, stage)|./channels|TestEmulatedPortChannels"
-  "lowlatency-combine-sum|kernels/lowlatency.cu|acc[x] = goep_ll_add(acc[x], pv[x]);|acc[x] = pv[x];|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-sum|kernels/lowlatency.cu|acc0[x] = goep_ll_add(acc0[x], pv[x]);|acc0[x] = pv[x];|./lowlatency|TestEmulatedKernels/bf16-random"
   "lowlatency-port-rows|kernels/lowlatency.cu|  if (rows <= 0) {|  if (rows <= 1) {|./lowlatency|TestEmulatedNodes/2x2"
   "lowlatency-expert-parts|kernels/lowlatency.cu|              if (p % copies == part) {|              if (part == 0) {|./lowlatency|TestEmulatedKernels/one-rank"
   "lowlatency-scan-ranges|kernels/lowlatency.cu|          begin += s_cnt[s];|          begin += 0;|./lowlatency|TestEmulatedKernels/bf16-random"
@@ -35,6 +35,7 @@ mutations=(
   "lowlatency-combine-two-rounds-fp8|kernels/lowlatency.cu|                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c1, &sc1[q]);|                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c0, &sc1[q]);|./lowlatency|TestEmulatedKernels/wide-fp8"
   "lowlatency-dispatch-send-prefetch|kernels/lowlatency.cu|          vn = goep_in_ld_nc_v4(src + (u64)(c + 32) * 16);|          vn = goep_in_ld_nc_v4(src + (u64)(c + 64) * 16);|./lowlatency|TestEmulatedKernels/wide"
   "lowlatency-finish-last|kernels/lowlatency.cu|    if (atomicAdd(done, 1u) == gridDim.x - 1) {\n      *s_last = 1;\n      goep_fence_acq_rel_gpu();|    if (atomicAdd(done, 1u) == gridDim.x) {\n      *s_last = 1;\n      goep_fence_acq_rel_gpu();|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-recv-two-rounds|kernels/lowlatency.cu|      const bool in1 = rr + 1 < r_hi && c1 < nchunks;  // implies c0 < nchunks|      const bool in1 = false;|./lowlatency|TestEmulatedKernels/wide"
   "plan_exec-reduction|kernels/plan_exec.cu|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a + b;|  if (op == GOEP_PLAN_MAX) return b > a ? b : a;\n  return a;|./collectives/plan/gpu|TestEmulatedShippedPlans"
 )
 

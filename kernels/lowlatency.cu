@@ -656,10 +656,12 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
           for (int d = 0; d < num_ranks; ++d) {
             if ((tmask >> d) & 1u) {
               const u64 drow = (u64)d * max_tokens + t;
-              u32* q = (u32*)(goep_ll_row(s_peers, base, node_mask, d, off_stage_x, off_send_x, srow, drow, row2) +
-                              (u64)c * 8);
-              q[0] = lo;
-              q[1] = hi;
+              // One 8-byte store a lane (the row and c * 8 are 8-byte
+              // aligned): two 4-byte ones made each warp's write two
+              // strided, half-masked 256-byte writes over NVLink instead of
+              // one whole one.
+              *(u64*)(goep_ll_row(s_peers, base, node_mask, d, off_stage_x, off_send_x, srow, drow, row2) +
+                      (u64)c * 8) = (u64)lo | ((u64)hi << 32);  // little-endian: lo, then hi
               if ((lane & 15) == 0) {
                 ((float*)goep_ll_row(s_peers, base, node_mask, d, off_stage_s, off_send_s, srow, drow,
                                      4ull * ns))[c >> 4] = scale;

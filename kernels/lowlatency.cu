@@ -394,23 +394,26 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
   return true;
 }
 
-// The last block of a receive step resets the done counter and advances
-// the set's epoch (every block read the epoch at its start); a dispatch's
-// also moves the invalid-id count of its send step to InvalidOut.
-// Across nodes (remote != 0), that block then adds the unit to the freed
-// counter (off_freed) of this rank at every rank of another node, one
+// A receive step's end, after its reads of what peers wrote: every block
+// adds its share of the unit to the freed counter (off_freed) of this rank
+// at every rank in `to` (this node's), and the last block (a done counter)
+// resets that counter and advances the set's epoch (every block read the
+// epoch at its start); a dispatch's also moves the invalid-id count of its
+// send step to InvalidOut. One system-scope fence covers both the freed
+// shares and the done count, and the shares go out after the done count:
+// a fence after them (the done count's, as it was) waited for those
+// remote reductions to complete, one NVLink round trip in every block.
+// Across nodes (remote != 0), the last block then adds the unit to the
+// freed counter of this rank at every rank of another node, one
 // port-channel atomic add each (masked ranks too: counters stay in step).
-__device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_epoch, int set, u64 e, bool invalid,
-                                               const goep_port_channel* ports, u32 remote, int rank, u64 off_ctrl,
-                                               int off_freed, int* s_last) {
+__device__ __forceinline__ void goep_ll_finish(const u64* s_peers, u8* ctrl, int off_done, int off_epoch, int set,
+                                               u64 e, bool invalid, const goep_port_channel* ports, u32 to,
+                                               u32 remote, int rank, u64 off_ctrl, int off_freed, int* s_last) {
+  __syncthreads();
   if (threadIdx.x == 0) {
     u32* done = (u32*)(ctrl + off_done) + set;
     *s_last = 0;
-    if (remote != 0) {
-      goep_fence_acq_rel_sys();
-    } else {
-      goep_fence_acq_rel_gpu();
-    }
+    goep_fence_acq_rel_sys();
     if (atomicAdd(done, 1u) == gridDim.x - 1) {
       *s_last = 1;
       goep_fence_acq_rel_gpu();
@@ -421,6 +424,12 @@ __device__ __forceinline__ void goep_ll_finish(u8* ctrl, int off_done, int off_e
         *acc = 0;
       }
       *(volatile u64*)((u64*)(ctrl + off_epoch) + set) = e;
+    }
+    const u64 share = goep_in_block_share();
+    for (int d = 0; d < GOEP_LL_MAX_RANKS; ++d) {
+      if ((to >> d) & 1u) {
+        goep_in_red_add_relaxed_sys_u64(goep_ll_u64(goep_ll_ctrl(s_peers[d], off_ctrl), off_freed, set, rank), share);
+      }
     }
   }
   if (remote == 0) {
@@ -531,6 +540,18 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     const int units = num_tokens * num_slices;
     for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
       const int t = u / num_slices, slice = u - t * num_slices;
+      int r_lo, r_hi;
+      goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
+      const u8* src = x + (u64)t * row2;
+      // The slice's first row load goes out before the ids' (the row of
+      // token t is valid memory whether or not it goes anywhere), and
+      // every next round's before this round's stores: a unit's chain was
+      // ids, then per round a load then its stores; now the ids' round trip
+      // and the first load's overlap, and later loads hide behind stores.
+      uint4 vn = make_uint4(0, 0, 0, 0);
+      if (r_lo < r_hi && r_lo * 32 + lane < nchunks) {
+        vn = goep_in_ld_nc_v4(src + (u64)(r_lo * 32 + lane) * 16);
+      }
       i64 id = -1;
       float w = 1.0f;
       if (lane < k) {
@@ -572,15 +593,13 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       if (tmask == 0) {
         continue;
       }
-      int r_lo, r_hi;
-      goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
-      const u8* src = x + (u64)t * row2;
       for (int rr = r_lo; rr < r_hi; ++rr) {
         const int c = rr * 32 + lane;
         const bool in = c < nchunks;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (in) {
-          v = goep_in_ld_nc_v4(src + (u64)c * 16);
+        const uint4 v = vn;  // zero where !in
+        vn = make_uint4(0, 0, 0, 0);
+        if (rr + 1 < r_hi && c + 32 < nchunks) {
+          vn = goep_in_ld_nc_v4(src + (u64)(c + 32) * 16);
         }
         if (!quant) {
           if (in) {
@@ -637,10 +656,12 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
           for (int d = 0; d < num_ranks; ++d) {
             if ((tmask >> d) & 1u) {
               const u64 drow = (u64)d * max_tokens + t;
-              u32* q = (u32*)(goep_ll_row(s_peers, base, node_mask, d, off_stage_x, off_send_x, srow, drow, row2) +
-                              (u64)c * 8);
-              q[0] = lo;
-              q[1] = hi;
+              // One 8-byte store a lane (the row and c * 8 are 8-byte
+              // aligned): two 4-byte ones made each warp's write two
+              // strided, half-masked 256-byte writes over NVLink instead of
+              // one whole one.
+              *(u64*)(goep_ll_row(s_peers, base, node_mask, d, off_stage_x, off_send_x, srow, drow, row2) +
+                      (u64)c * 8) = (u64)lo | ((u64)hi << 32);  // little-endian: lo, then hi
               if ((lane & 15) == 0) {
                 ((float*)goep_ll_row(s_peers, base, node_mask, d, off_stage_s, off_send_s, srow, drow,
                                      4ull * ns))[c >> 4] = scale;
@@ -707,16 +728,23 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   float* tab_w = (float*)(base + off_tab_w);
   // Tables: weights of every entry; -1 for entries of other ranks
   // (rank-major: 0 marks a local entry, the row itself is the output).
-  const int gthreads = gridDim.x * blockDim.x;
-  for (int i = blockIdx.x * blockDim.x + tid; i < num_ranks * max_tokens; i += gthreads) {
-    const int s = i / max_tokens, t = i - s * max_tokens;
-    if (t >= s_ntok[s]) {
-      continue;
-    }
-    for (int j = 0; j < k; ++j) {
-      const i64 q = (i64)i * k + j;
+  // One entry (s, t, j) per thread, in runs of 32 (a warp, coalesced)
+  // dealt to the blocks in turn: a thread per (s, t) looping over j put
+  // every entry in block 0 (R x MaxTokens threads), each of its threads
+  // waiting out k dependent load round trips (the stores between them may
+  // alias the loads) before that block could start its expansion.
+  {
+    const i64 entries = (i64)num_ranks * max_tokens * k;
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 q = ((i64)warp * gridDim.x + blockIdx.x) * 32 + lane; q < entries; q += stride) {
+      const i64 i = q / k;
+      const int s = (int)(i / max_tokens), t = (int)(i - (i64)s * max_tokens);
+      if (t >= s_ntok[s]) {
+        continue;
+      }
       const i32 id = stage_ids[q];
-      tab_w[q] = stage_w[q];
+      const float w = stage_w[q];
+      tab_w[q] = w;
       if (id < 0) {
         tab_pos[q] = -1;
       } else if (rank_major) {
@@ -824,20 +852,21 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
         u8* drow = (u8*)(base + off_recv_x) + to * out_row;
-        // Four loads in flight per lane before their stores: one load
+        // Eight loads in flight per lane before their stores: one load
         // then its store per chunk waits out a memory round trip each
         // (the asm's memory clobber keeps that order), 28 of them a BF16
-        // row at H 7168.
-        for (int c0 = lane; c0 < nch; c0 += 4 * 32) {
-          uint4 v[4];
+        // row at H 7168; with eight, 4 a BF16 row and 2 an FP8 one (four
+        // in flight left 7 and 4, and one warp copies a whole row).
+        for (int c0 = lane; c0 < nch; c0 += 8 * 32) {
+          uint4 v[8];
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < 8; ++q) {
             if (c0 + 32 * q < nch) {
               v[q] = goep_in_ld_peer_v4(srow + (u64)(c0 + 32 * q) * 16);
             }
           }
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
+          for (int q = 0; q < 8; ++q) {
             if (c0 + 32 * q < nch) {
               goep_in_st_v4(drow + (u64)(c0 + 32 * q) * 16, v[q]);
             }
@@ -863,13 +892,66 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
     }
   }
   // Done reading the staged rows: the sources may write this set again.
-  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_FREED, set, rank, goep_ll_all(num_ranks) & node_mask);
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports, remote, rank, off_ctrl,
-                 GOEP_LL_CTRL_DISP_FREED, &s_last);
+  goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports,
+                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_DISP_FREED, &s_last);
 }
 
 // ---------------------------------------------------------------------------
 // Combine.
+
+// Combine send: the table entries of unit u (lane j < k: entry j's
+// position, -1 when not local, and weight) when u is a token this rank
+// received from an active source; false (and -1) otherwise.
+__device__ __forceinline__ bool goep_ll_comb_entry(int u, int units, int num_slices, int max_tokens, const int* s_ntok,
+                                                   u32 active, int k, int lane, const i32* tab_pos,
+                                                   const float* tab_w, int* pos, float* w) {
+  *pos = -1;
+  *w = 0.0f;
+  if (u >= units) {
+    return false;
+  }
+  const int i = u / num_slices;
+  const int s = i / max_tokens, t = i - s * max_tokens;
+  if (t >= s_ntok[s] || !((active >> s) & 1u)) {
+    return false;
+  }
+  if (lane < k) {
+    *pos = tab_pos[(i64)i * k + lane];
+    *w = tab_w[(i64)i * k + lane];
+  }
+  return true;
+}
+
+// Combine send: chunk c of expert-major row p of y (BF16, or FP8 with its
+// group's scale in *sc), and its weighted addition acc += w * y.
+__device__ __forceinline__ uint4 goep_ll_y_chunk(const u8* y, const float* y_scales, int y_fp8, int p, int hidden,
+                                                 int ns, int c, float* sc) {
+  if (y_fp8) {
+    const u32* q8 = (const u32*)(y + (u64)p * hidden + (u64)c * 8);
+    *sc = y_scales[(i64)p * ns + (c >> 4)];
+    return make_uint4(q8[0], q8[1], 0, 0);
+  }
+  *sc = 0.0f;
+  return goep_in_ld_nc_v4(y + (u64)p * hidden * 2 + (u64)c * 16);
+}
+
+__device__ __forceinline__ void goep_ll_y_acc(uint4 v, float sc, int y_fp8, float w, float acc[8]) {
+  float yv[8];
+  if (y_fp8) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      yv[x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v.x >> (8 * x))), sc);
+      yv[4 + x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v.y >> (8 * x))), sc);
+    }
+  } else {
+    goep_ll_bf16x8_to_f32(v, yv);
+  }
+#pragma unroll
+  for (int x = 0; x < 8; ++x) {
+    acc[x] = goep_ll_add(acc[x], goep_ll_mul(w, yv[x]));
+  }
+}
+
 
 extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 off_tab_pos, u64 off_tab_w,
                                            u64 off_tab_t, u64 off_own_mask, u64 off_cstage, const u8* y,
@@ -910,18 +992,28 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     const i32* tab_pos = (const i32*)(base + off_tab_pos);
     const float* tab_w = (const float*)(base + off_tab_w);
     const int units = num_ranks * max_tokens * num_slices;
-    for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
-      const int i = u / num_slices, slice = u - i * num_slices;
-      const int s = i / max_tokens, t = i - s * max_tokens;
-      if (t >= s_ntok[s] || !((active >> s) & 1u)) {
+    const int ustride = gridDim.x * nwarps;
+    // Software-pipelined over a warp's units (4 a warp at EP4 x 128
+    // tokens): the next unit's table entries are loaded before this
+    // unit's rows, so their round trip hides behind this unit's work
+    // instead of opening every unit.
+    int u = blockIdx.x * nwarps + warp;
+    int pos_n;
+    float w_n;
+    bool ok_n =
+        goep_ll_comb_entry(u, units, num_slices, max_tokens, s_ntok, active, k, lane, tab_pos, tab_w, &pos_n, &w_n);
+    for (; u < units; u += ustride) {
+      const int pos = pos_n;
+      const float w = w_n;
+      const bool ok = ok_n;
+      const i64 un = (i64)u + ustride;
+      ok_n = un < units && goep_ll_comb_entry((int)un, units, num_slices, max_tokens, s_ntok, active, k, lane, tab_pos,
+                                              tab_w, &pos_n, &w_n);
+      if (!ok) {
         continue;
       }
-      int pos = -1;
-      float w = 0.0f;
-      if (lane < k) {
-        pos = tab_pos[(i64)i * k + lane];
-        w = tab_w[(i64)i * k + lane];
-      }
+      const int i = u / num_slices, slice = u - i * num_slices;
+      const int s = i / max_tokens, t = i - s * max_tokens;
       const u32 local = __ballot_sync(0xffffffffu, pos >= 0);
       if (local == 0) {
         continue;
@@ -930,19 +1022,32 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
                                   (u64)s * max_tokens + t, row2);
       int r_lo, r_hi;
       goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
-      for (int rr = r_lo; rr < r_hi; ++rr) {
-        const int c = rr * 32 + lane;
-        const bool in = c < nchunks;
+      // Two rounds at a time: the loads of both go out before any add
+      // (one round trip per two rounds; 1-2 rounds a unit at 16 slices).
+      for (int rr = r_lo; rr < r_hi; rr += 2) {
+        const int c0 = rr * 32 + lane, c1 = c0 + 32;
+        const bool in0 = c0 < nchunks, in1 = rr + 1 < r_hi && c1 < nchunks;  // in1 implies in0
         if (rank_major) {
-          if (in) {
-            goep_in_st_v4(dst + (u64)c * 16, goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c * 16));
+          uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+          if (in0) {
+            a = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c0 * 16);
+          }
+          if (in1) {
+            b = goep_in_ld_nc_v4(y + (u64)i * row2 + (u64)c1 * 16);
+          }
+          if (in0) {
+            goep_in_st_v4(dst + (u64)c0 * 16, a);
+          }
+          if (in1) {
+            goep_in_st_v4(dst + (u64)c1 * 16, b);
           }
           continue;
         }
-        float acc[8];
+        float acc0[8], acc1[8];
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          acc[q] = 0.0f;
+          acc0[q] = 0.0f;
+          acc1[q] = 0.0f;
         }
         // Up to four of the token's local rows loaded before any is added
         // (one memory round trip per four entries instead of one each),
@@ -964,46 +1069,35 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
               nb = q + 1;
             }
           }
-          if (!in) {
+          if (!in0) {
             continue;
           }
-          uint4 v[4];
-          float sc[4];
+          uint4 v0[4], v1[4];
+          float sc0[4], sc1[4];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             if (q < nb) {
-              if (y_fp8) {
-                const u32* q8 = (const u32*)(y + (u64)pq[q] * hidden + (u64)c * 8);
-                v[q].x = q8[0];
-                v[q].y = q8[1];
-                sc[q] = y_scales[(i64)pq[q] * ns + (c >> 4)];
-              } else {
-                v[q] = goep_in_ld_nc_v4(y + (u64)pq[q] * row2 + (u64)c * 16);
+              v0[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c0, &sc0[q]);
+              if (in1) {
+                v1[q] = goep_ll_y_chunk(y, y_scales, y_fp8, pq[q], hidden, ns, c1, &sc1[q]);
               }
             }
           }
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             if (q < nb) {
-              float yv[8];
-              if (y_fp8) {
-#pragma unroll
-                for (int x = 0; x < 4; ++x) {
-                  yv[x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].x >> (8 * x))), sc[q]);
-                  yv[4 + x] = goep_ll_mul(goep_fp8e4m3_bits_to_f32((u8)(v[q].y >> (8 * x))), sc[q]);
-                }
-              } else {
-                goep_ll_bf16x8_to_f32(v[q], yv);
-              }
-#pragma unroll
-              for (int x = 0; x < 8; ++x) {
-                acc[x] = goep_ll_add(acc[x], goep_ll_mul(wq[q], yv[x]));
+              goep_ll_y_acc(v0[q], sc0[q], y_fp8, wq[q], acc0);
+              if (in1) {
+                goep_ll_y_acc(v1[q], sc1[q], y_fp8, wq[q], acc1);
               }
             }
           }
         }
-        if (in) {
-          goep_in_st_v4(dst + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
+        if (in0) {
+          goep_in_st_v4(dst + (u64)c0 * 16, goep_ll_f32x8_to_bf16(acc0));
+        }
+        if (in1) {
+          goep_in_st_v4(dst + (u64)c1 * 16, goep_ll_f32x8_to_bf16(acc1));
         }
       }
     }
@@ -1038,29 +1132,37 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     const u32 dm = own_mask[t] & ~eff;
     int r_lo, r_hi;
     goep_ll_slice_rounds(nchunks, slice, num_slices, &r_lo, &r_hi);
-    for (int rr = r_lo; rr < r_hi; ++rr) {
-      const int c = rr * 32 + lane;
-      if (c >= nchunks) {
+    // Two rounds at a time: the partial loads of both go out before any
+    // add (one round trip per two rounds: 1-2 rounds a unit at 16 slices).
+    for (int rr = r_lo; rr < r_hi; rr += 2) {
+      const int c0 = rr * 32 + lane, c1 = c0 + 32;
+      const bool in1 = rr + 1 < r_hi && c1 < nchunks;  // implies c0 < nchunks
+      if (c0 >= nchunks) {
         continue;
       }
-      float acc[8];
+      float acc0[8], acc1[8];
 #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        acc[q] = 0.0f;
+        acc0[q] = 0.0f;
+        acc1[q] = 0.0f;
       }
-      // Up to four partials loaded before any is added (one memory
-      // round trip per four destinations instead of one each), added in
-      // ascending d as the reference does.
+      // Up to four partials (of each round) loaded before any is added
+      // (one memory round trip per four destinations instead of one
+      // each), added in ascending d as the reference does.
       u32 m = dm;
       while (m != 0) {
-        uint4 v[4];
+        uint4 v0[4], v1[4];
         int nb = 0;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           if (m != 0) {
             const int d = __ffs(m) - 1;
             m &= m - 1u;
-            v[q] = goep_in_ld_peer_v4(cstage + ((u64)d * max_tokens + t) * row2 + (u64)c * 16);
+            const u8* prow = cstage + ((u64)d * max_tokens + t) * row2;
+            v0[q] = goep_in_ld_peer_v4(prow + (u64)c0 * 16);
+            if (in1) {
+              v1[q] = goep_in_ld_peer_v4(prow + (u64)c1 * 16);
+            }
             nb = q + 1;
           }
         }
@@ -1068,21 +1170,30 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         for (int q = 0; q < 4; ++q) {
           if (q < nb) {
             float pv[8];
-            goep_ll_bf16x8_to_f32(v[q], pv);
+            goep_ll_bf16x8_to_f32(v0[q], pv);
 #pragma unroll
             for (int x = 0; x < 8; ++x) {
-              acc[x] = goep_ll_add(acc[x], pv[x]);
+              acc0[x] = goep_ll_add(acc0[x], pv[x]);
+            }
+            if (in1) {
+              goep_ll_bf16x8_to_f32(v1[q], pv);
+#pragma unroll
+              for (int x = 0; x < 8; ++x) {
+                acc1[x] = goep_ll_add(acc1[x], pv[x]);
+              }
             }
           }
         }
       }
-      goep_in_st_v4(out + (u64)t * row2 + (u64)c * 16, goep_ll_f32x8_to_bf16(acc));
+      goep_in_st_v4(out + (u64)t * row2 + (u64)c0 * 16, goep_ll_f32x8_to_bf16(acc0));
+      if (in1) {
+        goep_in_st_v4(out + (u64)t * row2 + (u64)c1 * 16, goep_ll_f32x8_to_bf16(acc1));
+      }
     }
   }
   // Done reading the partials: the expert ranks may write this set again.
-  goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_FREED, set, rank, goep_ll_all(num_ranks) & node_mask);
-  goep_ll_finish(ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports, remote, rank, off_ctrl,
-                 GOEP_LL_CTRL_COMB_FREED, &s_last);
+  goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports,
+                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_COMB_FREED, &s_last);
 }
 
 // Mask update, stream-ordered and graph-capturable: op 0 sets the mask to

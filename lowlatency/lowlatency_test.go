@@ -36,6 +36,15 @@ func cases() []llCase {
 			hot: -1, cold: -1},
 		{name: "eight-ranks", ranks: 8, maxTokens: 6, hidden: 64, topk: 8, le: 4, weights: true, split: true,
 			microBatches: 2, iters: 2, minus1: 5, bad: 3, hot: -1, cold: 7},
+		// Rows wider than one batch of the loops that keep several 16-byte
+		// chunks in flight per lane (the expansion copy: 256 chunks a
+		// batch; 528 here, the last batch partial), and many rounds a slice.
+		{name: "wide", ranks: 2, maxTokens: 3, hidden: 4224, topk: 3, le: 2, weights: true, microBatches: 1, iters: 2,
+			minus1: 10, hot: -1, cold: -1},
+		{name: "wide-fp8", ranks: 2, maxTokens: 3, hidden: 4224, topk: 3, le: 2, format: lowlatency.FP8, weights: true,
+			fp8Combine: true, microBatches: 1, iters: 1, minus1: 10, hot: -1, cold: -1},
+		{name: "wide-rank-major", ranks: 2, maxTokens: 3, hidden: 4224, topk: 2, le: 2, rankMajor: true, weights: true,
+			microBatches: 1, iters: 1, hot: -1, cold: -1},
 	}
 }
 

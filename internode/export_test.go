@@ -7,6 +7,9 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 )
 
+// LaunchSplitFor is launchSplit: the split a launch runs.
+var LaunchSplitFor = launchSplit
+
 // SetDeviceTestHook wraps the device of every Notify made after it (nil
 // removes it).
 func SetDeviceTestHook(h func(device.Device) device.Device) { deviceTestHook = h }

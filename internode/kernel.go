@@ -205,9 +205,16 @@ func (nt *Notify) Launch() (blocks, threads int) {
 	return nt.kern.blocks, nt.kern.threads
 }
 
+// splitFor is the split of a launch of tokens tokens on this rank
+// (launchSplit of the configured and resolved splits).
+func (nt *Notify) splitFor(tokens int) Split {
+	return launchSplit(nt.launchCfg.Split, nt.kern.split, tokens)
+}
+
 // LaunchSplit is the division of that grid in use: sender, forwarder and
 // receiver blocks, or Shared (every block every role); zero where kernels
-// do not run.
+// do not run. With no split configured, launches of SharedSplitTokens
+// tokens or more on this rank run Shared instead.
 func (nt *Notify) LaunchSplit() Split {
 	if nt == nil || nt.kern == nil {
 		return Split{}
@@ -555,13 +562,14 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 	// Offsets of notify's outputs that dispatch reads on the device.
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
+	sp := nt.splitFor(tokens)
 	args := device.NewArgs(35).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
 		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).Ptr(ks.epochs).Ptr(ks.dlayFor(a.FP8)).
 		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout()).
 		U64Int(int(a.ScaleStrides[0])).U64Int(int(a.ScaleStrides[1])).
 		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken).
-		I32Int(cached).I32Int(ks.split.Senders).I32Int(ks.split.Forwarders)
+		I32Int(cached).I32Int(sp.Senders).I32Int(sp.Forwarders)
 	// Clear the status words and the block arrival counters in stream
 	// order (a memset node in a graph): a kernel that gives up leaves the
 	// status clear, and the next launch counts its blocks from 0.
@@ -721,11 +729,12 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	}
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
+	sp := nt.splitFor(tokens)
 	args := device.NewArgs(27).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
 		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.epochs).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
 		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
-		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(ks.split.Senders).I32Int(ks.split.Forwarders)
+		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders)
 	// Clear the status words and the block arrival counters in stream
 	// order (a memset node in a graph).
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {

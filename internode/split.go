@@ -32,6 +32,18 @@ type Split struct {
 // from (ParseSplit's forms: "S,F,R", "shared", "default" or unset).
 const SplitEnv = "GOEP_INTERNODE_SPLIT"
 
+// SharedSplitTokens is where the default split turns Shared: a launch of
+// this many tokens or more on its rank runs every block in every role when
+// no split is configured (NotifyConfig.Split, SetSplit, $GOEP_INTERNODE_SPLIT).
+// From the sweeps of docs/PERFORMANCE.md, session 8 (4 ranks in 2 virtual
+// nodes over TCP, 16 blocks): at 128 tokens DefaultSplit's 4,8,4 was the
+// best of seven splits and Shared the worst (36% slower); at 4096 Shared was
+// the best (23% faster than 4,8,4): many rows keep every block busy in every
+// role, few rows leave role blocks idle less often than shared blocks
+// serialise their roles. Ranks need not agree on a split (each rank's
+// roles are its own), so the choice follows this rank's own token count.
+const SharedSplitTokens = 1024
+
 // DefaultSplit is the split of a grid of blocks when none is given: a
 // quarter senders, a quarter receivers (at least one each), the rest
 // forwarders (the NVLink leg writes each row to up to eight ranks); grids
@@ -42,6 +54,17 @@ func DefaultSplit(blocks int) Split {
 	}
 	s, r := max(1, blocks/4), max(1, blocks/4)
 	return Split{Senders: s, Forwarders: blocks - s - r, Receivers: r}
+}
+
+// launchSplit is the split a launch of tokens tokens on this rank runs:
+// resolved (the configured split on the grid in use), or, with none
+// configured (configured is the zero Split), Shared from SharedSplitTokens
+// tokens on.
+func launchSplit(configured, resolved Split, tokens int) Split {
+	if configured == (Split{}) && tokens >= SharedSplitTokens {
+		return Split{Shared: true}
+	}
+	return resolved
 }
 
 // Total is the blocks a split names (0 for the default and Shared).

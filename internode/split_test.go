@@ -40,3 +40,29 @@ func TestSplit(t *testing.T) {
 		}
 	}
 }
+
+// With no split configured a launch runs the grid's role split below
+// SharedSplitTokens tokens and Shared from there on; a configured split,
+// Shared or counts, is run at every token count.
+func TestLaunchSplitFollowsTokens(t *testing.T) {
+	roles := internode.DefaultSplit(16)
+	shared := internode.Split{Shared: true}
+	counts := internode.Split{Senders: 2, Forwarders: 12, Receivers: 2}
+	for _, c := range []struct {
+		configured, resolved internode.Split
+		tokens               int
+		want                 internode.Split
+	}{
+		{internode.Split{}, roles, 0, roles},
+		{internode.Split{}, roles, 128, roles},
+		{internode.Split{}, roles, internode.SharedSplitTokens - 1, roles},
+		{internode.Split{}, roles, internode.SharedSplitTokens, shared},
+		{internode.Split{}, roles, 4096, shared},
+		{counts, counts, 4096, counts},
+		{counts, counts, 1, counts},
+		{shared, shared, 1, shared},
+	} {
+		require.Equal(t, c.want, internode.LaunchSplitFor(c.configured, c.resolved, c.tokens), "%+v", c)
+	}
+	require.Equal(t, internode.Split{Senders: 4, Forwarders: 8, Receivers: 4}, roles)
+}

@@ -59,6 +59,10 @@ type Proxy struct {
 	exited  chan struct{}
 	closed  bool
 	err     error
+	// finishing: Close is stopping the goroutine, which then carries out
+	// every trigger already in the FIFO before it exits (Stop alone leaves
+	// them for the next Start).
+	finishing atomic.Bool
 
 	// pending counts the work queued per connection since its last flush;
 	// owned by the goroutine (and by Stop once it has exited).
@@ -230,12 +234,15 @@ func (p *Proxy) Err() error {
 	return p.err
 }
 
-// Close stops the proxy and frees its FIFO. Kernels that push into it must
-// have finished. The communicator's Close calls it.
+// Close carries out every trigger already in the FIFO, stops the proxy
+// (waiting for that work to land, as Stop does) and frees its FIFO.
+// Kernels that push into it must have finished. The communicator's Close
+// calls it.
 func (p *Proxy) Close() error {
 	if p == nil {
 		return ErrNil
 	}
+	p.finishing.Store(true)
 	err := p.Stop()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -301,6 +308,23 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 			continue
 		}
 		idle = 0
+		if err := p.handle(pos, t); err != nil {
+			p.fail(err)
+			return
+		}
+	}
+	// Closing: the kernels that push into the FIFO have finished (Close's
+	// rule), so what they pushed and the loop had not reached yet (the
+	// last completion flags of a step, which nobody on this rank waits
+	// for) is carried out now, or it would never be: a peer waiting for
+	// such an atomic add would time out (seen on the host backend under
+	// load: a combine's last partials counter lost at Notify.Close).
+	for p.finishing.Load() {
+		pos := p.fifo.next
+		t, ok := p.fifo.peek(pos)
+		if !ok {
+			return
+		}
 		if err := p.handle(pos, t); err != nil {
 			p.fail(err)
 			return

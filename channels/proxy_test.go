@@ -180,3 +180,23 @@ func TestProxyValidation(t *testing.T) {
 	require.NoError(t, l.c.Close())
 	require.ErrorIs(t, l.proxy.Start(), channels.ErrClosed)
 }
+
+// Close carries out every trigger already in the FIFO before it stops: the
+// last completion flags a finished kernel pushed (atomic adds nobody on
+// its rank waits for) must still land, or a peer waiting for them times
+// out. Adds to distinct words (none merge), pushed while the proxy is
+// stopped, then Start and at once Close: every word holds its add.
+func TestProxyCloseCarriesOutTheFIFO(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		l := newLoopPort(t, channels.ProxyConfig{FIFOSize: 1024}, 30*time.Second)
+		const adds = 500
+		for i := 0; i < adds; i++ {
+			require.True(t, devapi.PortAtomicAdd(l.h, l.h.Dst, uint64(8*i), uint64(i+1), 1), "push %d", i)
+		}
+		require.NoError(t, l.proxy.Start())
+		require.NoError(t, l.proxy.Close())
+		for i := 0; i < adds; i++ {
+			require.Equal(t, uint64(i+1), devapi.U64(l.buf.Ptr+uintptr(8*i)).Load(), "round %d: add %d of %d", round, i, adds)
+		}
+	}
+}

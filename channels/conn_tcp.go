@@ -53,6 +53,9 @@ type tcpConnection struct {
 	seq    uint64
 	queues []chan tcpMsg
 	acked  atomic.Uint64
+	// queued counts the payload bytes handed to the socket queues and not
+	// yet written to their sockets (Proxy's idle policy reads it).
+	queued atomic.Int64
 	ackCh  chan struct{} // a token per acknowledgement (capacity 1)
 	stopCh chan struct{} // closed when the connection closes
 	dead   chan struct{} // closed at the sending side's first failure
@@ -283,15 +286,32 @@ func (t *tcpConnection) enqueue(m tcpMsg) error {
 	seq := t.seq
 	binary.LittleEndian.PutUint64(m.hdr[8:], seq)
 	q := t.queues[seq%uint64(len(t.queues))]
+	// Counted before the sender can see it, so the count never goes
+	// below what is really queued.
+	t.queued.Add(int64(m.n))
 	select {
 	case q <- m:
 		t.seq++
 		return nil
 	case <-t.dead:
+		t.queued.Add(-int64(m.n))
 		return t.failure()
 	case <-t.stopCh:
+		t.queued.Add(-int64(m.n))
 		return fmt.Errorf("%w", ErrClosed)
 	}
+}
+
+// backlog is the payload bytes queued on the sockets and not yet written
+// to them: how long the connection stays busy with work it already has
+// (0 once it failed: nothing queued there will be sent).
+func (t *tcpConnection) backlog() int64 {
+	select {
+	case <-t.dead:
+		return 0
+	default:
+	}
+	return t.queued.Load()
 }
 
 func (t *tcpConnection) Flush() error {
@@ -381,6 +401,7 @@ func (t *tcpConnection) sender(k int) {
 		}
 		bufs := net.Buffers{m.hdr[:], payload}
 		_, err := bufs.WriteTo(conn)
+		t.queued.Add(-int64(m.n))
 		return err
 	}
 	flushCur := func() error {

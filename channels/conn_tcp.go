@@ -25,10 +25,12 @@ import (
 // the receiver while the next is read).
 //
 // Order: the receiver applies operations strictly in sequence order
-// (each socket's reader waits for its turn), and on GPUs issues every
-// copy-in, token update (a stream write) and atomic add (a one-thread
-// kernel: device atomics on the target word) on one stream, so a signal or
-// a counter never overtakes the data written before it. A flush is a
+// (each socket's reader waits for its turn; with staging it reads a
+// write's payload into its socket's own buffer first, so the sockets'
+// reads run in parallel and only the applying is serial), and on GPUs
+// issues every copy-in, token update (a stream write) and atomic add (a
+// one-thread kernel: device atomics on the target word) on one stream, so
+// a signal or a counter never overtakes the data written before it. A flush is a
 // numbered request the receiver answers once everything before it has
 // landed (its stream synchronised).
 //
@@ -51,6 +53,9 @@ type tcpConnection struct {
 	seq    uint64
 	queues []chan tcpMsg
 	acked  atomic.Uint64
+	// queued counts the payload bytes handed to the socket queues and not
+	// yet written to their sockets (Proxy's idle policy reads it).
+	queued atomic.Int64
 	ackCh  chan struct{} // a token per acknowledgement (capacity 1)
 	stopCh chan struct{} // closed when the connection closes
 	dead   chan struct{} // closed at the sending side's first failure
@@ -281,15 +286,32 @@ func (t *tcpConnection) enqueue(m tcpMsg) error {
 	seq := t.seq
 	binary.LittleEndian.PutUint64(m.hdr[8:], seq)
 	q := t.queues[seq%uint64(len(t.queues))]
+	// Counted before the sender can see it, so the count never goes
+	// below what is really queued.
+	t.queued.Add(int64(m.n))
 	select {
 	case q <- m:
 		t.seq++
 		return nil
 	case <-t.dead:
+		t.queued.Add(-int64(m.n))
 		return t.failure()
 	case <-t.stopCh:
+		t.queued.Add(-int64(m.n))
 		return fmt.Errorf("%w", ErrClosed)
 	}
+}
+
+// backlog is the payload bytes queued on the sockets and not yet written
+// to them: how long the connection stays busy with work it already has
+// (0 once it failed: nothing queued there will be sent).
+func (t *tcpConnection) backlog() int64 {
+	select {
+	case <-t.dead:
+		return 0
+	default:
+	}
+	return t.queued.Load()
 }
 
 func (t *tcpConnection) Flush() error {
@@ -379,6 +401,7 @@ func (t *tcpConnection) sender(k int) {
 		}
 		bufs := net.Buffers{m.hdr[:], payload}
 		_, err := bufs.WriteTo(conn)
+		t.queued.Add(-int64(m.n))
 		return err
 	}
 	flushCur := func() error {
@@ -504,7 +527,7 @@ func (t *tcpConnection) receiver(k int) {
 	conn := t.links.in[k]
 	le := binary.LittleEndian
 	var h [tcpHeader]byte
-	which := 0
+	which := 0 // this socket's next receive buffer (staging)
 	for {
 		if _, err := io.ReadFull(conn, h[:]); err != nil {
 			t.receiverFailed(t.peerGone("receive", k, err))
@@ -516,13 +539,28 @@ func (t *tcpConnection) receiver(k int) {
 			t.peerBye.Store(true)
 			return
 		}
+		// A staged write's payload goes into this socket's own pinned
+		// buffer before the write's turn: the sockets of a connection then
+		// read (the CPU copy out of the kernel, most of a byte's cost) in
+		// parallel, and only applying it (queueing the copy-in) waits for
+		// the operations numbered before it. The host backend without
+		// staging reads straight into the destination, so it must wait
+		// first (an earlier write may cover the same bytes).
+		var staged *tcpStaged
+		if op == tcpOpWrite && t.stage {
+			var err error
+			if staged, err = t.readStaged(conn, k, &which, val); err != nil {
+				t.receiverFailed(err)
+				return
+			}
+		}
 		if !t.turn(seq) {
 			return
 		}
 		var err error
 		switch op {
 		case tcpOpWrite:
-			err = t.applyWrite(conn, k, &which, key, off, val)
+			err = t.applyWrite(conn, k, staged, key, off, val)
 		case tcpOpUpdate, tcpOpAdd:
 			err = t.applyWord(op, key, off, val)
 		case tcpOpFlush:
@@ -566,7 +604,35 @@ func (t *tcpConnection) turn(seq uint64) bool {
 	return !t.rxStop
 }
 
-func (t *tcpConnection) applyWrite(conn net.Conn, k int, which *int, key uint32, off, n uint64) error {
+// tcpStaged is a staged write's payload, read into socket k's receive
+// buffer h before its turn; ev is recorded after its copy-in.
+type tcpStaged struct {
+	h  device.HostMapped
+	ev device.Event
+	n  uint64
+}
+
+// readStaged reads a write's n payload bytes into the next of socket k's
+// two receive buffers, once that buffer's previous copy-in is done.
+func (t *tcpConnection) readStaged(conn net.Conn, k int, which *int, n uint64) (*tcpStaged, error) {
+	if n > uint64(t.chunk) {
+		return nil, fmt.Errorf("rank %d sent a write of %d bytes, above the %d-byte chunk", t.peer, n, t.chunk)
+	}
+	h, ev := t.slot(k, 2+*which)
+	*which ^= 1
+	if err := ev.Synchronize(); err != nil {
+		return nil, fmt.Errorf("staging copy: %w", err)
+	}
+	if _, err := io.ReadFull(conn, h.Host[:n]); err != nil {
+		return nil, t.peerGone("receive", k, err)
+	}
+	return &tcpStaged{h: h, ev: ev, n: n}, nil
+}
+
+// applyWrite applies a write in its turn: the staged payload's copy-in
+// queued on rx, or (no staging) the payload read from the socket straight
+// into the destination.
+func (t *tcpConnection) applyWrite(conn net.Conn, k int, staged *tcpStaged, key uint32, off, n uint64) error {
 	if n > uint64(t.chunk) {
 		return fmt.Errorf("rank %d sent a write of %d bytes, above the %d-byte chunk", t.peer, n, t.chunk)
 	}
@@ -577,25 +643,16 @@ func (t *tcpConnection) applyWrite(conn net.Conn, k int, which *int, key uint32,
 	// Done once the bytes are read (host) or their copy-in is queued on rx
 	// (GPU: DeregisterMemory then settles rx before the memory is freed).
 	defer r.applying.Done()
-	if !t.stage {
+	if staged == nil {
 		if _, err := io.ReadFull(conn, devapi.Bytes(p, n)); err != nil {
 			return t.peerGone("receive", k, err)
 		}
 		return nil
 	}
-	h, ev := t.slot(k, 2+*which)
-	*which ^= 1
-	// The buffer's previous copy-in must be done before it is refilled.
-	if err := ev.Synchronize(); err != nil {
-		return fmt.Errorf("staging copy: %w", err)
-	}
-	if _, err := io.ReadFull(conn, h.Host[:n]); err != nil {
-		return t.peerGone("receive", k, err)
-	}
-	if err := t.dev.CopyInAsync(p, h.Host[:n], t.rx); err != nil {
+	if err := t.dev.CopyInAsync(p, staged.h.Host[:n], t.rx); err != nil {
 		return fmt.Errorf("copy in %d bytes: %w", n, err)
 	}
-	return ev.Record(t.rx)
+	return staged.ev.Record(t.rx)
 }
 
 // applyWord stores (update) or adds (atomic add) val at the word.

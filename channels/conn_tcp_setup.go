@@ -300,12 +300,25 @@ func (c *Communicator) missingSockets(peers []int, links []*tcpLinks) string {
 	return strings.Join(miss, ", ")
 }
 
+// tcpSocketBuffer is the kernel buffer size asked for each direction of a
+// socket.
+const tcpSocketBuffer = 4 << 20
+
 // tuneTCP: no Nagle (a signal must not wait for more bytes) and large
-// kernel buffers so one socket keeps a long pipe full.
+// kernel buffers so one socket keeps a long pipe full. Linux caps SO_RCVBUF
+// and SO_SNDBUF at net.core.rmem_max / wmem_max (212,992 bytes unless the
+// host raised them) and a set size turns the kernel's autotuning off, so a
+// plain set can leave a socket far below the 1 MiB chunk it carries: every
+// chunk then takes several blocking writes and reads. Where the process may
+// (CAP_NET_ADMIN), the forced options set the size past the cap
+// (forceSocketBuffers); else the plain set.
 func tuneTCP(conn net.Conn) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
-		_ = tc.SetReadBuffer(4 << 20)
-		_ = tc.SetWriteBuffer(4 << 20)
+		if forceSocketBuffers(tc, tcpSocketBuffer) {
+			return
+		}
+		_ = tc.SetReadBuffer(tcpSocketBuffer)
+		_ = tc.SetWriteBuffer(tcpSocketBuffer)
 	}
 }

@@ -21,3 +21,13 @@ func ResetTCPForTest(conn Connection) error {
 	}
 	return nil
 }
+
+// TCPBacklogForTest is conn's count of payload bytes queued on its sockets
+// and not yet written (what the proxy's idle policy reads).
+func TCPBacklogForTest(conn Connection) (int64, error) {
+	t, ok := conn.(*tcpConnection)
+	if !ok {
+		return 0, fmt.Errorf("%v is not a TCP connection", conn)
+	}
+	return t.backlog(), nil
+}

@@ -285,6 +285,35 @@ const (
 	idleSleep  = 50 * time.Microsecond
 )
 
+// Idle while a connection is busy: when a connection the proxy queued work
+// on still holds busyBacklog bytes it has not written to its sockets (TCP:
+// at least a millisecond of work at a few GB/s per connection), the proxy
+// sleeps busySleep between polls instead of spinning or yielding. A trigger
+// seen that much later loses nothing on that connection (it queues behind
+// the backlog), and the CPU the poll loop took goes to the sockets' copies,
+// which are what bounds the transport when every rank of a host puts at
+// once. Checked every busyCheck empty polls (a map walk).
+const (
+	busyBacklog = 4 << 20
+	busySleep   = 20 * time.Microsecond
+	busyCheck   = 64
+)
+
+// backlogger is a connection that can tell how much queued work it has not
+// started sending (tcpConnection).
+type backlogger interface{ backlog() int64 }
+
+// busy reports whether a connection the proxy queued work on since its last
+// flush still holds busyBacklog bytes. The goroutine's own.
+func (p *Proxy) busy() bool {
+	for conn := range p.pending {
+		if b, ok := conn.(backlogger); ok && b.backlog() >= busyBacklog {
+			return true
+		}
+	}
+	return false
+}
+
 func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 	defer close(exited)
 	// One OS thread for the proxy: the poll loop never waits on the Go
@@ -298,6 +327,13 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 		t, ok := p.fifo.peek(pos)
 		if !ok {
 			idle++
+			if idle%busyCheck == 0 && p.busy() {
+				// Not counted as idle: once the backlog drains the
+				// proxy spins again for the next step's triggers.
+				idle = 0
+				time.Sleep(busySleep)
+				continue
+			}
 			switch {
 			case idle < spinPolls && !p.host:
 			case idle < yieldPolls:

@@ -3,7 +3,9 @@ package channels_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"testing"
 	"time"
@@ -249,5 +251,59 @@ func TestTCPBenchmarkRuns(t *testing.T) {
 	defer p.close(t)
 	if d := p.time(t, 2); d <= 0 {
 		t.Fatalf("socket copy took %s", d)
+	}
+}
+
+// The backlog count the proxy's idle policy reads: never negative nor above
+// what was queued, and exactly zero once a flush says everything landed
+// (soon after: a write not subtracted, or subtracted twice, shows), staged
+// or not, for
+// sizes that are and are not multiples of the chunk.
+func TestTCPBacklog(t *testing.T) {
+	for _, stage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("staged=%v", stage), func(t *testing.T) {
+			if stage {
+				t.Setenv("GOEP_TCP_STAGE", "always")
+			}
+			const size = 9<<20 + 4321
+			conn, dst, src, closeAll := tcpPutPair(t, size, channels.NetworkConfig{ChunkBytes: 1 << 20})
+			defer closeAll()
+			rng := rand.New(rand.NewPCG(seed, 7))
+			queued := 0
+			for i := range 40 {
+				n := 1 + rng.IntN(size)
+				if err := conn.Write(dst, 0, src, 0, n); err != nil {
+					t.Fatal(err)
+				}
+				queued += n
+				b, err := channels.TCPBacklogForTest(conn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b < 0 || b > int64(queued) {
+					t.Fatalf("write %d: backlog %d bytes, want 0..%d", i, b, queued)
+				}
+				if i%3 != 2 {
+					continue
+				}
+				if err := conn.Flush(); err != nil {
+					t.Fatal(err)
+				}
+				queued = 0
+				// The sender subtracts just after its write returns, which
+				// may come after the peer read the bytes and acknowledged.
+				deadline := time.Now().Add(5 * time.Second)
+				for {
+					b, _ := channels.TCPBacklogForTest(conn)
+					if b == 0 {
+						break
+					}
+					if b < 0 || time.Now().After(deadline) {
+						t.Fatalf("after flush %d: backlog %d bytes, want 0", i/3, b)
+					}
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
 	}
 }

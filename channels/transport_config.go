@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,9 +29,13 @@ type NetworkConfig struct {
 	// protocol end to end. Zero means $GOEP_VIRTUAL_NODES, else none (a
 	// node is a host).
 	VirtualNodes int
-	// Sockets is the number of TCP sockets per connection (default 2,
-	// $GOEP_TCP_SOCKETS; at most 16): operations are striped over them in
-	// chunks and applied in order by the receiver.
+	// Sockets is the number of TCP sockets per connection
+	// ($GOEP_TCP_SOCKETS; at most 16): operations are striped over them in
+	// chunks and applied in order by the receiver. The default is 4 on a
+	// host with 8 or more CPUs, else 2 (defaultSockets: each socket has a
+	// reader and a writer of its own, and on 2 CPUs four of them halve a
+	// put's throughput). Every rank must have the same value: set it
+	// explicitly when hosts of fewer and more than 8 CPUs share a job.
 	Sockets int
 	// ChunkBytes is the largest piece a write is cut into, and the size of
 	// each pinned staging buffer (default 1 MiB, $GOEP_TCP_CHUNK_BYTES;
@@ -57,12 +62,24 @@ const (
 )
 
 const (
-	defaultTCPSockets = 2
-	maxTCPSockets     = 16
-	defaultTCPChunk   = 1 << 20
-	minTCPChunk       = 4 << 10
-	maxTCPChunk       = 64 << 20
+	maxTCPSockets   = 16
+	defaultTCPChunk = 1 << 20
+	minTCPChunk     = 4 << 10
+	maxTCPChunk     = 64 << 20
 )
+
+// defaultSockets is the TCP socket count per connection when neither the
+// Config nor $GOEP_TCP_SOCKETS sets one, for a host of cpus CPUs. Measured
+// (docs/PERFORMANCE.md, session 9): on 4 GPUs of a 64-CPU host, internode
+// dispatch at 4096 tokens took 12.8-13.2 ms with 4 sockets and 17.6-18.8 ms
+// with 2 (8 sockets: 13.5 and 20.6 ms, erratic); on this 2-CPU CI machine a
+// loopback put ran 3.2-4.3 GB/s with 2 sockets and 1.9 GB/s with 4.
+func defaultSockets(cpus int) int {
+	if cpus >= 8 {
+		return 4
+	}
+	return 2
+}
 
 // ParseTransport accepts the network transports' names: "tcp" (or
 // "ethernet") and "ib" (or "verbs").
@@ -117,7 +134,7 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		n.ListenHost = strings.TrimSpace(os.Getenv(NetListenEnv))
 	}
 	if n.Sockets == 0 {
-		n.Sockets = defaultTCPSockets
+		n.Sockets = defaultSockets(runtime.NumCPU())
 	}
 	if n.ChunkBytes == 0 {
 		n.ChunkBytes = defaultTCPChunk

@@ -35,14 +35,17 @@ const SplitEnv = "GOEP_INTERNODE_SPLIT"
 // SharedSplitTokens is where the default split turns Shared: a launch of
 // this many tokens or more on its rank runs every block in every role when
 // no split is configured (NotifyConfig.Split, SetSplit, $GOEP_INTERNODE_SPLIT).
-// From the sweeps of docs/PERFORMANCE.md, session 8 (4 ranks in 2 virtual
-// nodes over TCP, 16 blocks): at 128 tokens DefaultSplit's 4,8,4 was the
-// best of seven splits and Shared the worst (36% slower); at 4096 Shared was
-// the best (23% faster than 4,8,4): many rows keep every block busy in every
-// role, few rows leave role blocks idle less often than shared blocks
-// serialise their roles. Ranks need not agree on a split (each rank's
-// roles are its own), so the choice follows this rank's own token count.
-const SharedSplitTokens = 1024
+// From the sweeps of docs/PERFORMANCE.md (4 ranks in 2 virtual nodes over
+// TCP, 16 blocks): in session 8 (2 sockets, before the parallel socket
+// reads) 4,8,4 was the best of seven splits at 128 tokens and Shared the
+// worst (36% slower); in session 9 (4 sockets) Shared was the best at 256,
+// 512, 1024 and 2048 tokens, 14-26% faster than the best role split
+// (dispatch + combine at 256: 2.96 ms vs 3.44 ms for 4,8,4). Many rows keep
+// every block busy in every role; few rows leave role blocks idle less
+// often than shared blocks serialise their roles. Ranks need not agree on a
+// split (each rank's roles are its own), so the choice follows this rank's
+// own token count.
+const SharedSplitTokens = 256
 
 // DefaultSplit is the split of a grid of blocks when none is given: a
 // quarter senders, a quarter receivers (at least one each), the rest

@@ -72,7 +72,7 @@ const (
 // Config nor $GOEP_TCP_SOCKETS sets one, for a host of cpus CPUs. Measured
 // (docs/PERFORMANCE.md, session 9): on 4 GPUs of a 64-CPU host, internode
 // dispatch at 4096 tokens took 12.8-13.2 ms with 4 sockets and 17.6-18.8 ms
-// with 2 (8 sockets: 13.5 and 20.6 ms, erratic); on this 2-CPU CI machine a
+// with 2 (8 sockets: 13.5 and 20.6 ms, erratic); on a 2-CPU machine (CI) a
 // loopback put ran 3.2-4.3 GB/s with 2 sockets and 1.9 GB/s with 4.
 func defaultSockets(cpus int) int {
 	if cpus >= 8 {

@@ -199,7 +199,13 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	if err != nil {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.SplitEnv, err)
 	}
-	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split})
+	// $GOEP_INTERNODE_PUT_BYTES likewise (internode.ParsePutBytes; unset:
+	// one put per node and block).
+	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
+	if err != nil {
+		return b.errorf("internode mode (%v): $%s: %w", t, internode.PutBytesEnv, err)
+	}
+	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}

@@ -89,6 +89,17 @@ type NotifyConfig struct {
 	// counts sets the grid to their total (SMs must then be 0 or the
 	// same).
 	Split Split
+	// PutBytes, where kernels run, cuts each dispatch and combine block's
+	// run of rows to another node into puts of about this many bytes
+	// (at most 16 per block and node), each pushed as soon as its rows are
+	// packed (dispatch) or reduced (combine), so that the transport copies
+	// and sends the first piece while the block writes the rest instead of
+	// starting only after the block's whole run. 0 means one put per node
+	// and block (the measured default until an A/B says otherwise); at
+	// most MaxPutBytes. The Buffer reads it from $GOEP_INTERNODE_PUT_BYTES
+	// (PutBytesEnv, ParsePutBytes). Ranks may pass different values (the
+	// receiver counts arrivals, not puts).
+	PutBytes int
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -271,6 +282,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	}
 	if cfg.MaxTokens < 0 || cfg.MaxTokens > MaxTokens {
 		return nil, fail("max tokens %d: want 0..%d", cfg.MaxTokens, MaxTokens)
+	}
+	if cfg.PutBytes < 0 || cfg.PutBytes > MaxPutBytes {
+		return nil, fail("put bytes %d: want 0..%d", cfg.PutBytes, MaxPutBytes)
 	}
 	dl, err := newDispatchLayout(s, cfg.MaxTokens)
 	if err != nil {

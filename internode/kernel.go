@@ -87,9 +87,9 @@ const (
 )
 
 // outWords is the dispatch/combine words after notify's output
-// (internode.cu's GOEP_INN_OUT_WORDS: status, bad, three block arrival
+// (internode.cu's GOEP_INN_OUT_WORDS: status, bad, four block arrival
 // counters), cleared before each launch.
-const outWords = 5
+const outWords = 6
 
 // epochWords is the device epochs' u64 words (internode.cu's
 // GOEP_INN_EPOCH_*: notify, dispatch, combine, steps).

@@ -1,6 +1,7 @@
 package internode_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -56,7 +57,7 @@ func TestEmulatedPutPieces(t *testing.T) {
 		checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, 2500)
 	})
 	for _, n := range []int{1, 1000} {
-		t.Run("graph", func(t *testing.T) {
+		t.Run(fmt.Sprintf("graph/put=%d", n), func(t *testing.T) {
 			withPutBytes(t, n)
 			checkGraphReplays(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2700+int64(n), 4,
 				internode.Split{Senders: 1, Forwarders: 1, Receivers: 1})
@@ -70,7 +71,7 @@ func TestPutPiecesGPU(t *testing.T) {
 	skipNoGPU(t)
 	for _, n := range []int{1, 64 << 10} {
 		for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
-			t.Run(topo.String(), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v/put=%d", topo, n), func(t *testing.T) {
 				withPutBytes(t, n)
 				checkDispatchRounds(t, cudaBackend, topo, 2400+int64(n))
 				checkCombineRounds(t, cudaBackend, topo, 2600+int64(n))

@@ -304,11 +304,12 @@ static_assert(sizeof(goep_inn_dispatch_layout) == 128, "goep: goep_inn_dispatch_
 // Dispatch's and combine's words in out: status (1 when every wait
 // succeeded), bad (a relayed row whose place lies outside
 // the receive region, or more relayed rows than the region holds: the row
-// is skipped and the host reports it), then three arrival counters of the
-// grid's blocks (u32, one per phase). The launcher clears all five in
+// is skipped and the host reports it), then four arrival counters of the
+// grid's blocks (u32: senders, forwarders' first half, all blocks,
+// forwarders' second half). The launcher clears all six in
 // stream order before each launch, so a kernel that gives up leaves the
 // status clear and the next launch starts its counters from 0.
-#define GOEP_INN_OUT_WORDS 5
+#define GOEP_INN_OUT_WORDS 6
 
 // Multi-block kernels. Every block of a launch takes every role in turn
 // (sender, forwarder, receiver) on its share of the rows; no block ever
@@ -745,22 +746,23 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
 
   }
   if (ro.fwd) {
-    // 3. Forward: every source node's rows landed and every local rank's
-    // bases published (every block waits for itself); a warp of the grid
-    // per relayed row writes it to each target.
-    for (int j = tid; j < nodes + p + (cached ? p : 0); j += nt) {
-      if (j < nodes) {
-        ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + j, round, wd, wait_ids[j], (u32)(j * p + local),
-                               GOEP_INN_STAGE_DISPATCH_NET);
-      } else if (j >= nodes + p) {
+    // 3. Forward: every local rank's bases published (every block waits
+    // for itself), then each source node's rows as its counter says they
+    // landed, this node's first (packed here by this rank's senders, no
+    // network) and then the others from the next node on, so the NVLink
+    // leg of the own node's rows runs while the other nodes' rows are
+    // still on the network instead of after them; a warp of the grid per
+    // relayed row writes it to each target.
+    for (int j = tid; j < p + (cached ? p : 0); j += nt) {
+      if (j >= p) {
         // Cached: every local rank finished its earlier steps (unpacked its
         // rows, and as forwarder read its peers' rows in a combine) before
         // this rank writes their receive rows.
-        const int l = j - nodes - p;
+        const int l = j - p;
         ok &= goep_wait_ge_u64((const u64*)(nvl + dl.done_nvl) + l, steps, wd, wait_ids[2 * nodes + 2 * p + l],
                                (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_DONE);
       } else {
-        const int l = j - nodes;
+        const int l = j;
         ok &= goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
                                (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_READY);
       }
@@ -768,92 +770,121 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    for (int src = 0; src < nodes; ++src) {
-      const int rows = relay_count[src], src_rank = src * p + local;
-      if (rows < 0 || rows > dl.max_tokens) {
+  }
+  // Forward and receive in two halves: (0) the rows relayed from this
+  // node's own sources, which need no network, then (1) the other nodes'.
+  // A forwarder adds each local rank's NVLink counter once per half (2 a
+  // round: 2d - 1 after half 0, 2d after half 1), so a receiver unpacks
+  // the rows of its own node's sources (consecutive ranks: one run of its
+  // receive rows) while the other nodes' rows are still on the network,
+  // and only the rest after them. A grid whose blocks take every role
+  // (Shared) does the same in turn: each block forwards its share of the
+  // own node's rows, unpacks its share of them, then waits for the
+  // network.
+  for (int half = 0; half < 2; ++half) {
+    if (ro.fwd) {
+      for (int i = half == 0 ? 0 : 1; i < (half == 0 ? 1 : nodes); ++i) {
+        const int src = (node + i) % nodes;
         if (tid == 0) {
-          out[1] = 1;
+          ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + src, round, wd, wait_ids[src],
+                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET);
         }
-        continue;
-      }
-      for (int j = ro.f_idx * warps + warp; j < rows; j += ro.f_cnt * warps) {
-        const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
-        const i32* meta = (const i32*)(row + xw + 3 * k);
-        const u32 mask = (u32)meta[1];
-        for (int l = 0; l < p; ++l) {
-          if ((mask >> l & 1) == 0) {
-            continue;
+        if (goep_block_any_failed(!ok)) {
+          return;
+        }
+        const int rows = relay_count[src], src_rank = src * p + local;
+        if (rows < 0 || rows > dl.max_tokens) {
+          if (tid == 0) {
+            out[1] = 1;
           }
-          const int dst_rank = node * p + l;
-          const i32 slot = meta[2 + l];
-          const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
-          const i64 pos = (i64)b0 + slot;
-          if (slot < 0 || b0 < 0 || pos >= capacity) {
-            if (lane == 0) {
-              out[1] = 1;
+          continue;
+        }
+        for (int j = ro.f_idx * warps + warp; j < rows; j += ro.f_cnt * warps) {
+          const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+          const i32* meta = (const i32*)(row + xw + 3 * k);
+          const u32 mask = (u32)meta[1];
+          for (int l = 0; l < p; ++l) {
+            if ((mask >> l & 1) == 0) {
+              continue;
             }
-            continue;
+            const int dst_rank = node * p + l;
+            const i32 slot = meta[2 + l];
+            const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+            const i64 pos = (i64)b0 + slot;
+            if (slot < 0 || b0 < 0 || pos >= capacity) {
+              if (lane == 0) {
+                out[1] = 1;
+              }
+              continue;
+            }
+            u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
+            goep_inn_warp_copy(rr, row, (u64)xb, lane);
+            for (int jj = lane; jj < k; jj += 32) {
+              const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
+              const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
+              const u64 v = mine ? (u64)(e - (i64)dst_rank * le) : ~0ull;
+              rr[xw + 2 * jj] = (u32)v;
+              rr[xw + 2 * jj + 1] = (u32)(v >> 32);
+              rr[xw + 2 * k + jj] = mine ? row[xw + 2 * k + jj] : 0u;
+            }
+            if (lane == 0) {
+              rr[xw + 3 * k] = (u32)src_rank;
+              rr[xw + 3 * k + 1] = (u32)meta[0];
+            }
           }
-          u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
-          goep_inn_warp_copy(rr, row, (u64)xb, lane);
-          for (int jj = lane; jj < k; jj += 32) {
-            const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
-            const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
-            const u64 v = mine ? (u64)(e - (i64)dst_rank * le) : ~0ull;
-            rr[xw + 2 * jj] = (u32)v;
-            rr[xw + 2 * jj + 1] = (u32)(v >> 32);
-            rr[xw + 2 * k + jj] = mine ? row[xw + 2 * k + jj] : 0u;
+        }
+      }
+      if (goep_inn_arrive(half == 0 ? arrive + 1 : arrive + 3, &last, ro.f_cnt) && tid == 0) {
+        for (int l = 0; l < p; ++l) {
+          goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
+        }
+      }
+    }
+    if (ro.recv) {
+      // 4. Receive: every forwarder of the node has placed this half's
+      // rows.
+      for (int j = tid; j < p; j += nt) {
+        ok &= goep_wait_ge_u64_after((const u64*)(nvl + dl.nvl_counters) + j, 2 * round - 1 + half, wd,
+                                     wait_ids[nodes + p + j], (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
+      }
+      if (goep_block_any_failed(!ok)) {
+        return;
+      }
+      // 5. The device-pointer form: unpack the received rows into the
+      // caller's separate regions (x, FP8 scales, local ids, weights,
+      // source token), a warp of the grid per row; the count is notify's,
+      // on the device. Half 0: the rows of this node's sources [own_lo,
+      // own_hi); half 1: the rest.
+      if (out_x != nullptr) {
+        const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
+        const i64 first = (i64)node * p > 0 ? rank_prefix[node * p - 1] : 0;
+        const i64 own_lo = first < n ? first : n;
+        const i64 own_hi = rank_prefix[node * p + p - 1] < n ? rank_prefix[node * p + p - 1] : n;
+        const i64 own = own_hi > own_lo ? own_hi - own_lo : 0;
+        const i64 count = half == 0 ? own : n - own;
+        for (i64 v = ro.r_idx * warps + warp; v < count; v += ro.r_cnt * warps) {
+          const i64 r = half == 0 ? own_lo + v : (v < own_lo ? v : v + own);
+          const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
+          if (fp8) {
+            goep_inn_warp_copy(out_x + (u64)r * h, rr, (u64)h, lane);
+            for (int q = lane; q < h / 128; q += 32) {
+              out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
+            }
+          } else {
+            goep_inn_warp_copy(out_x + (u64)r * 2 * h, rr, (u64)xb, lane);
+          }
+          u32* ot = (u32*)(out_topk + r * k);
+          for (int q = lane; q < 2 * k; q += 32) {
+            ot[q] = rr[xw + q];
+          }
+          if (out_weights != nullptr) {
+            for (int q = lane; q < k; q += 32) {
+              out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
+            }
           }
           if (lane == 0) {
-            rr[xw + 3 * k] = (u32)src_rank;
-            rr[xw + 3 * k + 1] = (u32)meta[0];
+            out_src[r] = (i32)rr[xw + 3 * k + 1];
           }
-        }
-      }
-    }
-    if (goep_inn_arrive(arrive + 1, &last, ro.f_cnt) && tid == 0) {
-      for (int l = 0; l < p; ++l) {
-        goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
-      }
-    }
-
-  }
-  if (ro.recv) {
-    // 4. Receive: every forwarder of the node has placed its rows.
-    for (int j = tid; j < p; j += nt) {
-      ok &= goep_wait_ge_u64_after((const u64*)(nvl + dl.nvl_counters) + j, round, wd, wait_ids[nodes + p + j],
-                                   (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
-    }
-    if (goep_block_any_failed(!ok)) {
-      return;
-    }
-    // 5. The device-pointer form: unpack the received rows into the
-    // caller's separate regions (x, FP8 scales, local ids, weights, source
-    // token), a warp of the grid per row; the count is notify's, on the
-    // device.
-    if (out_x != nullptr) {
-      const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
-      for (i64 r = ro.r_idx * warps + warp; r < n; r += ro.r_cnt * warps) {
-        const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
-        if (fp8) {
-          goep_inn_warp_copy(out_x + (u64)r * h, rr, (u64)h, lane);
-          for (int q = lane; q < h / 128; q += 32) {
-            out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
-          }
-        } else {
-          goep_inn_warp_copy(out_x + (u64)r * 2 * h, rr, (u64)xb, lane);
-        }
-        u32* ot = (u32*)(out_topk + r * k);
-        for (int q = lane; q < 2 * k; q += 32) {
-          ot[q] = rr[xw + q];
-        }
-        if (out_weights != nullptr) {
-          for (int q = lane; q < k; q += 32) {
-            out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
-          }
-        }
-        if (lane == 0) {
-          out_src[r] = (i32)rr[xw + 3 * k + 1];
         }
       }
     }

@@ -16,11 +16,51 @@ import (
 // (withPutBytes).
 var testPutBytes int
 
+// testProxyPending is their NotifyConfig.ProxyMaxPending, likewise.
+var testProxyPending int
+
 func withPutBytes(t *testing.T, n int) {
 	t.Helper()
 	prev := testPutBytes
 	testPutBytes = n
 	t.Cleanup(func() { testPutBytes = prev })
+}
+
+func withProxyPending(t *testing.T, n int) {
+	t.Helper()
+	prev := testProxyPending
+	testProxyPending = n
+	t.Cleanup(func() { testProxyPending = prev })
+}
+
+// ParseProxyPending's forms and refusals.
+func TestParseProxyPending(t *testing.T) {
+	for in, want := range map[string]int{"": 0, "0": 0, " 1 ": 1, "4096": 4096, "1048576": internode.MaxProxyPending} {
+		got, err := internode.ParseProxyPending(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"-1", "1048577", "1k", "x", "2.5"} {
+		_, err := internode.ParseProxyPending(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), bad)
+	}
+}
+
+// The proxy's flow-control flush at its two extremes under pieces of one
+// row: a flush after every operation (MaxPending 1: each put and add waits
+// for the one before it to land and be acknowledged) and practically never
+// (MaxProxyPending): dispatch and combine still equal the reference.
+func TestEmulatedProxyPending(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, n := range []int{1, internode.MaxProxyPending} {
+		t.Run(fmt.Sprintf("pending=%d", n), func(t *testing.T) {
+			withPutBytes(t, 1)
+			withProxyPending(t, n)
+			checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2900+int64(n%97))
+			checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 3000+int64(n%97))
+		})
+	}
 }
 
 // ParsePutBytes's forms and refusals, and NewNotify's bound.

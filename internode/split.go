@@ -59,6 +59,27 @@ func ParsePutBytes(v string) (int, error) {
 	return n * mult, nil
 }
 
+// ProxyPendingEnv names the environment variable the Buffer reads
+// NotifyConfig.ProxyMaxPending from (ParseProxyPending).
+const ProxyPendingEnv = "GOEP_INTERNODE_PROXY_PENDING"
+
+// MaxProxyPending bounds NotifyConfig.ProxyMaxPending.
+const MaxProxyPending = 1 << 20
+
+// ParseProxyPending reads a NotifyConfig.ProxyMaxPending: "" or "0"
+// (channels' default), or a count in 1..MaxProxyPending.
+func ParseProxyPending(v string) (int, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > MaxProxyPending {
+		return 0, fmt.Errorf("proxy max pending %q: want a count in 0..%d", v, MaxProxyPending)
+	}
+	return n, nil
+}
+
 // SplitEnv names the environment variable the Buffer reads its split
 // from (ParseSplit's forms: "S,F,R", "shared", "default" or unset).
 const SplitEnv = "GOEP_INTERNODE_SPLIT"

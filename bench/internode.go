@@ -697,31 +697,38 @@ type interRow struct {
 }
 
 type interReport struct {
-	Ranks   int             `json:"ranks"`
-	As      string          `json:"ranks_as"`
-	Backend string          `json:"backend"`
-	Device  string          `json:"device"`
-	Mode    string          `json:"mode"`
-	Hidden  int             `json:"hidden"`
-	TopK    int             `json:"topk"`
-	Experts int             `json:"experts"`
-	Seed    uint64          `json:"seed"`
-	Warmup  int             `json:"warmup"`
-	Iters   int             `json:"iters"`
-	Memory  ep.Memory       `json:"buffer_memory"`
-	Split   string          `json:"split"`
-	Checks  []check         `json:"checks"`
-	Rows    []interRow      `json:"results"`
-	Sweep   []interSweepRow `json:"sweep,omitempty"`
-	Best    string          `json:"best_split,omitempty"`
-	Errors  []string        `json:"errors,omitempty"`
+	Ranks   int       `json:"ranks"`
+	As      string    `json:"ranks_as"`
+	Backend string    `json:"backend"`
+	Device  string    `json:"device"`
+	Mode    string    `json:"mode"`
+	Hidden  int       `json:"hidden"`
+	TopK    int       `json:"topk"`
+	Experts int       `json:"experts"`
+	Seed    uint64    `json:"seed"`
+	Warmup  int       `json:"warmup"`
+	Iters   int       `json:"iters"`
+	Memory  ep.Memory `json:"buffer_memory"`
+	Split   string    `json:"split"`
+	// PutBytes is $GOEP_INTERNODE_PUT_BYTES as the Buffer read it (empty:
+	// one put per node and block).
+	PutBytes string `json:"put_bytes,omitempty"`
+	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
+	// (empty: channels' default).
+	ProxyPending string          `json:"proxy_pending,omitempty"`
+	Checks       []check         `json:"checks"`
+	Rows         []interRow      `json:"results"`
+	Sweep        []interSweepRow `json:"sweep,omitempty"`
+	Best         string          `json:"best_split,omitempty"`
+	Errors       []string        `json:"errors,omitempty"`
 }
 
 func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []interOutcome, sweep []interSweepRow) error {
 	o := xo.inOpts
 	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
 		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks,
-		Split: outs[0].Split, Sweep: sweep}
+		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
+		ProxyPending: os.Getenv(internode.ProxyPendingEnv), Sweep: sweep}
 	if rep.Split == "" {
 		rep.Split = "default"
 	}
@@ -802,6 +809,12 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, putAll, ratioAll, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
 		}
 		tw.Flush()
+		if rep.PutBytes != "" {
+			fmt.Fprintf(w, "puts in pieces of $%s=%s\n", internode.PutBytesEnv, rep.PutBytes)
+		}
+		if rep.ProxyPending != "" {
+			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)
+		}
 		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that\n", rep.Split)
 	}
 	if len(rep.Sweep) > 0 {

@@ -199,7 +199,20 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	if err != nil {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.SplitEnv, err)
 	}
-	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split})
+	// $GOEP_INTERNODE_PUT_BYTES likewise (internode.ParsePutBytes; unset:
+	// one put per node and block).
+	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
+	if err != nil {
+		return b.errorf("internode mode (%v): $%s: %w", t, internode.PutBytesEnv, err)
+	}
+	// $GOEP_INTERNODE_PROXY_PENDING likewise (internode.ParseProxyPending;
+	// unset: channels' default).
+	pending, err := internode.ParseProxyPending(os.Getenv(internode.ProxyPendingEnv))
+	if err != nil {
+		return b.errorf("internode mode (%v): $%s: %w", t, internode.ProxyPendingEnv, err)
+	}
+	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs,
+		Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes, ProxyMaxPending: pending})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}

@@ -119,7 +119,7 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 		got[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, ProxyMaxPending: testProxyPending})
 		if err != nil {
 			return nil, err
 		}
@@ -190,6 +190,16 @@ func TestDispatchBadInput(t *testing.T) {
 		}
 		if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: -1}); err == nil {
 			return nil, fmt.Errorf("rank %d: negative max tokens accepted", me)
+		}
+		for _, pp := range []int{-1, internode.MaxProxyPending + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, ProxyMaxPending: pp}); err == nil || !strings.Contains(err.Error(), "proxy max pending") {
+				return nil, fmt.Errorf("rank %d: proxy max pending %d: %v, want a refusal naming it", me, pp, err)
+			}
+		}
+		for _, pb := range []int{-1, internode.MaxPutBytes + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, PutBytes: pb}); err == nil || !strings.Contains(err.Error(), "put bytes") {
+				return nil, fmt.Errorf("rank %d: put bytes %d: %v, want a refusal naming them", me, pb, err)
+			}
 		}
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 25, MaxTokens: 2})
 		if err != nil {

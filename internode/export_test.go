@@ -61,6 +61,9 @@ func (nt *Notify) DebugCounters() (string, error) {
 		{"combine net [node]", nt.rdma.Ptr, dl.combCounters, n, nt.combRound},
 	}
 	if nt.kern != nil {
+		// The dispatch kernel's forwarders add each NVLink counter twice a
+		// round (own node's rows, then the others').
+		parts[4].want = 2 * nt.dispRound
 		// The kernels' step counters (the own node's network entry stays
 		// 0), and the device epochs (notify, dispatch, combine rounds and
 		// steps finished) against the host's counts (equal unless graphs

@@ -87,9 +87,9 @@ const (
 )
 
 // outWords is the dispatch/combine words after notify's output
-// (internode.cu's GOEP_INN_OUT_WORDS: status, bad, three block arrival
+// (internode.cu's GOEP_INN_OUT_WORDS: status, bad, four block arrival
 // counters), cleared before each launch.
-const outWords = 5
+const outWords = 6
 
 // epochWords is the device epochs' u64 words (internode.cu's
 // GOEP_INN_EPOCH_*: notify, dispatch, combine, steps).
@@ -295,7 +295,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		}
 	}
 	for j, fp8 := range []bool{false, true} {
-		if err := nt.dev.CopyIn(ks.dlay+uintptr(j*dlayBytes), nt.dl.encode(s, fp8)); err != nil {
+		if err := nt.dev.CopyIn(ks.dlay+uintptr(j*dlayBytes), nt.dl.encode(s, fp8, nt.cfg.PutBytes)); err != nil {
 			return err
 		}
 	}
@@ -604,8 +604,9 @@ func (s Shape) xBytes(fp8 bool) int {
 }
 
 // encode is the goep_inn_dispatch_layout struct (internode.cu) for rows of
-// the given format.
-func (dl dispatchLayout) encode(s Shape, fp8 bool) []byte {
+// the given format, with the kernels' put size (NotifyConfig.PutBytes,
+// checked at setup).
+func (dl dispatchLayout) encode(s Shape, fp8 bool, putBytes int) []byte {
 	le := binary.LittleEndian
 	lay := make([]byte, dlayBytes)
 	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
@@ -618,6 +619,7 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool) []byte {
 		le.PutUint64(lay[72+8*j:], uint64(v))
 	}
 	le.PutUint32(lay[104:], uint32(dl.partialRow))
+	le.PutUint32(lay[108:], uint32(putBytes))
 	le.PutUint64(lay[112:], uint64(dl.doneNet))
 	le.PutUint64(lay[120:], uint64(dl.doneNVL))
 	return lay

@@ -89,6 +89,29 @@ type NotifyConfig struct {
 	// counts sets the grid to their total (SMs must then be 0 or the
 	// same).
 	Split Split
+	// PutBytes, where kernels run, cuts each dispatch and combine block's
+	// run of rows to another node into puts of about this many bytes
+	// (at most 16 per block and node), each pushed as soon as its rows are
+	// packed (dispatch) or reduced (combine), so that the transport copies
+	// and sends the first piece while the block writes the rest instead of
+	// starting only after the block's whole run. 0 means one put per node
+	// and block (the measured default until an A/B says otherwise); at
+	// most MaxPutBytes. The Buffer reads it from $GOEP_INTERNODE_PUT_BYTES
+	// (PutBytesEnv, ParsePutBytes). Ranks may pass different values (the
+	// receiver counts arrivals, not puts).
+	PutBytes int
+	// ProxyMaxPending is the MaxPending of this Notify's proxy
+	// (channels.ProxyConfig): how many operations (puts, atomic adds) it
+	// queues on a network connection before it stops to flush it, i.e.
+	// waits until everything queued has landed and the peer acknowledged.
+	// During that wait the proxy carries out no trigger, so the puts
+	// behind it start a round trip late on an emptied connection: with
+	// PutBytes pieces a round pushes several times 64 operations. A TCP
+	// connection bounds its own queues (its Write waits for room), so a
+	// large value only removes those stalls there. 0: channels' default
+	// (64). The Buffer reads it from $GOEP_INTERNODE_PROXY_PENDING
+	// (ProxyPendingEnv, ParseProxyPending).
+	ProxyMaxPending int
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -272,6 +295,12 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if cfg.MaxTokens < 0 || cfg.MaxTokens > MaxTokens {
 		return nil, fail("max tokens %d: want 0..%d", cfg.MaxTokens, MaxTokens)
 	}
+	if cfg.PutBytes < 0 || cfg.PutBytes > MaxPutBytes {
+		return nil, fail("put bytes %d: want 0..%d", cfg.PutBytes, MaxPutBytes)
+	}
+	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
+		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)
+	}
 	dl, err := newDispatchLayout(s, cfg.MaxTokens)
 	if err != nil {
 		return nil, fail("%w", err)
@@ -349,7 +378,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 			return nil, err
 		}
 		nt.rdmaMem = rdmaMem
-		if nt.proxy, err = comm.NewProxy(channels.ProxyConfig{}); err != nil {
+		if nt.proxy, err = comm.NewProxy(channels.ProxyConfig{MaxPending: cfg.ProxyMaxPending}); err != nil {
 			return nil, err
 		}
 		mesh, err := nt.proxy.NewPortChannelMesh(ctx, channels.PortMeshConfig{Tag: cfg.Tag, Peers: net, Local: rdmaMem})

@@ -28,6 +28,58 @@ type Split struct {
 	Shared                         bool
 }
 
+// PutBytesEnv names the environment variable the Buffer reads
+// NotifyConfig.PutBytes from (ParsePutBytes's forms).
+const PutBytesEnv = "GOEP_INTERNODE_PUT_BYTES"
+
+// MaxPutBytes bounds NotifyConfig.PutBytes (the kernels hold it in 32
+// bits).
+const MaxPutBytes = 1 << 30
+
+// ParsePutBytes reads a NotifyConfig.PutBytes: "" or "0" (one put per
+// node and block), or a byte count with an optional k or m suffix (KiB,
+// MiB), e.g. "1m" or "262144", at most MaxPutBytes.
+func ParsePutBytes(v string) (int, error) {
+	in := v
+	v = strings.ToLower(strings.TrimSpace(v))
+	if v == "" {
+		return 0, nil
+	}
+	mult := 1
+	switch {
+	case strings.HasSuffix(v, "k"):
+		mult, v = 1<<10, strings.TrimSuffix(v, "k")
+	case strings.HasSuffix(v, "m"):
+		mult, v = 1<<20, strings.TrimSuffix(v, "m")
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > MaxPutBytes/mult {
+		return 0, fmt.Errorf("put bytes %q: want a byte count in 0..%d, optionally with a k or m suffix", in, MaxPutBytes)
+	}
+	return n * mult, nil
+}
+
+// ProxyPendingEnv names the environment variable the Buffer reads
+// NotifyConfig.ProxyMaxPending from (ParseProxyPending).
+const ProxyPendingEnv = "GOEP_INTERNODE_PROXY_PENDING"
+
+// MaxProxyPending bounds NotifyConfig.ProxyMaxPending.
+const MaxProxyPending = 1 << 20
+
+// ParseProxyPending reads a NotifyConfig.ProxyMaxPending: "" or "0"
+// (channels' default), or a count in 1..MaxProxyPending.
+func ParseProxyPending(v string) (int, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > MaxProxyPending {
+		return 0, fmt.Errorf("proxy max pending %q: want a count in 0..%d", v, MaxProxyPending)
+	}
+	return n, nil
+}
+
 // SplitEnv names the environment variable the Buffer reads its split
 // from (ParseSplit's forms: "S,F,R", "shared", "default" or unset).
 const SplitEnv = "GOEP_INTERNODE_SPLIT"

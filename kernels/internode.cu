@@ -285,7 +285,11 @@ struct goep_inn_dispatch_layout {
   i32 relay_row, recv_row, max_tokens, xb;
   u64 comb_counters, comb_recv, comb_send;  // RDMA buffer (combine)
   u64 comb_ready;                           // NVLink workspace (combine)
-  i32 partial_row, reserved;
+  // put_bytes: each block cuts its run of rows to a node into puts of
+  // about this many bytes, pushed as each piece is packed (dispatch) or
+  // reduced (combine); <= 0: one put per node and block
+  // (goep_inn_piece_len).
+  i32 partial_row, put_bytes;
   u64 done_net;  // RDMA buffer: u64 [N], steps finished by forwarder (n, local)
   u64 done_nvl;  // NVLink workspace: u64 [P], steps finished by local rank l
 };
@@ -300,11 +304,12 @@ static_assert(sizeof(goep_inn_dispatch_layout) == 128, "goep: goep_inn_dispatch_
 // Dispatch's and combine's words in out: status (1 when every wait
 // succeeded), bad (a relayed row whose place lies outside
 // the receive region, or more relayed rows than the region holds: the row
-// is skipped and the host reports it), then three arrival counters of the
-// grid's blocks (u32, one per phase). The launcher clears all five in
+// is skipped and the host reports it), then four arrival counters of the
+// grid's blocks (u32: senders, forwarders' first half, all blocks,
+// forwarders' second half). The launcher clears all six in
 // stream order before each launch, so a kernel that gives up leaves the
 // status clear and the next launch starts its counters from 0.
-#define GOEP_INN_OUT_WORDS 5
+#define GOEP_INN_OUT_WORDS 6
 
 // Multi-block kernels. Every block of a launch takes every role in turn
 // (sender, forwarder, receiver) on its share of the rows; no block ever
@@ -380,6 +385,30 @@ __device__ __forceinline__ void goep_inn_st8_bf16(u16* p, const float* f) {
       p[e] = goep_f32_to_bf16_bits(f[e]);
     }
   }
+}
+
+// Most pieces a block cuts its run to one node into (dispatch keeps each
+// piece's first row per node in shared memory).
+#define GOEP_INN_MAX_PIECES 16
+
+// Items (tokens in dispatch, rows in combine) per put when a block's run
+// of n items, each at most row_bytes to a node, is cut into puts of about
+// put_bytes: all n (one put, the earlier behaviour) when put_bytes <= 0,
+// else at least one item and at most GOEP_INN_MAX_PIECES pieces. A piece
+// is put as soon as it is written, so the transport copies and sends it
+// while the block writes the next one instead of waiting for the whole
+// run (the network leg then starts about a run's packing time earlier).
+__device__ __forceinline__ int goep_inn_piece_len(int n, int put_bytes, u64 row_bytes) {
+  if (n <= 0) {
+    return 1;
+  }
+  if (put_bytes <= 0) {
+    return n;
+  }
+  const u64 want = (u64)put_bytes / (row_bytes > 0 ? row_bytes : 1ull);
+  const int least = (n + GOEP_INN_MAX_PIECES - 1) / GOEP_INN_MAX_PIECES;
+  const int len = want < (u64)n ? (int)want : n;
+  return len > least ? len : least;
 }
 
 // A token chunk of block b of g over n items: [lo, hi).
@@ -540,8 +569,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // ([n][0]) and slots at each target local rank ([n][1 + l]); then this
   // block's first and end row per node.
   __shared__ int base[GOEP_INN_MAX_NODES * (1 + GOEP_INN_MAX_P)];
-  __shared__ int row_lo[GOEP_INN_MAX_NODES];
-  __shared__ int row_hi[GOEP_INN_MAX_NODES];
+  // Per destination node, this block's first row there of each piece of
+  // its chunk, then its end row ([n][pieces]).
+  __shared__ int piece_row[GOEP_INN_MAX_NODES * (GOEP_INN_MAX_PIECES + 1)];
   __shared__ int last;
 
   // 1. Block 0 publishes the receive bases (first row of each source rank
@@ -581,6 +611,10 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     }
     int t0, t1;
     goep_inn_chunk(num_tokens, ro.s_idx, ro.s_cnt, t0, t1);
+    // The chunk in pieces of ptok tokens (goep_inn_piece_len: one piece
+    // unless put_bytes asks for more), each put as soon as it is packed.
+    const int ptok = goep_inn_piece_len(t1 - t0, dl.put_bytes, (u64)dl.relay_row);
+    const int pieces = (t1 - t0 + ptok - 1) / ptok;
     for (int j = tid; j < nodes * (1 + GOEP_INN_MAX_P); j += nt) {
       base[j] = 0;
     }
@@ -621,8 +655,11 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       for (int l = 0; l < GOEP_INN_MAX_P; ++l) {
         slots[l] = bn[1 + l];
       }
-      row_lo[n] = cnt;
+      int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
       for (int t = t0; t < t1; ++t) {
+        if ((t - t0) % ptok == 0) {
+          prow[(t - t0) / ptok] = cnt;
+        }
         u32 mask = 0;
         for (int j = 0; j < k; ++j) {
           const i64 e = ids[(i64)t * k + j];
@@ -648,48 +685,54 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         }
         ++cnt;
       }
-      row_hi[n] = cnt;
+      prow[pieces] = cnt;
     }
     __syncthreads();
-    for (int item = t0 * nodes + warp; item < t1 * nodes; item += warps) {
-      const int t = item / nodes, n = item % nodes;
-      const int row = scratch[item];
-      if (row < 0 || row >= dl.max_tokens) {
-        continue;
-      }
-      u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
-                                     : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
-      u32* dst = (u32*)(region + (u64)row * dl.relay_row);
-      if (x == nullptr) {
-        // Route only (a replay for combine): the rows' payload is not read.
-      } else if (fp8) {
-        goep_inn_warp_copy(dst, x + (u64)t * h, (u64)h, lane);
-        // Scales at element strides (token, column).
-        for (int q = lane; q < h / 128; q += 32) {
-          dst[h / 4 + q] = __float_as_uint(scales[(i64)t * scale_st0 + (i64)q * scale_st1]);
+    for (int pc = 0; pc < pieces; ++pc) {
+      const int ta = t0 + pc * ptok, tb = min(t1, ta + ptok);
+      for (int item = ta * nodes + warp; item < tb * nodes; item += warps) {
+        const int t = item / nodes, n = item % nodes;
+        const int row = scratch[item];
+        if (row < 0 || row >= dl.max_tokens) {
+          continue;
         }
-      } else {
-        goep_inn_warp_copy(dst, x + (u64)t * xb, (u64)xb, lane);
+        u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                                       : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+        u32* dst = (u32*)(region + (u64)row * dl.relay_row);
+        if (x == nullptr) {
+          // Route only (a replay for combine): the rows' payload is not read.
+        } else if (fp8) {
+          goep_inn_warp_copy(dst, x + (u64)t * h, (u64)h, lane);
+          // Scales at element strides (token, column).
+          for (int q = lane; q < h / 128; q += 32) {
+            dst[h / 4 + q] = __float_as_uint(scales[(i64)t * scale_st0 + (i64)q * scale_st1]);
+          }
+        } else {
+          goep_inn_warp_copy(dst, x + (u64)t * xb, (u64)xb, lane);
+        }
+        for (int j = lane; j < k; j += 32) {
+          const u64 e = (u64)ids[(i64)t * k + j];
+          dst[xw + 2 * j] = (u32)e;
+          dst[xw + 2 * j + 1] = (u32)(e >> 32);
+          dst[xw + 2 * k + j] = weights ? __float_as_uint(weights[(i64)t * k + j]) : 0u;
+        }
       }
-      for (int j = lane; j < k; j += 32) {
-        const u64 e = (u64)ids[(i64)t * k + j];
-        dst[xw + 2 * j] = (u32)e;
-        dst[xw + 2 * j + 1] = (u32)(e >> 32);
-        dst[xw + 2 * k + j] = weights ? __float_as_uint(weights[(i64)t * k + j]) : 0u;
+      // One put per other node of this piece's run of rows there (the FIFO
+      // push fences system-wide, after the barrier: the piece's rows are what
+      // it moves). The last block to finish its puts adds every node's
+      // counter: its add is pushed after every block's put, and the transport
+      // applies a channel's operations in push order.
+      if (goep_block_any_failed(!ok)) {
+        return;
       }
-    }
-    __syncthreads();
-    // One put per other node of this block's run of rows there (the FIFO
-    // push fences system-wide, after the barrier: the block's rows are what
-    // it moves). The last block to finish its puts adds every node's
-    // counter: its add is pushed after every block's put, and the transport
-    // applies a channel's operations in push order.
-    for (int n = tid; n < nodes; n += nt) {
-      const int lo = row_lo[n], hi = min(row_hi[n], dl.max_tokens);
-      if (n != node && hi > lo && !relay_in_place) {
-        ok &= goep_pc_put(ports[n], dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
-                          dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row, (u64)(hi - lo) * dl.relay_row,
-                          GOEP_INN_STAGE_DISPATCH_PUT);
+      for (int n = tid; n < nodes; n += nt) {
+        const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
+        const int lo = min(prow[pc], dl.max_tokens), hi = min(prow[pc + 1], dl.max_tokens);
+        if (n != node && hi > lo && !relay_in_place) {
+          ok &= goep_pc_put(ports[n], dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
+                            dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row, (u64)(hi - lo) * dl.relay_row,
+                            GOEP_INN_STAGE_DISPATCH_PUT);
+        }
       }
     }
     if (goep_block_any_failed(!ok)) {
@@ -703,22 +746,23 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
 
   }
   if (ro.fwd) {
-    // 3. Forward: every source node's rows landed and every local rank's
-    // bases published (every block waits for itself); a warp of the grid
-    // per relayed row writes it to each target.
-    for (int j = tid; j < nodes + p + (cached ? p : 0); j += nt) {
-      if (j < nodes) {
-        ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + j, round, wd, wait_ids[j], (u32)(j * p + local),
-                               GOEP_INN_STAGE_DISPATCH_NET);
-      } else if (j >= nodes + p) {
+    // 3. Forward: every local rank's bases published (every block waits
+    // for itself), then each source node's rows as its counter says they
+    // landed, this node's first (packed here by this rank's senders, no
+    // network) and then the others from the next node on, so the NVLink
+    // leg of the own node's rows runs while the other nodes' rows are
+    // still on the network instead of after them; a warp of the grid per
+    // relayed row writes it to each target.
+    for (int j = tid; j < p + (cached ? p : 0); j += nt) {
+      if (j >= p) {
         // Cached: every local rank finished its earlier steps (unpacked its
         // rows, and as forwarder read its peers' rows in a combine) before
         // this rank writes their receive rows.
-        const int l = j - nodes - p;
+        const int l = j - p;
         ok &= goep_wait_ge_u64((const u64*)(nvl + dl.done_nvl) + l, steps, wd, wait_ids[2 * nodes + 2 * p + l],
                                (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_DONE);
       } else {
-        const int l = j - nodes;
+        const int l = j;
         ok &= goep_wait_ge_u64((const u64*)((const u8*)peer_nvl[l] + dl.ready), round, wd, wait_ids[nodes + l],
                                (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_READY);
       }
@@ -726,92 +770,121 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    for (int src = 0; src < nodes; ++src) {
-      const int rows = relay_count[src], src_rank = src * p + local;
-      if (rows < 0 || rows > dl.max_tokens) {
+  }
+  // Forward and receive in two halves: (0) the rows relayed from this
+  // node's own sources, which need no network, then (1) the other nodes'.
+  // A forwarder adds each local rank's NVLink counter once per half (2 a
+  // round: 2d - 1 after half 0, 2d after half 1), so a receiver unpacks
+  // the rows of its own node's sources (consecutive ranks: one run of its
+  // receive rows) while the other nodes' rows are still on the network,
+  // and only the rest after them. A grid whose blocks take every role
+  // (Shared) does the same in turn: each block forwards its share of the
+  // own node's rows, unpacks its share of them, then waits for the
+  // network.
+  for (int half = 0; half < 2; ++half) {
+    if (ro.fwd) {
+      for (int i = half == 0 ? 0 : 1; i < (half == 0 ? 1 : nodes); ++i) {
+        const int src = (node + i) % nodes;
         if (tid == 0) {
-          out[1] = 1;
+          ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + src, round, wd, wait_ids[src],
+                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET);
         }
-        continue;
-      }
-      for (int j = ro.f_idx * warps + warp; j < rows; j += ro.f_cnt * warps) {
-        const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
-        const i32* meta = (const i32*)(row + xw + 3 * k);
-        const u32 mask = (u32)meta[1];
-        for (int l = 0; l < p; ++l) {
-          if ((mask >> l & 1) == 0) {
-            continue;
+        if (goep_block_any_failed(!ok)) {
+          return;
+        }
+        const int rows = relay_count[src], src_rank = src * p + local;
+        if (rows < 0 || rows > dl.max_tokens) {
+          if (tid == 0) {
+            out[1] = 1;
           }
-          const int dst_rank = node * p + l;
-          const i32 slot = meta[2 + l];
-          const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
-          const i64 pos = (i64)b0 + slot;
-          if (slot < 0 || b0 < 0 || pos >= capacity) {
-            if (lane == 0) {
-              out[1] = 1;
+          continue;
+        }
+        for (int j = ro.f_idx * warps + warp; j < rows; j += ro.f_cnt * warps) {
+          const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+          const i32* meta = (const i32*)(row + xw + 3 * k);
+          const u32 mask = (u32)meta[1];
+          for (int l = 0; l < p; ++l) {
+            if ((mask >> l & 1) == 0) {
+              continue;
             }
-            continue;
+            const int dst_rank = node * p + l;
+            const i32 slot = meta[2 + l];
+            const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+            const i64 pos = (i64)b0 + slot;
+            if (slot < 0 || b0 < 0 || pos >= capacity) {
+              if (lane == 0) {
+                out[1] = 1;
+              }
+              continue;
+            }
+            u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
+            goep_inn_warp_copy(rr, row, (u64)xb, lane);
+            for (int jj = lane; jj < k; jj += 32) {
+              const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
+              const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
+              const u64 v = mine ? (u64)(e - (i64)dst_rank * le) : ~0ull;
+              rr[xw + 2 * jj] = (u32)v;
+              rr[xw + 2 * jj + 1] = (u32)(v >> 32);
+              rr[xw + 2 * k + jj] = mine ? row[xw + 2 * k + jj] : 0u;
+            }
+            if (lane == 0) {
+              rr[xw + 3 * k] = (u32)src_rank;
+              rr[xw + 3 * k + 1] = (u32)meta[0];
+            }
           }
-          u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
-          goep_inn_warp_copy(rr, row, (u64)xb, lane);
-          for (int jj = lane; jj < k; jj += 32) {
-            const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
-            const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
-            const u64 v = mine ? (u64)(e - (i64)dst_rank * le) : ~0ull;
-            rr[xw + 2 * jj] = (u32)v;
-            rr[xw + 2 * jj + 1] = (u32)(v >> 32);
-            rr[xw + 2 * k + jj] = mine ? row[xw + 2 * k + jj] : 0u;
+        }
+      }
+      if (goep_inn_arrive(half == 0 ? arrive + 1 : arrive + 3, &last, ro.f_cnt) && tid == 0) {
+        for (int l = 0; l < p; ++l) {
+          goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
+        }
+      }
+    }
+    if (ro.recv) {
+      // 4. Receive: every forwarder of the node has placed this half's
+      // rows.
+      for (int j = tid; j < p; j += nt) {
+        ok &= goep_wait_ge_u64_after((const u64*)(nvl + dl.nvl_counters) + j, 2 * round - 1 + half, wd,
+                                     wait_ids[nodes + p + j], (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
+      }
+      if (goep_block_any_failed(!ok)) {
+        return;
+      }
+      // 5. The device-pointer form: unpack the received rows into the
+      // caller's separate regions (x, FP8 scales, local ids, weights,
+      // source token), a warp of the grid per row; the count is notify's,
+      // on the device. Half 0: the rows of this node's sources [own_lo,
+      // own_hi); half 1: the rest.
+      if (out_x != nullptr) {
+        const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
+        const i64 first = (i64)node * p > 0 ? rank_prefix[node * p - 1] : 0;
+        const i64 own_lo = first < n ? first : n;
+        const i64 own_hi = rank_prefix[node * p + p - 1] < n ? rank_prefix[node * p + p - 1] : n;
+        const i64 own = own_hi > own_lo ? own_hi - own_lo : 0;
+        const i64 count = half == 0 ? own : n - own;
+        for (i64 v = ro.r_idx * warps + warp; v < count; v += ro.r_cnt * warps) {
+          const i64 r = half == 0 ? own_lo + v : (v < own_lo ? v : v + own);
+          const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
+          if (fp8) {
+            goep_inn_warp_copy(out_x + (u64)r * h, rr, (u64)h, lane);
+            for (int q = lane; q < h / 128; q += 32) {
+              out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
+            }
+          } else {
+            goep_inn_warp_copy(out_x + (u64)r * 2 * h, rr, (u64)xb, lane);
+          }
+          u32* ot = (u32*)(out_topk + r * k);
+          for (int q = lane; q < 2 * k; q += 32) {
+            ot[q] = rr[xw + q];
+          }
+          if (out_weights != nullptr) {
+            for (int q = lane; q < k; q += 32) {
+              out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
+            }
           }
           if (lane == 0) {
-            rr[xw + 3 * k] = (u32)src_rank;
-            rr[xw + 3 * k + 1] = (u32)meta[0];
+            out_src[r] = (i32)rr[xw + 3 * k + 1];
           }
-        }
-      }
-    }
-    if (goep_inn_arrive(arrive + 1, &last, ro.f_cnt) && tid == 0) {
-      for (int l = 0; l < p; ++l) {
-        goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
-      }
-    }
-
-  }
-  if (ro.recv) {
-    // 4. Receive: every forwarder of the node has placed its rows.
-    for (int j = tid; j < p; j += nt) {
-      ok &= goep_wait_ge_u64_after((const u64*)(nvl + dl.nvl_counters) + j, round, wd, wait_ids[nodes + p + j],
-                                   (u32)(node * p + j), GOEP_INN_STAGE_DISPATCH_NVL);
-    }
-    if (goep_block_any_failed(!ok)) {
-      return;
-    }
-    // 5. The device-pointer form: unpack the received rows into the
-    // caller's separate regions (x, FP8 scales, local ids, weights, source
-    // token), a warp of the grid per row; the count is notify's, on the
-    // device.
-    if (out_x != nullptr) {
-      const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
-      for (i64 r = ro.r_idx * warps + warp; r < n; r += ro.r_cnt * warps) {
-        const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
-        if (fp8) {
-          goep_inn_warp_copy(out_x + (u64)r * h, rr, (u64)h, lane);
-          for (int q = lane; q < h / 128; q += 32) {
-            out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
-          }
-        } else {
-          goep_inn_warp_copy(out_x + (u64)r * 2 * h, rr, (u64)xb, lane);
-        }
-        u32* ot = (u32*)(out_topk + r * k);
-        for (int q = lane; q < 2 * k; q += 32) {
-          ot[q] = rr[xw + q];
-        }
-        if (out_weights != nullptr) {
-          for (int q = lane; q < k; q += 32) {
-            out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
-          }
-        }
-        if (lane == 0) {
-          out_src[r] = (i32)rr[xw + 3 * k + 1];
         }
       }
     }
@@ -916,7 +989,12 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    for (int src = 0; src < nodes; ++src) {
+    // Other nodes first, the own node last: the partials that cross the
+    // network are put while this block reduces the ones that stay here
+    // (each source node's partials go to their own region, and the source
+    // sums them in ascending node whatever order they were made in).
+    for (int i = 0; i < nodes; ++i) {
+      const int src = (node + 1 + i) % nodes;
       const int rows = relay_count[src], src_rank = src * p + local;
       if (rows < 0 || rows > dl.max_tokens) {
         if (tid == 0) {
@@ -930,65 +1008,71 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       const int pxb = goep_inn_partial_xb(src, node, fp32, h);
       u8* region = rdma + (src == node ? dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row
                                        : dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row);
-      for (int j = lo + warp; j < hi; j += warps) {
-        const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
-        const i32* meta = (const i32*)(row + dl.xb / 4 + 3 * k);
-        const u32 mask = (u32)meta[1];
-        const u8* trow[GOEP_INN_MAX_P];
-        int nt_rows = 0;
-        bool in_range = true;
-        for (int l = 0; l < p; ++l) {
-          if (mask >> l & 1) {
-            const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
-            const i64 pos = (i64)b0 + meta[2 + l];
-            in_range &= meta[2 + l] >= 0 && b0 >= 0 && pos < capacity;
-            trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
-          }
-        }
-        if (!in_range) {
-          if (lane == 0) {
-            out[1] = 1;
-          }
-          continue;
-        }
-        u8* pr = region + (u64)j * stride;
-        for (int q = lane * 8; q < h; q += 32 * 8) {
-          float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-          for (int r = 0; r < nt_rows; ++r) {
-            float v[8];
-            goep_inn_ld8_bf16((const u16*)trow[r] + q, v);
-            for (int e = 0; e < 8; ++e) {
-              acc[e] += v[e];
+      // The run in pieces (goep_inn_piece_len; one piece unless put_bytes
+      // asks for more), each put once reduced.
+      const int plen = goep_inn_piece_len(hi - lo, src == node ? 0 : dl.put_bytes, stride);
+      for (int a = lo; a < hi; a += plen) {
+        const int b = min(hi, a + plen);
+        for (int j = a + warp; j < b; j += warps) {
+          const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
+          const i32* meta = (const i32*)(row + dl.xb / 4 + 3 * k);
+          const u32 mask = (u32)meta[1];
+          const u8* trow[GOEP_INN_MAX_P];
+          int nt_rows = 0;
+          bool in_range = true;
+          for (int l = 0; l < p; ++l) {
+            if (mask >> l & 1) {
+              const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
+              const i64 pos = (i64)b0 + meta[2 + l];
+              in_range &= meta[2 + l] >= 0 && b0 >= 0 && pos < capacity;
+              trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
             }
           }
-          if (pxb == 4 * h) {
-            // Two 16-byte stores (as uint4: the bits of the floats).
-            uint4* d = (uint4*)((float*)pr + q);
-            d[0] = make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]),
-                              __float_as_uint(acc[3]));
-            d[1] = make_uint4(__float_as_uint(acc[4]), __float_as_uint(acc[5]), __float_as_uint(acc[6]),
-                              __float_as_uint(acc[7]));
-          } else {
-            goep_inn_st8_bf16((u16*)pr + q, acc);
+          if (!in_range) {
+            if (lane == 0) {
+              out[1] = 1;
+            }
+            continue;
           }
-        }
-        for (int q = lane; q < k; q += 32) {
-          float acc = 0.0f;
-          if (weights) {
+          u8* pr = region + (u64)j * stride;
+          for (int q = lane * 8; q < h; q += 32 * 8) {
+            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
             for (int r = 0; r < nt_rows; ++r) {
-              acc += ((const float*)(trow[r] + 2 * h))[q];
+              float v[8];
+              goep_inn_ld8_bf16((const u16*)trow[r] + q, v);
+              for (int e = 0; e < 8; ++e) {
+                acc[e] += v[e];
+              }
+            }
+            if (pxb == 4 * h) {
+              // Two 16-byte stores (as uint4: the bits of the floats).
+              uint4* d = (uint4*)((float*)pr + q);
+              d[0] = make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]),
+                                __float_as_uint(acc[3]));
+              d[1] = make_uint4(__float_as_uint(acc[4]), __float_as_uint(acc[5]), __float_as_uint(acc[6]),
+                                __float_as_uint(acc[7]));
+            } else {
+              goep_inn_st8_bf16((u16*)pr + q, acc);
             }
           }
-          ((float*)(pr + pxb))[q] = acc;
+          for (int q = lane; q < k; q += 32) {
+            float acc = 0.0f;
+            if (weights) {
+              for (int r = 0; r < nt_rows; ++r) {
+                acc += ((const float*)(trow[r] + 2 * h))[q];
+              }
+            }
+            ((float*)(pr + pxb))[q] = acc;
+          }
         }
-      }
-      // This block's run of partial rows to the source's node (the FIFO push
-      // fences after the barrier).
-      __syncthreads();
-      if (src != node && hi > lo && tid == 0) {
-        ok &= goep_pc_put(ports[src], dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)lo * stride,
-                         dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)lo * stride,
-                         (u64)(hi - lo) * stride, GOEP_INN_STAGE_COMBINE_PUT);
+        // This piece of the block's partial rows to the source's node (the
+        // FIFO push fences after the barrier).
+        __syncthreads();
+        if (src != node && tid == 0) {
+          ok &= goep_pc_put(ports[src], dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride,
+                           dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
+                           (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
+        }
       }
     }
     if (goep_block_any_failed(!ok)) {

@@ -1,0 +1,122 @@
+package internode_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goep-dev/goep/internal/cpuemu"
+	"github.com/goep-dev/goep/internode"
+)
+
+// testPutBytes is the NotifyConfig.PutBytes of checkDispatchRounds,
+// checkCombineRounds and checkGraphReplays (0: one put per node and
+// block). Set only by tests that run no others in parallel
+// (withPutBytes).
+var testPutBytes int
+
+// testProxyPending is their NotifyConfig.ProxyMaxPending, likewise.
+var testProxyPending int
+
+func withPutBytes(t *testing.T, n int) {
+	t.Helper()
+	prev := testPutBytes
+	testPutBytes = n
+	t.Cleanup(func() { testPutBytes = prev })
+}
+
+func withProxyPending(t *testing.T, n int) {
+	t.Helper()
+	prev := testProxyPending
+	testProxyPending = n
+	t.Cleanup(func() { testProxyPending = prev })
+}
+
+// ParseProxyPending's forms and refusals.
+func TestParseProxyPending(t *testing.T) {
+	for in, want := range map[string]int{"": 0, "0": 0, " 1 ": 1, "4096": 4096, "1048576": internode.MaxProxyPending} {
+		got, err := internode.ParseProxyPending(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"-1", "1048577", "1k", "x", "2.5"} {
+		_, err := internode.ParseProxyPending(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), bad)
+	}
+}
+
+// The proxy's flow-control flush at its two extremes under pieces of one
+// row: a flush after every operation (MaxPending 1: each put and add waits
+// for the one before it to land and be acknowledged) and practically never
+// (MaxProxyPending): dispatch and combine still equal the reference.
+func TestEmulatedProxyPending(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, n := range []int{1, internode.MaxProxyPending} {
+		t.Run(fmt.Sprintf("pending=%d", n), func(t *testing.T) {
+			withPutBytes(t, 1)
+			withProxyPending(t, n)
+			checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2900+int64(n%97))
+			checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 3000+int64(n%97))
+		})
+	}
+}
+
+// ParsePutBytes's forms and refusals, and NewNotify's bound.
+func TestParsePutBytes(t *testing.T) {
+	for in, want := range map[string]int{"": 0, "0": 0, " 4096 ": 4096, "256k": 256 << 10, "1M": 1 << 20, "1024m": internode.MaxPutBytes} {
+		got, err := internode.ParsePutBytes(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"-1", "1g", "k", "1.5m", "1025m", "1073741825", "x"} {
+		_, err := internode.ParsePutBytes(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), bad)
+	}
+}
+
+// Puts in pieces (the kernels' NotifyConfig.PutBytes): with 1 byte every
+// sender block puts each token's rows (or each partial row) on its own,
+// up to 16 pieces a block, the rest in the last pieces; the rows pushed
+// piece by piece, interleaved with the packing and reducing of the next,
+// must land exactly as one put per block did: dispatch (2 x 2, 4 rounds of
+// formats) and combine (2 x 4, bit for bit) against the reference, and the
+// graph-shaped sequence with cached and route-only dispatches (2 x 2, one
+// sender block: every piece of the run, and 1000 bytes: pieces of several
+// rows).
+func TestEmulatedPutPieces(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	t.Run("dispatch", func(t *testing.T) {
+		withPutBytes(t, 1)
+		checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2300)
+	})
+	t.Run("combine", func(t *testing.T) {
+		withPutBytes(t, 1)
+		checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, 2500)
+	})
+	for _, n := range []int{1, 1000} {
+		t.Run(fmt.Sprintf("graph/put=%d", n), func(t *testing.T) {
+			withPutBytes(t, n)
+			checkGraphReplays(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2700+int64(n), 4,
+				internode.Split{Senders: 1, Forwarders: 1, Receivers: 1})
+		})
+	}
+}
+
+// The same on the GPUs present: 2 x 2 and 2 x 4 ranks, pieces of 1 byte
+// (every row its own put) and 64 KiB.
+func TestPutPiecesGPU(t *testing.T) {
+	skipNoGPU(t)
+	for _, n := range []int{1, 64 << 10} {
+		for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+			t.Run(fmt.Sprintf("%v/put=%d", topo, n), func(t *testing.T) {
+				withPutBytes(t, n)
+				checkDispatchRounds(t, cudaBackend, topo, 2400+int64(n))
+				checkCombineRounds(t, cudaBackend, topo, 2600+int64(n))
+				checkGraphReplays(t, cudaBackend, topo, 2800+int64(n), 20, internode.Split{Shared: true})
+			})
+		}
+	}
+}

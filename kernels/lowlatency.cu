@@ -899,10 +899,26 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
 // ---------------------------------------------------------------------------
 // Combine.
 
+// Combine send: unit u's source s, token t and slice. Units run over the
+// tokens this rank received only, source after source (s_tokbeg: exclusive
+// prefix of the sources' token counts, R + 1 entries): u / num_slices is
+// the received token's index in that order.
+__device__ __forceinline__ void goep_ll_comb_unit(int u, int num_slices, const int* s_tokbeg, int* s, int* t,
+                                                  int* slice) {
+  const int i = u / num_slices;
+  int r = 0;
+  while (i >= s_tokbeg[r + 1]) {  // sources without tokens have equal bounds and are skipped
+    ++r;
+  }
+  *s = r;
+  *t = i - s_tokbeg[r];
+  *slice = u - i * num_slices;
+}
+
 // Combine send: the table entries of unit u (lane j < k: entry j's
 // position, -1 when not local, and weight) when u is a token this rank
 // received from an active source; false (and -1) otherwise.
-__device__ __forceinline__ bool goep_ll_comb_entry(int u, int units, int num_slices, int max_tokens, const int* s_ntok,
+__device__ __forceinline__ bool goep_ll_comb_entry(int u, int units, int num_slices, int max_tokens, const int* s_tokbeg,
                                                    u32 active, int k, int lane, const i32* tab_pos,
                                                    const float* tab_w, int* pos, float* w) {
   *pos = -1;
@@ -910,14 +926,15 @@ __device__ __forceinline__ bool goep_ll_comb_entry(int u, int units, int num_sli
   if (u >= units) {
     return false;
   }
-  const int i = u / num_slices;
-  const int s = i / max_tokens, t = i - s * max_tokens;
-  if (t >= s_ntok[s] || !((active >> s) & 1u)) {
+  int s, t, slice;
+  goep_ll_comb_unit(u, num_slices, s_tokbeg, &s, &t, &slice);
+  if (!((active >> s) & 1u)) {
     return false;
   }
+  const i64 i = (i64)s * max_tokens + t;
   if (lane < k) {
-    *pos = tab_pos[(i64)i * k + lane];
-    *w = tab_w[(i64)i * k + lane];
+    *pos = tab_pos[i * k + lane];
+    *w = tab_w[i * k + lane];
   }
   return true;
 }
@@ -966,6 +983,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   __shared__ u32 s_active;
   __shared__ u32 s_eff;
   __shared__ int s_ntok[GOEP_LL_MAX_RANKS];
+  __shared__ int s_tokbeg[GOEP_LL_MAX_RANKS + 1];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
   const u64 base = peers[rank];
@@ -974,7 +992,27 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
   if (tid < num_ranks) {
     s_peers[tid] = peers[tid];
-    s_ntok[tid] = ((const i32*)(base + off_tab_t))[tid];
+  }
+  if (warp == 0) {
+    // The sources' token counts and their exclusive prefix (warp 0 alone,
+    // before the first barrier): the send step's units run over received
+    // tokens only.
+    const int n = lane < num_ranks ? ((const i32*)(base + off_tab_t))[lane] : 0;
+    int incl = n;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) {
+        incl += v;
+      }
+    }
+    if (lane < num_ranks) {
+      s_ntok[lane] = n;
+    }
+    s_tokbeg[lane + 1] = incl;
+    if (lane == 0) {
+      s_tokbeg[0] = 0;
+    }
   }
   __syncthreads();
   const u64 e = s_epoch;
@@ -991,7 +1029,13 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     const u32 active = s_active;
     const i32* tab_pos = (const i32*)(base + off_tab_pos);
     const float* tab_w = (const float*)(base + off_tab_w);
-    const int units = num_ranks * max_tokens * num_slices;
+    // Units: (received token, slice), over the tokens this rank received
+    // only (source, then token). They ran over every (source, token) slot
+    // of the workspace, R x MaxTokens x slices, which put all of source s's
+    // units in the warps' s-th pass: at 1 token, block 0's first 16 warps
+    // walked the R sources one after another while the other blocks had
+    // nothing (a row load round trip per source in a row).
+    const int units = s_tokbeg[num_ranks] * num_slices;
     const int ustride = gridDim.x * nwarps;
     // Software-pipelined over a warp's units (4 a warp at EP4 x 128
     // tokens): the next unit's table entries are loaded before this
@@ -1001,19 +1045,20 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
     int pos_n;
     float w_n;
     bool ok_n =
-        goep_ll_comb_entry(u, units, num_slices, max_tokens, s_ntok, active, k, lane, tab_pos, tab_w, &pos_n, &w_n);
+        goep_ll_comb_entry(u, units, num_slices, max_tokens, s_tokbeg, active, k, lane, tab_pos, tab_w, &pos_n, &w_n);
     for (; u < units; u += ustride) {
       const int pos = pos_n;
       const float w = w_n;
       const bool ok = ok_n;
       const i64 un = (i64)u + ustride;
-      ok_n = un < units && goep_ll_comb_entry((int)un, units, num_slices, max_tokens, s_ntok, active, k, lane, tab_pos,
-                                              tab_w, &pos_n, &w_n);
+      ok_n = un < units && goep_ll_comb_entry((int)un, units, num_slices, max_tokens, s_tokbeg, active, k, lane,
+                                              tab_pos, tab_w, &pos_n, &w_n);
       if (!ok) {
         continue;
       }
-      const int i = u / num_slices, slice = u - i * num_slices;
-      const int s = i / max_tokens, t = i - s * max_tokens;
+      int s, t, slice;
+      goep_ll_comb_unit(u, num_slices, s_tokbeg, &s, &t, &slice);
+      const i64 i = (i64)s * max_tokens + t;  // the (source, token) slot: rank-major row of y
       const u32 local = __ballot_sync(0xffffffffu, pos >= 0);
       if (local == 0) {
         continue;

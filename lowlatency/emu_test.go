@@ -44,6 +44,8 @@ func TestEmulatedKernels(t *testing.T) {
 				c.cfg.NumSMs = 9
 			case "ue8m0-ids32":
 				c.cfg.NumSMs = 8
+			case "few-tokens":
+				c.cfg.NumSMs = 5
 			}
 			g := newGroup(t, emuDevices(t, c.ranks), c.config(), 60*time.Second, 0)
 			runCase(t, g, c)

@@ -43,6 +43,13 @@ func cases() []llCase {
 			minus1: 10, hot: -1, cold: -1},
 		{name: "wide-fp8", ranks: 2, maxTokens: 3, hidden: 4224, topk: 3, le: 2, format: lowlatency.FP8, weights: true,
 			fp8Combine: true, microBatches: 1, iters: 1, minus1: 10, hot: -1, cold: -1},
+		// Few tokens against many warps (the emulation runs it on 5
+		// blocks): the combine send's units run over received tokens only
+		// (a source with none between others, one with many: several units
+		// a warp), and send steps leave idle blocks out of the arrival.
+		{name: "few-tokens", ranks: 4, maxTokens: 16, hidden: 512, topk: 4, le: 2, tokens: []int{1, 0, 3, 16},
+			weights: true, split: true, microBatches: 2, iters: 3, masks: []uint32{0, 1 << 2, 0}, minus1: 10, hot: -1,
+			cold: -1},
 		{name: "wide-rank-major", ranks: 2, maxTokens: 3, hidden: 4224, topk: 2, le: 2, rankMajor: true, weights: true,
 			microBatches: 1, iters: 1, hot: -1, cold: -1},
 	}

@@ -23,6 +23,7 @@ mutations=(
   "channel-put-no-signal|kernels/channel_kernels.cu|      goep_mc_signal(ch);\n    }\n  }\n}|      (void)ch;\n    }\n  }\n}|./channels|TestEmulatedMemoryChannels"
   "port-put-offset|kernels/port_kernels.cu|goep_pc_put(tx, doff + h, soff + h, size - h, stage)|goep_pc_put(tx, doff + h, soff + h + 1, size - h, stage)|./channels|TestEmulatedPortChannels"
   "lowlatency-combine-sum|kernels/lowlatency.cu|acc0[x] = goep_ll_add(acc0[x], pv[x]);|acc0[x] = pv[x];|./lowlatency|TestEmulatedKernels/bf16-random"
+  "lowlatency-combine-units|kernels/lowlatency.cu|  while (i >= s_tokbeg[r + 1]) {|  while (i > s_tokbeg[r + 1]) {|./lowlatency|TestEmulatedKernels/few-tokens"
   "lowlatency-port-rows|kernels/lowlatency.cu|  if (rows <= 0) {|  if (rows <= 1) {|./lowlatency|TestEmulatedNodes/2x2"
   "lowlatency-expert-parts|kernels/lowlatency.cu|              if (p % copies == part) {|              if (part == 0) {|./lowlatency|TestEmulatedKernels/one-rank"
   "lowlatency-scan-ranges|kernels/lowlatency.cu|          begin += s_cnt[s];|          begin += 0;|./lowlatency|TestEmulatedKernels/bf16-random"

@@ -42,6 +42,8 @@ type interOpts struct {
 	// port put timing (sweep runs after the first).
 	splitTag string
 	noPut    bool
+	// traceProxy is --trace-proxy.
+	traceProxy bool
 }
 
 // interOutcome is one rank's result, gathered on rank 0.
@@ -52,6 +54,7 @@ type interOutcome struct {
 	Memory  ep.Memory     `json:"buffer_memory"`
 	Checks  []check       `json:"checks"`
 	Figures []interFigure `json:"figures"`
+	Traces  []interTrace  `json:"proxy_traces,omitempty"`
 	Err     string        `json:"error,omitempty"`
 }
 
@@ -105,6 +108,7 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	interSMs := fs.Int("sms", 0, "blocks of the internode dispatch and combine kernels (0: internode.DefaultSMs within the spin budget of ranks sharing a GPU)")
 	interThreads := fs.Int("threads", 0, "threads per block of the internode dispatch and combine kernels (0: internode.DefaultThreads)")
 	fs.StringVar(&xo.split, "split", "", "the internode grid's blocks as senders,forwarders,receivers (e.g. 4,8,4: the grid is their total), shared (every block every role) or default (internode.DefaultSplit of the grid); empty: $"+internode.SplitEnv+" or the default")
+	fs.BoolVar(&xo.traceProxy, "trace-proxy", false, "after the timings, trace one cached dispatch, one combine and one all-ranks port put with the channels proxy trace on and print where the network leg's time goes (rank 0 and the slowest rank)")
 	fs.BoolVar(&xo.sweep, "sweep", false, "after the run, time cached dispatch and combine (first --tokens, BF16) under a small grid of splits of the --sms grid and print the best")
 	kind, set, err := parseBackend(fs, args, backend, gpus)
 	if err != nil {
@@ -469,11 +473,11 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	if out.Split == "" {
 		out.Split = os.Getenv(internode.SplitEnv)
 	}
-	r := &inRank{ctx: ctx, o: o, bs: bs, dev: dev, rank: bs.Rank(), ranks: bs.Size(), lead: lead, rep: &report{}}
+	r := &inRank{ctx: ctx, o: o, bs: bs, dev: dev, rank: bs.Rank(), ranks: bs.Size(), lead: lead, rep: &report{}, traceProxy: xo.traceProxy}
 	var figs []interFigure
 	var err error
 	defer func() {
-		out.Checks, out.Figures = r.rep.Checks, figs
+		out.Checks, out.Figures, out.Traces = r.rep.Checks, figs, r.traces
 		if err != nil {
 			out.Err = err.Error()
 		}
@@ -501,7 +505,8 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 		if err = r.agree("topology", terr); err != nil {
 			return out
 		}
-		ps, perr := measureInterPuts(ctx, bs, dev, topo, o.timeout, sizes, max(3, o.iters/5))
+		ps, traces, perr := measureInterPuts(ctx, bs, dev, topo, o.timeout, sizes, max(3, o.iters/5), xo.traceProxy)
+		r.traces = append(r.traces, traces...)
 		if err = r.agree("port puts", perr); err != nil {
 			return out
 		}
@@ -634,6 +639,16 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 	for _, s := range steps {
 		if err := timeOne(s.k, s.b, s.call); err != nil {
 			return nil, err
+		}
+	}
+	if r.traceProxy {
+		for _, s := range steps[:2] { // cached dispatch, combine
+			label := fmt.Sprintf("T=%d %s %s (network %.1f MB)", t, s.k.Op, s.k.Mode, float64(s.b.Network)/1e6)
+			tr, err := traceCall(r.rank, r.dev, r.st, label, func() error { return r.agree(label, nil) }, s.call)
+			if err = r.agree("traced "+label, err); err != nil {
+				return nil, err
+			}
+			r.traces = append(r.traces, tr)
 		}
 	}
 	if !o.fp8 {
@@ -769,6 +784,13 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		rep.Rows = append(rep.Rows, row)
 	}
 	printInternode(stdout, o, rep)
+	if xo.traceProxy {
+		all := make([][]interTrace, len(outs))
+		for i, oc := range outs {
+			all[i] = oc.Traces
+		}
+		printTraces(stdout, all)
+	}
 	var errs []error
 	if o.jsonPath != "" {
 		errs = append(errs, writeJSON(o.jsonPath, rep))

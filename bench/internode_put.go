@@ -44,37 +44,37 @@ type interPut struct {
 // to its forwarder on node 1, then from every rank to its forwarder on the
 // next node at once; other ranks return zeros.
 func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, topo internode.Topology, timeout time.Duration,
-	sizes []int64, iters int) (_ []interPut, err error) {
+	sizes []int64, iters int, trace bool) (_ []interPut, traces []interTrace, err error) {
 	maxBytes := int64(1)
 	for _, s := range sizes {
 		maxBytes = max(maxBytes, s)
 	}
 	if maxBytes > 1<<34 {
-		return nil, fmt.Errorf("port put of %d bytes: too large", maxBytes)
+		return nil, nil, fmt.Errorf("port put of %d bytes: too large", maxBytes)
 	}
 	comm, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: timeout},
 		Network: channels.NetworkConfig{VirtualNodes: topo.Nodes}})
 	if err != nil {
-		return nil, fmt.Errorf("port put: communicator: %w", err)
+		return nil, nil, fmt.Errorf("port put: communicator: %w", err)
 	}
 	defer func() { err = errors.Join(err, comm.Close()) }()
 	l := channeltest.LayoutFor(int(maxBytes))
 	r, err := channeltest.NewRank(ctx, comm, l)
 	if err != nil {
-		return nil, fmt.Errorf("port put: %w", err)
+		return nil, nil, fmt.Errorf("port put: %w", err)
 	}
 	defer func() { err = errors.Join(err, r.Close()) }()
 	if err := r.EnsurePort(ctx); err != nil {
-		return nil, fmt.Errorf("port put: port channels: %w", err)
+		return nil, nil, fmt.Errorf("port put: port channels: %w", err)
 	}
 	buf, err := dev.Alloc(16)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, dev.Free(buf)) }()
 	st, err := dev.NewStream()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { err = errors.Join(err, st.Close()) }()
 	// The destination region's offset (channeltest's: after the source
@@ -119,7 +119,7 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 			var ns uint64
 			for _, n := range []int{1, iters} { // a warm-up put, then the timed ones
 				if ns, err = put(peer, size, n); err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 			}
 			out[j] = interPut{Bytes: size, Iters: iters}
@@ -137,18 +137,27 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 		var ns uint64
 		for _, n := range []int{1, iters} {
 			if err := comm.Barrier(ctx); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if ns, err = put(peer, size, n); err != nil {
-				return nil, fmt.Errorf("rank %d: %w", bs.Rank(), err)
+				return nil, nil, fmt.Errorf("rank %d: %w", bs.Rank(), err)
 			}
 		}
 		if bs.Rank() == 0 {
 			out[j].AllUS, out[j].AllGBps = rate(size, ns)
 		}
+		if trace {
+			// One put of the count by every rank at once, traced.
+			tr, err := traceCall(bs.Rank(), dev, st, fmt.Sprintf("put all %.1f MB", float64(size)/1e6),
+				func() error { return comm.Barrier(ctx) }, func() error { _, err := put(peer, size, 1); return err })
+			if err != nil {
+				return nil, nil, fmt.Errorf("rank %d: traced put: %w", bs.Rank(), err)
+			}
+			traces = append(traces, tr)
+		}
 	}
 	if err := comm.Barrier(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	return out, traces, nil
 }

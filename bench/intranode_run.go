@@ -122,6 +122,9 @@ type inRank struct {
 	figs        []inFigure
 	bufs        []device.Buffer
 	step        string
+	// traceProxy: internode --trace-proxy; traces what it recorded.
+	traceProxy bool
+	traces     []interTrace
 }
 
 // intranodeRank checks and times on one rank. Every rank runs the same

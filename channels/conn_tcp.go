@@ -82,6 +82,11 @@ type tcpConnection struct {
 	stopOnce sync.Once
 	senders  sync.WaitGroup
 	readers  sync.WaitGroup
+
+	// Trace rings (trace.go; off by default): the callers' (enqueue,
+	// flush), each socket's sender and receiver.
+	trCall       *traceTrack
+	trSend, trRx []*traceTrack
 }
 
 // Wire format: every message starts with a 32-byte header, little endian:
@@ -146,6 +151,11 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	t.queues = make([]chan tcpMsg, n)
 	for k := range n {
 		t.queues[k] = make(chan tcpMsg, tcpQueue)
+	}
+	t.trCall = newTraceTrack(c.rank, base.peer, RoleConn, -1)
+	for k := range n {
+		t.trSend = append(t.trSend, newTraceTrack(c.rank, base.peer, RoleSender, k))
+		t.trRx = append(t.trRx, newTraceTrack(c.rank, base.peer, RoleReceiver, k))
 	}
 	t.senders.Add(n)
 	t.readers.Add(2 * n)
@@ -284,6 +294,9 @@ func (t *tcpConnection) word(op byte, what string, dst RegisteredMemory, dstOff 
 // enqueue numbers m and queues it on its socket. The caller holds sendMu.
 func (t *tcpConnection) enqueue(m tcpMsg) error {
 	seq := t.seq
+	if start := traceStart(); start != 0 {
+		defer t.trCall.rec(StageEnqueue, tcpTraceOp(m.hdr[0]), seq, int64(m.n), start)
+	}
 	binary.LittleEndian.PutUint64(m.hdr[8:], seq)
 	q := t.queues[seq%uint64(len(t.queues))]
 	// Counted before the sender can see it, so the count never goes
@@ -332,10 +345,14 @@ func (t *tcpConnection) flushWait(what string) error {
 		return t.failure()
 	}
 	seq := t.seq
+	start := traceStart()
 	err := t.enqueue(tcpHeaderFor(tcpOpFlush, 0, 0, 0))
 	t.sendMu.Unlock()
 	if err != nil {
 		return t.errorf("%s: %w", what, err)
+	}
+	if start != 0 {
+		defer t.trCall.rec(StageFlush, OpFlush, seq, 0, start)
 	}
 	timer := time.NewTimer(t.wait)
 	defer timer.Stop()
@@ -388,20 +405,25 @@ func (t *tcpConnection) sender(k int) {
 	conn := t.links.out[k]
 	q := t.queues[k]
 	type staged struct {
-		m   tcpMsg
-		buf []byte
-		ev  device.Event
+		m      tcpMsg
+		buf    []byte
+		ev     device.Event
+		issued int64 // trace: when its copy-out was queued (0: off)
 	}
 	var cur *staged
 	which := 0
+	tr := t.trSend[k]
 	send := func(m tcpMsg, payload []byte) error {
+		start := traceStart()
 		if payload == nil {
 			_, err := conn.Write(m.hdr[:])
+			tr.rec(StageSend, tcpTraceOp(m.hdr[0]), tcpSeq(m.hdr[:]), 0, start)
 			return err
 		}
 		bufs := net.Buffers{m.hdr[:], payload}
 		_, err := bufs.WriteTo(conn)
 		t.queued.Add(-int64(m.n))
+		tr.rec(StageSend, tcpTraceOp(m.hdr[0]), tcpSeq(m.hdr[:]), int64(m.n), start)
 		return err
 	}
 	flushCur := func() error {
@@ -410,8 +432,14 @@ func (t *tcpConnection) sender(k int) {
 		}
 		s := cur
 		cur = nil
+		wait := traceStart()
 		if err := s.ev.Synchronize(); err != nil {
 			return fmt.Errorf("staging copy: %w", err)
+		}
+		if wait != 0 {
+			seq := tcpSeq(s.m.hdr[:])
+			tr.rec(StageCopyOutWait, OpWrite, seq, int64(s.m.n), wait)
+			tr.rec(StageCopyOut, OpWrite, seq, int64(s.m.n), s.issued)
 		}
 		return send(s.m, s.buf)
 	}
@@ -443,7 +471,7 @@ func (t *tcpConnection) sender(k int) {
 		case m.n > 0 && t.stage:
 			h, ev := t.slot(k, which)
 			which ^= 1
-			next := &staged{m: m, buf: h.Host[:m.n], ev: ev}
+			next := &staged{m: m, buf: h.Host[:m.n], ev: ev, issued: traceStart()}
 			if err = t.copyOut(h, m.src, m.n); err == nil {
 				if err = ev.Record(t.tx); err == nil {
 					err = flushCur()
@@ -528,12 +556,17 @@ func (t *tcpConnection) receiver(k int) {
 	le := binary.LittleEndian
 	var h [tcpHeader]byte
 	which := 0 // this socket's next receive buffer (staging)
+	tr := t.trRx[k]
 	for {
 		if _, err := io.ReadFull(conn, h[:]); err != nil {
 			t.receiverFailed(t.peerGone("receive", k, err))
 			return
 		}
+		// Trace: the message's receive starts when its header is in
+		// (before that the reader just waits for the peer).
+		arrived := traceStart()
 		op, key, seq := h[0], le.Uint32(h[4:]), le.Uint64(h[8:])
+		top := tcpTraceOp(op)
 		off, val := le.Uint64(h[16:]), le.Uint64(h[24:])
 		if op == tcpOpBye {
 			t.peerBye.Store(true)
@@ -553,17 +586,25 @@ func (t *tcpConnection) receiver(k int) {
 				t.receiverFailed(err)
 				return
 			}
+			tr.rec(StageRecv, top, seq, int64(val), arrived)
+		} else {
+			tr.rec(StageRecv, top, seq, 0, arrived)
 		}
+		waited := traceStart()
 		if !t.turn(seq) {
 			return
 		}
+		tr.rec(StageTurn, top, seq, 0, waited)
 		var err error
 		switch op {
 		case tcpOpWrite:
+			in := traceStart()
 			err = t.applyWrite(conn, k, staged, key, off, val)
+			tr.rec(StageCopyIn, top, seq, int64(val), in)
 		case tcpOpUpdate, tcpOpAdd:
 			err = t.applyWord(op, key, off, val)
 		case tcpOpFlush:
+			ackStart := traceStart()
 			if t.stage {
 				if err = t.rx.Synchronize(); err != nil {
 					err = fmt.Errorf("flush: %w", err)
@@ -575,12 +616,17 @@ func (t *tcpConnection) receiver(k int) {
 			if _, werr := conn.Write(ack.hdr[:]); werr != nil {
 				err = t.peerGone("acknowledge", k, werr)
 			}
+			tr.rec(StageAck, top, seq, 0, ackStart)
 		default:
 			err = fmt.Errorf("rank %d sent unknown message type %d (sequence %d)", t.peer, op, seq)
 		}
 		if err != nil {
 			t.receiverFailed(err)
 			return
+		}
+		if arrived != 0 {
+			now := TraceNow()
+			tr.rec(StageApply, top, seq, 0, now)
 		}
 		t.rxMu.Lock()
 		t.rxNext++
@@ -746,6 +792,7 @@ func (t *tcpConnection) receiverFailed(err error) {
 // delivered, then a goodbye, within tcpCloseGrace; then the sockets close
 // and every goroutine is waited for.
 func (t *tcpConnection) release() error {
+	dropTraceTracks(append(append([]*traceTrack{t.trCall}, t.trSend...), t.trRx...)...)
 	t.closing.Store(true)
 	t.stopOnce.Do(func() { close(t.stopCh) })
 	t.sendMu.Lock()
@@ -771,3 +818,21 @@ func (t *tcpConnection) release() error {
 	t.readers.Wait()
 	return t.freeStaging()
 }
+
+// tcpTraceOp is the trace's name for a message type.
+func tcpTraceOp(op byte) TraceOp {
+	switch op {
+	case tcpOpWrite:
+		return OpWrite
+	case tcpOpUpdate:
+		return OpUpdate
+	case tcpOpAdd:
+		return OpAtomicAdd
+	case tcpOpFlush:
+		return OpFlush
+	}
+	return 0
+}
+
+// tcpSeq is a message header's sequence number.
+func tcpSeq(hdr []byte) uint64 { return binary.LittleEndian.Uint64(hdr[8:]) }

@@ -67,6 +67,9 @@ type Proxy struct {
 	// pending counts the work queued per connection since its last flush;
 	// owned by the goroutine (and by Stop once it has exited).
 	pending map[Connection]int
+
+	// trace records the triggers carried out (trace.go; off by default).
+	trace *traceTrack
 }
 
 // proxyTable is what triggers' ids refer to; replaced, never edited, so
@@ -111,7 +114,8 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	if err != nil {
 		return nil, c.errorf("proxy: %w", err)
 	}
-	p := &Proxy{c: c, cfg: cfg, fifo: f, host: c.kind == device.Host, pending: map[Connection]int{}}
+	p := &Proxy{c: c, cfg: cfg, fifo: f, host: c.kind == device.Host, pending: map[Connection]int{},
+		trace: newTraceTrack(c.rank, -1, RoleProxy, -1)}
 	p.table.Store(&proxyTable{})
 	c.proxies = append(c.proxies, p)
 	return p, nil
@@ -250,6 +254,7 @@ func (p *Proxy) Close() error {
 		return err
 	}
 	p.closed = true
+	dropTraceTracks(p.trace)
 	p.c.mu.Lock()
 	for i, q := range p.c.proxies {
 		if q == p {
@@ -371,6 +376,9 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 // handle carries out the trigger at pos (and, for atomic adds, the ready
 // atomic adds to the same word right after it) and consumes it.
 func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
+	if start := traceStart(); start != 0 {
+		defer p.traceTrigger(t, start)
+	}
 	tab := p.table.Load()
 	if int(t.Channel) >= len(tab.chans) {
 		return p.errorf("%v at FIFO position %d: no channel %d (the proxy has %d)", t, pos, t.Channel, len(tab.chans))
@@ -430,6 +438,22 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 	}
 	p.fifo.consume(pos + 1)
 	return p.queued(conn, work)
+}
+
+// traceTrigger records trigger t, popped at start, as carried out now.
+func (p *Proxy) traceTrigger(t devapi.Trigger, start int64) {
+	op, n := OpSignal, int64(0)
+	switch {
+	case t.Type == devapi.TriggerAtomicAdd:
+		op = OpAtomicAdd
+	case t.Type&devapi.TriggerPut != 0 && t.Type&devapi.TriggerSignal != 0:
+		op, n = OpPutSignal, int64(t.Size)
+	case t.Type&devapi.TriggerPut != 0:
+		op, n = OpPut, int64(t.Size)
+	case t.Type&devapi.TriggerFlush != 0 && t.Type&devapi.TriggerSignal == 0:
+		op = OpFlush
+	}
+	p.trace.rec(StageTrigger, op, 0, n, start)
 }
 
 // mergeAdds folds the atomic adds that directly follow t in the FIFO, are

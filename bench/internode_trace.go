@@ -1,0 +1,112 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/device"
+)
+
+// `ep-bench internode --trace-proxy`: one extra call of cached dispatch,
+// combine and the all-ranks port put, each with the channels proxy trace
+// on (channels.SetProxyTrace), to show where the network leg's time goes.
+// Measurement only: the timed figures are taken with tracing off.
+
+// interTrace is one rank's traced call.
+type interTrace struct {
+	Label string  `json:"label"`
+	Rank  int     `json:"rank"`
+	US    float64 `json:"us"` // the call between two events (GPU time)
+	// FirstTriggerUS: the proxy's first trigger after the host issued the
+	// call (the kernel's start is not known on the host: this includes
+	// the launch latency).
+	FirstTriggerUS float64 `json:"first_trigger_us"`
+	// TailUS: from the last incoming message applied on this rank to the
+	// host seeing the call's end event complete.
+	TailUS  float64 `json:"tail_us"`
+	Summary string  `json:"summary"`
+}
+
+// traceCall runs call once with the proxy trace on, on every rank at once
+// (collective), and summarises this rank's trace over the call.
+func traceCall(rank int, dev device.Device, st device.Stream, label string, sync func() error, call func() error) (tr interTrace, err error) {
+	e0, err := dev.NewEvent()
+	if err != nil {
+		return tr, err
+	}
+	defer e0.Close()
+	e1, err := dev.NewEvent()
+	if err != nil {
+		return tr, err
+	}
+	defer e1.Close()
+	if err := st.Synchronize(); err != nil {
+		return tr, err
+	}
+	channels.ResetProxyTrace(rank)
+	channels.SetProxyTrace(true)
+	if err := sync(); err != nil {
+		return tr, err
+	}
+	if err := e0.Record(st); err != nil {
+		return tr, err
+	}
+	issued := channels.TraceNow()
+	cerr := call()
+	if cerr == nil {
+		if cerr = e1.Record(st); cerr == nil {
+			cerr = e1.Synchronize()
+		}
+	}
+	done := channels.TraceNow()
+	// Every rank's call has ended before tracing goes off (process-wide);
+	// a rank whose call failed still meets the others here.
+	serr := sync()
+	channels.SetProxyTrace(false)
+	if err := errors.Join(cerr, serr); err != nil {
+		return tr, err
+	}
+	el, err := dev.Elapsed(e0, e1)
+	if err != nil {
+		return tr, err
+	}
+	s := channels.SnapshotProxyTrace(rank).Summary(issued, done)
+	tr = interTrace{Label: label, Rank: rank, US: float64(el) / 1e3, FirstTriggerUS: -1, TailUS: -1, Summary: s.String()}
+	if s.FirstTrigger >= 0 {
+		tr.FirstTriggerUS = float64(s.FirstTrigger) / 1e3
+	}
+	if s.LastApply >= 0 {
+		tr.TailUS = float64(time.Duration(done-issued)-s.LastApply) / 1e3
+	}
+	return tr, nil
+}
+
+// printTraces prints rank 0's traced calls and, per label, the slowest
+// rank's when another.
+func printTraces(w io.Writer, all [][]interTrace) {
+	if len(all) == 0 || len(all[0]) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "PROXY TRACE (one traced call each, after the timings; first trigger is from the host issuing the call, the kernel start is not known on the host; "+
+		"tail is from the last incoming message applied on the rank to the host seeing the end event; busy = time any event of the stage ran, par = events at once)")
+	for i, t := range all[0] {
+		show := []interTrace{t}
+		slow := t
+		for _, ts := range all[1:] {
+			if i < len(ts) && ts[i].Label == t.Label && ts[i].US > slow.US {
+				slow = ts[i]
+			}
+		}
+		if slow.Rank != t.Rank {
+			show = append(show, slow)
+		}
+		for _, x := range show {
+			fmt.Fprintf(w, "%s rank %d: call %.1f us (events), first trigger +%.1f us after issue, tail %.1f us\n  %s\n",
+				x.Label, x.Rank, x.US, x.FirstTriggerUS, x.TailUS, strings.ReplaceAll(x.Summary, "\n", "\n  "))
+		}
+	}
+}

@@ -108,11 +108,11 @@
 #define GOEP_LL_EV_D_TABLES 6
 #define GOEP_LL_EV_D_SCAN 7
 #define GOEP_LL_EV_D_COPY 8
-#define GOEP_LL_EV_D_FENCED 9
+#define GOEP_LL_EV_D_RECV_FENCED 9
 #define GOEP_LL_EV_D_EXIT 10
 // Combine only.
 #define GOEP_LL_EV_C_REDUCED 6
-#define GOEP_LL_EV_C_FENCED 7
+#define GOEP_LL_EV_C_RECV_FENCED 7
 #define GOEP_LL_EV_C_EXIT 8
 
 extern "C" {
@@ -1026,7 +1026,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   // Done reading the staged rows: the sources may write this set again.
   goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports,
                  goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_DISP_FREED,
-                 &s_last GOEP_LL_TR_FINISH_ARG(GOEP_LL_EV_D_COPY, GOEP_LL_EV_D_FENCED));
+                 &s_last GOEP_LL_TR_FINISH_ARG(GOEP_LL_EV_D_COPY, GOEP_LL_EV_D_RECV_FENCED));
   GOEP_LL_TR_CLOSE(GOEP_LL_EV_D_EXIT);
 }
 
@@ -1381,7 +1381,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   // Done reading the partials: the expert ranks may write this set again.
   goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports,
                  goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_COMB_FREED,
-                 &s_last GOEP_LL_TR_FINISH_ARG(GOEP_LL_EV_C_REDUCED, GOEP_LL_EV_C_FENCED));
+                 &s_last GOEP_LL_TR_FINISH_ARG(GOEP_LL_EV_C_REDUCED, GOEP_LL_EV_C_RECV_FENCED));
   GOEP_LL_TR_CLOSE(GOEP_LL_EV_C_EXIT);
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/kernelflags"
 	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/kernels"
 	"github.com/goep-dev/goep/lowlatency"
@@ -48,6 +49,9 @@ type llOpts struct {
 	// before the next is issued (lowlatency's DESIGN.md: queued launches of
 	// ranks sharing hardware queues must not wait on one another).
 	shared bool
+	// trace: after the timings, one traced call per shape (kernels built
+	// with the phase trace: lowlatency_trace.go); traced: the build is.
+	trace, traced bool
 }
 
 func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -71,11 +75,16 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file")
 	fs.StringVar(&o.plotPrefix, "plot", "", "write us per call vs tokens as PREFIX.png and PREFIX.svg (with a --tokens sweep)")
+	fs.BoolVar(&o.trace, "trace", false, "compile the kernels with their phase trace ("+kernelflags.EnvLLTrace+"=1, measurement only) and, after the timings, "+
+		"print per shape where one dispatch and one combine spend their time, phase by phase (rank 0 and the slowest rank)")
 	kind, set, err := parseBackend(fs, args, backend, gpus)
 	if err != nil {
 		return err
 	}
 	o.kind = kind
+	if o.trace && kind != device.CUDA {
+		return fmt.Errorf("--trace needs the cuda backend: the %s backend runs the kernels' Go twins, which record no trace", kind)
+	}
 	hostTiming(kind, set)
 	if o.tokens, err = parseIntList(*tokens); err != nil {
 		return fmt.Errorf("--tokens: %w", err)
@@ -146,12 +155,20 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if _, err := ep.LowLatencySizeHint(o.config(), n); err != nil {
 		return err
 	}
+	// Before any kernel is compiled: the trace build (--trace, or
+	// $GOEP_LL_TRACE=1 alone) is frozen with the first compile.
+	if o.traced, err = applyLLTrace(o.trace); err != nil {
+		return err
+	}
 	o.progress = newProgress(stderr)
 	o.progress.printf("%d goroutine ranks, %s backend: setting up low-latency buffers", n, o.kind)
 	note := sharedGPUNote(o.kind, n)
 	o.shared = note != ""
 	if note != "" {
 		fmt.Fprintln(stdout, "note:", note)
+	}
+	if o.traced {
+		fmt.Fprintln(stdout, "note:", llTraceNote)
 	}
 	boots, err := bootstrap.NewInProcess(n, bootstrap.Config{})
 	if err != nil {
@@ -173,6 +190,11 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	rep := newLLReport(o, n, note, ranks)
 	if err := rep.write(stdout, o); err != nil {
 		errs = append(errs, err)
+	}
+	if o.trace && len(errs) == 0 {
+		if err := writeLLTraces(stdout, o.kind, o.shared, ranks); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -208,6 +230,7 @@ type llRank struct {
 	bufs        []device.Buffer
 	flush       device.Buffer
 	shapes      map[[2]int]*llShape // checked shapes by (tokens, format), for their timing
+	traces      []llTraced          // --trace: this rank's traced calls, in order
 }
 
 func (r *llRank) upload(b []byte) (uintptr, error) {
@@ -329,6 +352,19 @@ func (r *llRank) run(ctx context.Context, bs bootstrap.Bootstrap) (err error) {
 				continue // a shape that failed its check on some rank is not timed on any
 			}
 			if err := r.time(t, f); err != nil {
+				return err
+			}
+		}
+	}
+	if !o.trace {
+		return nil
+	}
+	for _, t := range o.tokens {
+		for _, f := range o.formats {
+			if !timed[[2]int{t, int(f)}] {
+				continue
+			}
+			if err := r.traceShape(t, f); err != nil {
 				return err
 			}
 		}

@@ -349,6 +349,21 @@ func (b *LowLatency) MaskNow() (uint32, error) {
 	return binary.LittleEndian.Uint32(w[:]), nil
 }
 
+// PhaseTrace reads this rank's phase-trace region (lowlatency.TraceBytes;
+// lowlatency.ParseTrace decodes it): per-block stamps of the last dispatch
+// and combine, written only by kernels built with GOEP_LL_TRACE=1 (zero
+// otherwise). Synchronous: the caller synchronises the calls' stream first.
+func (b *LowLatency) PhaseTrace() ([]byte, error) {
+	if err := b.Check(); err != nil {
+		return nil, err
+	}
+	raw := make([]byte, lowlatency.TraceBytes)
+	if err := b.dev.CopyOut(raw, b.work.TracePtr()); err != nil {
+		return nil, b.errorf("read the phase trace: %w", err)
+	}
+	return raw, nil
+}
+
 // CopyOut is a synchronous device-to-host copy (counts on request).
 func (b *LowLatency) CopyOut(dst []byte, src uintptr) error {
 	if b == nil || b.dev == nil {

@@ -115,6 +115,7 @@ func lowLatencyAPIAfterClose(t *testing.T, kind ep.Kind) {
 				_ = l.Stream()
 				_ = l.Check()
 				_, _ = l.MaskedRanks()
+				_, _ = l.PhaseTrace()
 				_, _ = l.HostCounts(hs[i].Handle)
 				_ = l.InvalidIDs(hs[i].Handle)
 				_ = hs[i].Handle.Set() + hs[i].Handle.Tokens()

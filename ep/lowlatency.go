@@ -702,6 +702,19 @@ func (l *LowLatencyBuffer) MaskedRanks() ([]int, error) {
 	return out, nil
 }
 
+// PhaseTrace is a diagnostic for measurement builds: this rank's raw
+// in-kernel phase trace of the last dispatch and combine (per block, the
+// GPU's global timer at each phase point; lowlatency.ParseTrace decodes
+// it), written only when the kernels were compiled with GOEP_LL_TRACE=1
+// (`ep-bench lowlatency --trace`); all zero otherwise. Synchronous:
+// synchronise the calls' stream first.
+func (l *LowLatencyBuffer) PhaseTrace() ([]byte, error) {
+	if l == nil {
+		return nil, errors.New("ep: nil low-latency buffer")
+	}
+	return l.b.PhaseTrace()
+}
+
 // Close synchronises the buffer's stream, meets every rank and frees the
 // buffer. Collective.
 func (l *LowLatencyBuffer) Close(ctx context.Context) error {

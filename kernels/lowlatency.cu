@@ -66,7 +66,8 @@
 #define GOEP_LL_CTRL_COMB_FREED 1792
 #define GOEP_LL_CTRL_NTOK 2304
 #define GOEP_LL_CTRL_SEND_NTOK 2560
-#define GOEP_LL_CTRL_BYTES 3072
+#define GOEP_LL_CTRL_TRACE 3072
+#define GOEP_LL_CTRL_BYTES 265216
 
 #define GOEP_LL_STAGE_DISP_FREED 1
 #define GOEP_LL_STAGE_DISP_ARRIVAL 2
@@ -75,6 +76,44 @@
 #define GOEP_LL_STAGE_COMB_ARRIVAL 5
 #define GOEP_LL_STAGE_COMB_GATE 6
 #define GOEP_LL_STAGE_PORT_PUSH 7
+
+// Phase trace, for measurement only (lowlatency/trace.go reads it back):
+// compiled in with -DGOEP_LL_TRACE=1 (internal/kernelflags, $GOEP_LL_TRACE);
+// by default every GOEP_LL_TR* macro below expands to nothing, so the
+// default kernels are the code they were. The region sits in the control
+// block at GOEP_LL_CTRL_TRACE (zeroed with it, addressed from off_ctrl: no
+// kernel parameter): u64 [kernel: dispatch, combine][GOEP_LL_TRACE_BLOCKS]
+// [GOEP_LL_TRACE_SLOTS]; blocks at or above GOEP_LL_TRACE_BLOCKS record
+// nothing (the launchers never run more blocks than the GPU has SMs). Slot
+// 0 is the tag of the call that wrote the record (epoch e: bits 0-47, set:
+// 48-51, phases: 52-55, kernel + 1: 56-59, bit 63 set), slot 1 the block's
+// work (low 32 bits: send units with rows to move; high: receive rows
+// copied (dispatch) or output units summed (combine)), slots 2.. the
+// %globaltimer stamps of the events below (0: not reached), each taken by
+// thread 0 after the barrier that ends the phase where there is one.
+#ifndef GOEP_LL_TRACE
+#define GOEP_LL_TRACE 0
+#endif
+#define GOEP_LL_TRACE_BLOCKS 1024
+#define GOEP_LL_TRACE_SLOTS 16
+#define GOEP_LL_TRACE_HEAD 2
+// Events of both kernels (lowlatency.DispatchEvents, CombineEvents).
+#define GOEP_LL_EV_ENTRY 0
+#define GOEP_LL_EV_SEND_GATE 1
+#define GOEP_LL_EV_SEND_ISSUED 2
+#define GOEP_LL_EV_SEND_SIGNALLED 3
+#define GOEP_LL_EV_RECV_ENTRY 4
+#define GOEP_LL_EV_RECV_GATE 5
+// Dispatch only.
+#define GOEP_LL_EV_D_TABLES 6
+#define GOEP_LL_EV_D_SCAN 7
+#define GOEP_LL_EV_D_COPY 8
+#define GOEP_LL_EV_D_RECV_FENCED 9
+#define GOEP_LL_EV_D_EXIT 10
+// Combine only.
+#define GOEP_LL_EV_C_REDUCED 6
+#define GOEP_LL_EV_C_RECV_FENCED 7
+#define GOEP_LL_EV_C_EXIT 8
 
 extern "C" {
 __global__ void __launch_bounds__(GOEP_LL_MAX_THREADS)
@@ -115,6 +154,80 @@ __device__ __forceinline__ u64 goep_ll_u64_off(int off, int set, int r) {
   return (u64)(off + 8 * GOEP_LL_MAX_RANKS * set + 8 * r);
 }
 __device__ __forceinline__ u32* goep_ll_mask(u8* ctrl) { return (u32*)(ctrl + GOEP_LL_CTRL_MASK); }
+
+#if GOEP_LL_TRACE
+// The phase trace (see GOEP_LL_CTRL_TRACE). A launch with the send step
+// starts a new record (clears every stamp); a receive-only launch (split
+// calls) clears and stamps only the receive events, keeping its send
+// launch's, and stamps its start as recv_entry.
+__device__ __forceinline__ u64* goep_ll_tr_open(u8* ctrl, int kernel, u64 e, int set, int phases, u64 t0) {
+  if (blockIdx.x >= GOEP_LL_TRACE_BLOCKS) {
+    return nullptr;
+  }
+  u64* tr = (u64*)(ctrl + GOEP_LL_CTRL_TRACE) +
+            ((u64)kernel * GOEP_LL_TRACE_BLOCKS + blockIdx.x) * GOEP_LL_TRACE_SLOTS;
+  if (threadIdx.x == 0) {
+    const int first = (phases & GOEP_LL_SEND) ? GOEP_LL_EV_ENTRY : GOEP_LL_EV_RECV_ENTRY;
+    for (int i = first; i < GOEP_LL_TRACE_SLOTS - GOEP_LL_TRACE_HEAD; ++i) {
+      tr[GOEP_LL_TRACE_HEAD + i] = 0;
+    }
+    tr[1] = (phases & GOEP_LL_SEND) ? 0 : (tr[1] & 0xffffffffull);
+    tr[0] = (e & 0xffffffffffffull) | ((u64)(set & 15) << 48) | ((u64)(phases & 15) << 52) |
+            ((u64)(kernel + 1) << 56) | (1ull << 63);
+    tr[GOEP_LL_TRACE_HEAD + first] = t0;
+  }
+  return tr;
+}
+
+__device__ __forceinline__ void goep_ll_tr_stamp(u64* tr, int ev) {
+  if (tr != nullptr && threadIdx.x == 0) {
+    tr[GOEP_LL_TRACE_HEAD + ev] = goep_globaltimer();
+  }
+}
+
+// The launch's last stamp and the block's work counts (complete: every
+// caller passed a barrier after the last count).
+__device__ __forceinline__ void goep_ll_tr_close(u64* tr, int ev, const u32* s_trn, int phases) {
+  if (tr != nullptr && threadIdx.x == 0) {
+    tr[GOEP_LL_TRACE_HEAD + ev] = goep_globaltimer();
+    const u64 lo = (phases & GOEP_LL_SEND) ? (u64)s_trn[0] : (tr[1] & 0xffffffffull);
+    const u64 hi = (phases & GOEP_LL_RECV) ? (u64)s_trn[1] : (tr[1] >> 32);
+    tr[1] = lo | (hi << 32);
+  }
+}
+
+// First in a kernel (before its first barrier): the entry time and the
+// work counters.
+#define GOEP_LL_TR_INIT                  \
+  __shared__ u32 s_trn[2];               \
+  u64 tr_t0 = 0;                         \
+  if (threadIdx.x == 0) {                \
+    tr_t0 = goep_globaltimer();          \
+    s_trn[0] = 0;                        \
+    s_trn[1] = 0;                        \
+  }
+#define GOEP_LL_TR_OPEN(kernel) u64* const tr = goep_ll_tr_open(ctrl, (kernel), e, set, phases, tr_t0)
+#define GOEP_LL_TR(ev) goep_ll_tr_stamp(tr, (ev))
+#define GOEP_LL_TR_COUNT(i)     \
+  if (lane == 0) {              \
+    atomicAdd(&s_trn[(i)], 1u); \
+  }
+#define GOEP_LL_TR_CLOSE(ev) goep_ll_tr_close(tr, (ev), s_trn, phases)
+#define GOEP_LL_TR_PARAM , u64 *tr
+#define GOEP_LL_TR_ARG , tr
+#define GOEP_LL_TR_FINISH_PARAM , u64 *tr, int ev_bar, int ev_fenced
+#define GOEP_LL_TR_FINISH_ARG(bar, fenced) , tr, (bar), (fenced)
+#else
+#define GOEP_LL_TR_INIT
+#define GOEP_LL_TR_OPEN(kernel)
+#define GOEP_LL_TR(ev)
+#define GOEP_LL_TR_COUNT(i)
+#define GOEP_LL_TR_CLOSE(ev)
+#define GOEP_LL_TR_PARAM
+#define GOEP_LL_TR_ARG
+#define GOEP_LL_TR_FINISH_PARAM
+#define GOEP_LL_TR_FINISH_ARG(bar, fenced)
+#endif
 
 // The ranks a launch talks to: every rank not masked, none when this rank
 // itself is masked.
@@ -180,9 +293,11 @@ __device__ __forceinline__ bool goep_ll_wait_ranks(u8* ctrl, int off, int set, u
 // After the block's writes to (or reads of) peers' memory: barrier, one
 // fence, then the block's share of the unit to counter[set][rank] of every
 // rank in to.
-__device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl, int off, int set, int rank, u32 to) {
+__device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl, int off, int set, int rank,
+                                               u32 to GOEP_LL_TR_PARAM) {
   __syncthreads();
   if (threadIdx.x == 0) {
+    GOEP_LL_TR(GOEP_LL_EV_SEND_ISSUED);
     goep_fence_acq_rel_sys();
     const u64 share = goep_in_block_share();
     for (int d = 0; d < GOEP_LL_MAX_RANKS; ++d) {
@@ -190,6 +305,7 @@ __device__ __forceinline__ void goep_ll_signal(const u64* s_peers, u64 off_ctrl,
         goep_in_red_add_relaxed_sys_u64(goep_ll_u64(goep_ll_ctrl(s_peers[d], off_ctrl), off, set, rank), share);
       }
     }
+    GOEP_LL_TR(GOEP_LL_EV_SEND_SIGNALLED);
   }
 }
 
@@ -408,9 +524,11 @@ __device__ __forceinline__ bool goep_ll_gate(u8* ctrl, int off_counter, int off_
 // port-channel atomic add each (masked ranks too: counters stay in step).
 __device__ __forceinline__ void goep_ll_finish(const u64* s_peers, u8* ctrl, int off_done, int off_epoch, int set,
                                                u64 e, bool invalid, const goep_port_channel* ports, u32 to,
-                                               u32 remote, int rank, u64 off_ctrl, int off_freed, int* s_last) {
+                                               u32 remote, int rank, u64 off_ctrl, int off_freed,
+                                               int* s_last GOEP_LL_TR_FINISH_PARAM) {
   __syncthreads();
   if (threadIdx.x == 0) {
+    GOEP_LL_TR(ev_bar);
     u32* done = (u32*)(ctrl + off_done) + set;
     *s_last = 0;
     goep_fence_acq_rel_sys();
@@ -425,6 +543,7 @@ __device__ __forceinline__ void goep_ll_finish(const u64* s_peers, u8* ctrl, int
       }
       *(volatile u64*)((u64*)(ctrl + off_epoch) + set) = e;
     }
+    GOEP_LL_TR(ev_fenced);
     const u64 share = goep_in_block_share();
     for (int d = 0; d < GOEP_LL_MAX_RANKS; ++d) {
       if ((to >> d) & 1u) {
@@ -509,6 +628,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   __shared__ int s_warp[33];
   __shared__ int s_tokbeg[GOEP_LL_MAX_RANKS + 1];
   __shared__ int s_cnt[GOEP_LL_MAX_RANKS];
+  GOEP_LL_TR_INIT
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
   const u64 base = peers[rank];
@@ -520,6 +640,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   }
   __syncthreads();
   const u64 e = s_epoch;
+  GOEP_LL_TR_OPEN(0);
   const int quant = format != GOEP_LL_BF16;
   const int ns = hidden / 128;  // scales per row (FP8)
   const u64 row2 = (u64)hidden * 2;  // staging row stride
@@ -535,6 +656,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
                            GOEP_LL_STAGE_DISP_FREED, &s_active)) {
       return;
     }
+    GOEP_LL_TR(GOEP_LL_EV_SEND_GATE);
     const u32 active = s_active;
     const int nchunks = hidden >> 3;  // 16-byte chunks of the BF16 input row
     const int units = num_tokens * num_slices;
@@ -593,6 +715,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       if (tmask == 0) {
         continue;
       }
+      GOEP_LL_TR_COUNT(0)
       for (int rr = r_lo; rr < r_hi; ++rr) {
         const int c = rr * 32 + lane;
         const bool in = c < nchunks;
@@ -686,7 +809,8 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       }
       ((volatile i32*)(ctrl + GOEP_LL_CTRL_OWN_T))[set] = num_tokens;
     }
-    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_ARRIVE, set, rank, goep_ll_all(num_ranks) & node_mask);
+    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_DISP_ARRIVE, set, rank,
+                   goep_ll_all(num_ranks) & node_mask GOEP_LL_TR_ARG);
     // Across nodes: the last block moves every destination's rows with one
     // put per region (thread d for rank d), then the token count, then the
     // whole unit on d's arrival counter of this rank, all on one channel:
@@ -711,6 +835,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   }
 
   if (!(phases & GOEP_LL_RECV)) {
+    GOEP_LL_TR_CLOSE(GOEP_LL_EV_D_EXIT);
     return;
   }
   // Receive: every active source's rows are here, and every block agrees on
@@ -721,6 +846,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
                     tab_t, s_ntok)) {
     return;
   }
+  GOEP_LL_TR(GOEP_LL_EV_RECV_GATE);
   // The sources masked (s_eff) are already folded into s_ntok (0 tokens).
   const i32* stage_ids = (const i32*)(base + off_stage_ids);
   const float* stage_w = (const float*)(base + off_stage_w);
@@ -752,6 +878,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       }
     }
   }
+  if (rank_major) {
+    GOEP_LL_TR(GOEP_LL_EV_D_TABLES);  // thread 0's share only: no barrier follows the tables here
+  }
   if (!rank_major) {
     const int slots = num_ranks * max_tokens;
     const int out_row = quant ? hidden : 2 * hidden;
@@ -780,6 +909,7 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       s_tokbeg[num_ranks] = acc;
     }
     __syncthreads();
+    GOEP_LL_TR(GOEP_LL_EV_D_TABLES);
     const int ntot = s_tokbeg[num_ranks];
     const int per = (ntot + blockDim.x - 1) / blockDim.x;
     const int g0 = min(ntot, tid * per), g1 = min(ntot, g0 + per);
@@ -846,8 +976,10 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
         ((i32*)(base + off_recv_count))[le] = total_all;
       }
       __syncthreads();  // tab_row of this part's rows, written by the block, is complete
+      GOEP_LL_TR(GOEP_LL_EV_D_SCAN);  // a block with several experts: the last one's
       const int nch = out_row >> 4;
       for (int p = part + copies * warp; p < total_all; p += copies * nwarps) {
+        GOEP_LL_TR_COUNT(1)
         const i64 from = tab_row[(i64)le * slots + p];
         const i64 to = (i64)le * slots + p;
         const u8* srow = (const u8*)(base + off_stage_x) + from * row2;
@@ -893,7 +1025,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
   }
   // Done reading the staged rows: the sources may write this set again.
   goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports,
-                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_DISP_FREED, &s_last);
+                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_DISP_FREED,
+                 &s_last GOEP_LL_TR_FINISH_ARG(GOEP_LL_EV_D_COPY, GOEP_LL_EV_D_RECV_FENCED));
+  GOEP_LL_TR_CLOSE(GOEP_LL_EV_D_EXIT);
 }
 
 // ---------------------------------------------------------------------------
@@ -984,6 +1118,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   __shared__ u32 s_eff;
   __shared__ int s_ntok[GOEP_LL_MAX_RANKS];
   __shared__ int s_tokbeg[GOEP_LL_MAX_RANKS + 1];
+  GOEP_LL_TR_INIT
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
   u8* const ctrl = goep_ll_ctrl(peers[rank], off_ctrl);
   const u64 base = peers[rank];
@@ -1016,6 +1151,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
   __syncthreads();
   const u64 e = s_epoch;
+  GOEP_LL_TR_OPEN(1);
   const u64 row2 = (u64)hidden * 2;
   const int nchunks = hidden >> 3;
   const int ns = hidden / 128;
@@ -1026,6 +1162,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
                            GOEP_LL_STAGE_COMB_FREED, &s_active)) {
       return;
     }
+    GOEP_LL_TR(GOEP_LL_EV_SEND_GATE);
     const u32 active = s_active;
     const i32* tab_pos = (const i32*)(base + off_tab_pos);
     const float* tab_w = (const float*)(base + off_tab_w);
@@ -1063,6 +1200,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
       if (local == 0) {
         continue;
       }
+      GOEP_LL_TR_COUNT(0)
       u8* const dst = goep_ll_row(s_peers, base, node_mask, s, off_cstage, off_csend, (u64)rank * max_tokens + t,
                                   (u64)s * max_tokens + t, row2);
       int r_lo, r_hi;
@@ -1146,7 +1284,8 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
         }
       }
     }
-    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_ARRIVE, set, rank, goep_ll_all(num_ranks) & node_mask);
+    goep_ll_signal(s_peers, off_ctrl, GOEP_LL_CTRL_COMB_ARRIVE, set, rank,
+                   goep_ll_all(num_ranks) & node_mask GOEP_LL_TR_ARG);
     // Across nodes: one put of the owner's partial rows (its token count),
     // then the unit on its arrival counter, on one channel.
     if (remote != 0 && goep_ll_last_block(ctrl, GOEP_LL_CTRL_COMB_SEND_DONE, set, &s_last)) {
@@ -1161,6 +1300,7 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
 
   if (!(phases & GOEP_LL_RECV)) {
+    GOEP_LL_TR_CLOSE(GOEP_LL_EV_C_EXIT);
     return;
   }
   if (!goep_ll_gate(ctrl, GOEP_LL_CTRL_COMB_ARRIVE, GOEP_LL_CTRL_COMB_GATE, GOEP_LL_CTRL_COMB_EFF, set, num_ranks,
@@ -1168,11 +1308,13 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
                     nullptr, nullptr)) {
     return;
   }
+  GOEP_LL_TR(GOEP_LL_EV_RECV_GATE);
   const u32 eff = s_eff;
   const u32* own_mask = (const u32*)(base + off_own_mask);
   const u8* cstage = (const u8*)(base + off_cstage);
   const int units = num_tokens * num_slices;
   for (int u = blockIdx.x * nwarps + warp; u < units; u += gridDim.x * nwarps) {
+    GOEP_LL_TR_COUNT(1)
     const int t = u / num_slices, slice = u - t * num_slices;
     const u32 dm = own_mask[t] & ~eff;
     int r_lo, r_hi;
@@ -1238,7 +1380,9 @@ extern "C" __global__ void goep_ll_combine(const u64* peers, u64 off_ctrl, u64 o
   }
   // Done reading the partials: the expert ranks may write this set again.
   goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_COMB_DONE, GOEP_LL_CTRL_COMB_EPOCH, set, e, false, ports,
-                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_COMB_FREED, &s_last);
+                 goep_ll_all(num_ranks) & node_mask, remote, rank, off_ctrl, GOEP_LL_CTRL_COMB_FREED,
+                 &s_last GOEP_LL_TR_FINISH_ARG(GOEP_LL_EV_C_REDUCED, GOEP_LL_EV_C_RECV_FENCED));
+  GOEP_LL_TR_CLOSE(GOEP_LL_EV_C_EXIT);
 }
 
 // Mask update, stream-ordered and graph-capturable: op 0 sets the mask to

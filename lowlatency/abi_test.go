@@ -4,6 +4,7 @@ import (
 	"errors"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,11 +43,39 @@ func TestConstantsMatchKernel(t *testing.T) {
 		"GOEP_LL_STAGE_DISP_FREED": lowlatency.StageDispatchFreed, "GOEP_LL_STAGE_DISP_ARRIVAL": lowlatency.StageDispatchArrival,
 		"GOEP_LL_STAGE_DISP_GATE": lowlatency.StageDispatchGate, "GOEP_LL_STAGE_COMB_FREED": lowlatency.StageCombineFreed,
 		"GOEP_LL_STAGE_COMB_ARRIVAL": lowlatency.StageCombineArrival, "GOEP_LL_STAGE_COMB_GATE": lowlatency.StageCombineGate,
+		"GOEP_LL_CTRL_TRACE": lowlatency.CtrlTrace, "GOEP_LL_TRACE_BLOCKS": lowlatency.TraceBlocks,
+		"GOEP_LL_TRACE_SLOTS": lowlatency.TraceSlots, "GOEP_LL_TRACE": 0,
 	} {
 		got, ok := def[name]
 		require.True(t, ok, "%s is not defined in lowlatency.cu", name)
 		require.Equal(t, v, got, name)
 	}
+	// The trace's events: the index of a name in DispatchEvents /
+	// CombineEvents is its GOEP_LL_EV_* slot (D_ and C_ for one kernel's
+	// own events), and every event the kernel names has a name.
+	for _, k := range []struct {
+		prefix string
+		names  []string
+	}{{"D_", lowlatency.DispatchEvents}, {"C_", lowlatency.CombineEvents}} {
+		seen := map[int]bool{}
+		for m, v := range def {
+			ev, ok := strings.CutPrefix(m, "GOEP_LL_EV_")
+			if !ok {
+				continue
+			}
+			if own, ok := strings.CutPrefix(ev, k.prefix); ok {
+				ev = own
+			} else if strings.HasPrefix(ev, "D_") || strings.HasPrefix(ev, "C_") {
+				continue
+			}
+			require.Less(t, v, len(k.names), m)
+			require.Equal(t, strings.ToLower(ev), k.names[v], m)
+			seen[v] = true
+		}
+		require.Len(t, seen, len(k.names), "%s events: %v", k.prefix, k.names)
+	}
+	require.LessOrEqual(t, len(lowlatency.DispatchEvents)+2, lowlatency.TraceSlots)
+	require.GreaterOrEqual(t, lowlatency.TraceBlocks, lowlatency.DefaultSMs, "every grid the launcher allows records")
 }
 
 // Bad input is an error before any launch.

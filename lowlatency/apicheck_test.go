@@ -13,7 +13,7 @@ import (
 var apiTable = []any{
 	(*lowlatency.Workspace)(nil), (*lowlatency.Connection)(nil),
 	lowlatency.Config{}, lowlatency.Format(0), lowlatency.Format(-1), lowlatency.RankInput{}, lowlatency.RankRecv{},
-	lowlatency.Region{},
+	lowlatency.Region{}, lowlatency.KernelTrace{},
 }
 
 // 1 (issue 18). Every exported method answers on a nil receiver and on a

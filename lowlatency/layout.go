@@ -315,7 +315,12 @@ const (
 	CtrlCombFreed    = 1792
 	CtrlNTok         = 2304 // i32[2][32]: tokens of source s's dispatch on set b
 	CtrlSendNTok     = 2560 // i32[2][32]: the token count this rank puts into rank d's CtrlNTok (across nodes)
-	CtrlBytes        = 3072
+	// CtrlTrace is the phase trace (trace.go; written only by kernels
+	// built with GOEP_LL_TRACE=1, zero otherwise): u64
+	// [2 kernels][TraceBlocks][TraceSlots]. In the control block so that
+	// it is zeroed with it and the kernels address it from off_ctrl.
+	CtrlTrace = 3072
+	CtrlBytes = CtrlTrace + TraceBytes
 
 	// ArrivalUnit is what one launch adds, over its blocks, to a counter.
 	ArrivalUnit = 1 << 20

@@ -1,20 +1,27 @@
 // Package kernelflags holds the process-wide switches that change how
-// goep's kernels are compiled, for measurement only. Today there is one:
-// GOEP_NO_FINGERPRINT, which compiles the always-on call fingerprint out of
-// the collectives and intranode kernels, so that a benchmark can time the
-// same commit with and without it (an A/B on one binary).
+// goep's kernels are compiled, for measurement only. There are two:
 //
-// Only the benchmark and test harnesses turn it on (ApplyEnv in their
-// TestMain, from $GOEP_BENCH_NO_FINGERPRINT); no product package reads the
-// variable (internal/layers enforces who may import this package). With
-// the switch on, mismatched calls across ranks are NOT detected: they may
-// return wrong data as success or end in a timeout, as before fingerprints.
+//   - GOEP_BENCH_NO_FINGERPRINT compiles the always-on call fingerprint
+//     (-DGOEP_NO_FINGERPRINT=1) out of the collectives and intranode
+//     kernels, so that a benchmark can time the same commit with and
+//     without it (an A/B on one binary). With it on, mismatched calls
+//     across ranks are NOT detected: they may return wrong data as success
+//     or end in a timeout, as before fingerprints.
+//   - GOEP_LL_TRACE compiles the low-latency kernels' phase trace in
+//     (-DGOEP_LL_TRACE=1): thread 0 of every block stamps %globaltimer at
+//     its phase points into the workspace's trace region, which
+//     lowlatency.ParseTrace decodes (`ep-bench lowlatency --trace`). The
+//     default build compiles none of it.
+//
+// Only the benchmark and test harnesses turn them on (ApplyEnv in their
+// TestMain; the benchmark's --trace flag); no product package reads the
+// variables (internal/layers enforces who may import this package).
 //
 // The kernels package appends Defines to every NVRTC compile (so the
-// define is part of every cache key and a switched build never shares a
+// defines are part of every cache key and a switched build never shares a
 // cache entry with a default one) and internal/cpuemu to every g++ build of
-// the emulation. The first of those calls freezes the switch: kernels
-// compiled and loaded already cannot change, so Set after it fails.
+// the emulation. The first of those calls freezes the switches: kernels
+// compiled and loaded already cannot change, so a Set after it fails.
 package kernelflags
 
 import (
@@ -32,10 +39,18 @@ const EnvNoFingerprint = "GOEP_BENCH_NO_FINGERPRINT"
 // DefineNoFingerprint is the compiler option the switch adds.
 const DefineNoFingerprint = "-DGOEP_NO_FINGERPRINT=1"
 
+// EnvLLTrace is the low-latency trace switch's variable: "1" compiles the
+// phase trace in, "" or "0" leaves it out.
+const EnvLLTrace = "GOEP_LL_TRACE"
+
+// DefineLLTrace is the compiler option the trace switch adds.
+const DefineLLTrace = "-DGOEP_LL_TRACE=1"
+
 var (
-	mu     sync.Mutex
-	noFP   bool
-	frozen bool
+	mu      sync.Mutex
+	noFP    bool
+	llTrace bool
+	frozen  bool
 )
 
 // SetNoFingerprint turns the switch on or off. It fails once kernels were
@@ -54,6 +69,29 @@ func SetNoFingerprint(on bool) error {
 	return nil
 }
 
+// SetLLTrace turns the low-latency phase trace on or off. It fails once
+// kernels were compiled with the other setting (after the first Defines).
+func SetLLTrace(on bool) error {
+	mu.Lock()
+	defer mu.Unlock()
+	if frozen && on != llTrace {
+		return fmt.Errorf("kernelflags: the low-latency trace switch cannot change to %v: kernels were already compiled with %v", on, llTrace)
+	}
+	if on && !llTrace {
+		slog.Warn("goep: the low-latency kernels' phase trace is compiled in (" + EnvLLTrace + "=1): " +
+			"every block stamps its phases; for measurement only")
+	}
+	llTrace = on
+	return nil
+}
+
+// LLTrace reports whether the low-latency trace switch is on.
+func LLTrace() bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return llTrace
+}
+
 // NoFingerprint reports whether the switch is on.
 func NoFingerprint() bool {
 	mu.Lock()
@@ -67,23 +105,55 @@ func Defines() []string {
 	mu.Lock()
 	defer mu.Unlock()
 	frozen = true
+	var d []string
 	if noFP {
-		return []string{DefineNoFingerprint}
+		d = append(d, DefineNoFingerprint)
 	}
-	return nil
+	if llTrace {
+		d = append(d, DefineLLTrace)
+	}
+	return d
 }
 
-// ApplyEnv sets the switch from $GOEP_BENCH_NO_FINGERPRINT, for the
-// harnesses' TestMain (before any kernel is compiled). Any value other than
-// "", "0" and "1" is an error.
+// ApplyEnv sets both switches from $GOEP_BENCH_NO_FINGERPRINT and
+// $GOEP_LL_TRACE, for the harnesses' TestMain (before any kernel is
+// compiled). Any value other than "", "0" and "1" is an error.
 func ApplyEnv() error {
 	switch v := os.Getenv(EnvNoFingerprint); v {
 	case "", "0":
-		return SetNoFingerprint(false)
+		if err := SetNoFingerprint(false); err != nil {
+			return err
+		}
 	case "1":
-		return SetNoFingerprint(true)
+		if err := SetNoFingerprint(true); err != nil {
+			return err
+		}
 	default:
 		return fmt.Errorf("kernelflags: %s=%q: want 1 (fingerprint compiled out) or 0", EnvNoFingerprint, v)
+	}
+	return ApplyLLTraceEnv()
+}
+
+// ApplyLLTraceEnv sets the low-latency trace switch from $GOEP_LL_TRACE
+// (before any kernel is compiled). Any value other than "", "0" and "1" is
+// an error.
+func ApplyLLTraceEnv() error {
+	on, err := LLTraceEnv()
+	if err != nil {
+		return err
+	}
+	return SetLLTrace(on)
+}
+
+// LLTraceEnv parses $GOEP_LL_TRACE: "" and "0" are off, "1" on.
+func LLTraceEnv() (bool, error) {
+	switch v := os.Getenv(EnvLLTrace); v {
+	case "", "0":
+		return false, nil
+	case "1":
+		return true, nil
+	default:
+		return false, fmt.Errorf("kernelflags: %s=%q: want 1 (low-latency phase trace compiled in) or 0", EnvLLTrace, v)
 	}
 }
 
@@ -104,8 +174,22 @@ func RerunSwitched(run string) (string, error) {
 	if NoFingerprint() || os.Getenv(EnvNoFingerprint) == "1" {
 		return "", fmt.Errorf("kernelflags: %s is set in the parent: the rerun compares a default parent with a switched child", EnvNoFingerprint)
 	}
+	return rerun(EnvNoFingerprint, run)
+}
+
+// RerunLLTrace is RerunSwitched for the low-latency trace switch: this
+// test binary again with $GOEP_LL_TRACE=1 (its TestMain applies it), from
+// a parent whose switch is off.
+func RerunLLTrace(run string) (string, error) {
+	if LLTrace() || os.Getenv(EnvLLTrace) == "1" {
+		return "", fmt.Errorf("kernelflags: %s is set in the parent: the rerun compares a default parent with a switched child", EnvLLTrace)
+	}
+	return rerun(EnvLLTrace, run)
+}
+
+func rerun(env, run string) (string, error) {
 	cmd := exec.Command(os.Args[0], "-test.run", run, "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), EnvNoFingerprint+"=1")
+	cmd.Env = append(os.Environ(), env+"=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("kernelflags: the switched run of %q failed: %w", run, err)

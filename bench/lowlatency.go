@@ -191,7 +191,8 @@ func runLowLatency(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := rep.write(stdout, o); err != nil {
 		errs = append(errs, err)
 	}
-	if o.trace && len(errs) == 0 {
+	// errs holds one entry per rank, nil where the rank succeeded.
+	if o.trace && errors.Join(errs...) == nil {
 		if err := writeLLTraces(stdout, o.kind, o.shared, ranks); err != nil {
 			errs = append(errs, err)
 		}

@@ -1022,6 +1022,9 @@ extern "C" __global__ void goep_ll_dispatch(const u64* peers, u64 off_ctrl, u64 
       }
       __syncthreads();
     }
+    if ((int)blockIdx.x >= local_experts * copies) {
+      GOEP_LL_TR(GOEP_LL_EV_D_SCAN);  // a block without an expert part: it passed the scan with nothing to do
+    }
   }
   // Done reading the staged rows: the sources may write this set again.
   goep_ll_finish(s_peers, ctrl, GOEP_LL_CTRL_DISP_DONE, GOEP_LL_CTRL_DISP_EPOCH, set, e, true, ports,

@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 func TestEmulatedTrace(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
 	traced := kernelflags.LLTrace()
-	traceScenario(t, emuDevices(t, 3), 0, 3, 64, traced)
+	traceScenario(t, emuDevices(t, 3), 0, 6, 64, traced) // grids 6 and 5 over 4 experts: the second has blocks without an expert part
 	if traced {
 		t.Log("trace checked on every rank")
 		return

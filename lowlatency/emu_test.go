@@ -28,7 +28,17 @@ func emuDevices(t *testing.T, n int) []device.Device {
 
 func TestEmulatedKernels(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
-	for _, c := range cases() {
+	// The common cases run the specialised kernels; two of them again on
+	// the general kernels (LaunchConfig.General), whose common path the
+	// other cases (rank-major, elastic, nodes) do not reach.
+	all := cases()
+	for _, c := range all {
+		if c.name == "bf16-random" || c.name == "fp8-split" {
+			c.name, c.general = "general-"+c.name, true
+			all = append(all, c)
+		}
+	}
+	for _, c := range all {
 		t.Run(c.name, func(t *testing.T) {
 			// At most about 2048 threads a launch run at once: ranks x
 			// blocks x threads stays below.
@@ -47,6 +57,7 @@ func TestEmulatedKernels(t *testing.T) {
 			case "few-tokens":
 				c.cfg.NumSMs = 5
 			}
+			c.cfg.General = c.general
 			g := newGroup(t, emuDevices(t, c.ranks), c.config(), 60*time.Second, 0)
 			runCase(t, g, c)
 		})

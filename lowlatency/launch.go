@@ -15,10 +15,21 @@ const (
 	KernelDispatch = "goep_ll_dispatch"
 	KernelCombine  = "goep_ll_combine"
 	KernelSetMask  = "goep_ll_set_mask"
+	// The same kernels compiled for the common case alone (one node,
+	// expert-major, not elastic; dispatch in one format, combine with BF16
+	// input): the general kernels' paths for the other cases compiled out.
+	// Same parameters; Dispatch and Combine pick them unless
+	// LaunchConfig.General. Measured 2.1-2.5 us faster per BF16 dispatch +
+	// combine pair (EP2, H200, docs/PERFORMANCE.md session 10).
+	KernelDispatchBF16  = "goep_ll_dispatch_bf16"
+	KernelDispatchFP8   = "goep_ll_dispatch_fp8"
+	KernelDispatchUE8M0 = "goep_ll_dispatch_ue8m0"
+	KernelCombineCommon = "goep_ll_combine_fast"
 )
 
 // Kernels are every kernel a low-latency Buffer may launch (to preload).
-var Kernels = []string{KernelDispatch, KernelCombine, KernelSetMask}
+var Kernels = []string{KernelDispatch, KernelCombine, KernelSetMask,
+	KernelDispatchBF16, KernelDispatchFP8, KernelDispatchUE8M0, KernelCombineCommon}
 
 func init() {
 	kernels.Register(kernels.Module{Name: "lowlatency", File: "lowlatency.cu", Kernels: Kernels})
@@ -109,6 +120,9 @@ func (w *Workspace) Validate() error {
 type LaunchConfig struct {
 	NumSMs  int // grid cap; 0: DefaultSMs, every SM (a default shrinks to SpinBlocks; a given grid above it is refused)
 	Threads int // per block, multiple of 32 up to MaxThreads; 0: DefaultThreads
+	// General runs the general kernels even where a specialised one
+	// applies (tests of the general kernels' common path, A/B).
+	General bool
 }
 
 func (w *Workspace) resolve(dev device.Device, c LaunchConfig) (blocks, threads int, err error) {
@@ -228,7 +242,7 @@ func (w *Workspace) Dispatch(dev device.Device, s device.Stream, a DispatchArgs,
 		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID).
 		Ptr(w.Ports).U32(l.NodeMask(w.Rank)).U64(uint64(sr.SendX.Offset)).U64(uint64(sr.SendS.Offset)).
 		U64(uint64(sr.SendIDs.Offset)).U64(uint64(sr.SendW.Offset))
-	if err := dev.Launch(KernelDispatch, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
+	if err := dev.Launch(w.dispatchKernel(a, cfg), device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
 		return fmt.Errorf("lowlatency: dispatch: %w", err)
 	}
 	return nil
@@ -297,10 +311,39 @@ func (w *Workspace) Combine(dev device.Device, s device.Stream, a CombineArgs, c
 		I32(int32(l.MaxTokens)).I32(int32(l.Hidden)).I32(b2i(a.RankMajor)).I32(int32(a.Set)).
 		I32(int32(a.Phase)).I32(b2i(a.Elastic)).I32(int32(sl)).Ptr(w.Watchdog).U32(w.WaitID).
 		Ptr(w.Ports).U32(l.NodeMask(w.Rank)).U64(uint64(sr.CSend.Offset))
-	if err := dev.Launch(KernelCombine, device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
+	if err := dev.Launch(w.combineKernel(a, cfg), device.D1(blocks), device.D1(threads), 0, s, args); err != nil {
 		return fmt.Errorf("lowlatency: combine: %w", err)
 	}
 	return nil
+}
+
+// common reports whether a call is the case the specialised kernels were
+// compiled for: one node (no port channels), expert-major, not elastic.
+func (w *Workspace) common(rankMajor, elastic bool, cfg LaunchConfig) bool {
+	return !cfg.General && !rankMajor && !elastic && w.Layout.NodeCount() == 1
+}
+
+// dispatchKernel is the kernel a dispatch launches.
+func (w *Workspace) dispatchKernel(a DispatchArgs, cfg LaunchConfig) string {
+	if !w.common(a.RankMajor, a.Elastic, cfg) {
+		return KernelDispatch
+	}
+	switch a.Format {
+	case FP8:
+		return KernelDispatchFP8
+	case UE8M0:
+		return KernelDispatchUE8M0
+	default:
+		return KernelDispatchBF16
+	}
+}
+
+// combineKernel is the kernel a combine launches.
+func (w *Workspace) combineKernel(a CombineArgs, cfg LaunchConfig) string {
+	if !w.common(a.RankMajor, a.Elastic, cfg) || a.YFP8 {
+		return KernelCombine
+	}
+	return KernelCombineCommon
 }
 
 // MaskOp says how SetMask changes the mask.

@@ -33,6 +33,7 @@ type llCase struct {
 	minus1, bad, dups int      // percent of ids that are -1, out of range, repeated
 	hot, cold         int      // an expert every token picks / no token picks (-1: none)
 	cfg               lowlatency.LaunchConfig
+	general           bool // the general kernels even where a specialised one applies (emulated runs)
 }
 
 func (c llCase) config() lowlatency.Config {

@@ -17,8 +17,13 @@ import (
 // ArrivalUnit at once where the kernel's blocks add shares. A wait that
 // gives up returns nil after the record is written, as the kernel exits.
 func init() {
-	device.RegisterHostKernel(KernelDispatch, dispatchTwin)
-	device.RegisterHostKernel(KernelCombine, combineTwin)
+	// The specialised kernels compute what the general ones do.
+	for _, k := range []string{KernelDispatch, KernelDispatchBF16, KernelDispatchFP8, KernelDispatchUE8M0} {
+		device.RegisterHostKernel(k, dispatchTwin)
+	}
+	for _, k := range []string{KernelCombine, KernelCombineCommon} {
+		device.RegisterHostKernel(k, combineTwin)
+	}
 	device.RegisterHostKernel(KernelSetMask, setMaskTwin)
 }
 

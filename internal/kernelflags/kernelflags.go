@@ -56,32 +56,29 @@ var (
 // SetNoFingerprint turns the switch on or off. It fails once kernels were
 // compiled with the other setting (after the first Defines).
 func SetNoFingerprint(on bool) error {
-	mu.Lock()
-	defer mu.Unlock()
-	if frozen && on != noFP {
-		return fmt.Errorf("kernelflags: the fingerprint switch cannot change to %v: kernels were already compiled with %v", on, noFP)
-	}
-	if on && !noFP {
-		slog.Warn("goep: kernel call fingerprints are compiled out (" + EnvNoFingerprint + "=1): " +
-			"mismatched calls across ranks are not detected; for measurement only")
-	}
-	noFP = on
-	return nil
+	return set(&noFP, on, "fingerprint", "goep: kernel call fingerprints are compiled out ("+EnvNoFingerprint+"=1): "+
+		"mismatched calls across ranks are not detected; for measurement only")
 }
 
 // SetLLTrace turns the low-latency phase trace on or off. It fails once
 // kernels were compiled with the other setting (after the first Defines).
 func SetLLTrace(on bool) error {
+	return set(&llTrace, on, "low-latency trace", "goep: the low-latency kernels' phase trace is compiled in ("+
+		EnvLLTrace+"=1): every block stamps its phases; for measurement only")
+}
+
+// set turns the switch *cur on or off unless kernels were already
+// compiled with the other setting, and warns when it turns on.
+func set(cur *bool, on bool, what, warning string) error {
 	mu.Lock()
 	defer mu.Unlock()
-	if frozen && on != llTrace {
-		return fmt.Errorf("kernelflags: the low-latency trace switch cannot change to %v: kernels were already compiled with %v", on, llTrace)
+	if frozen && on != *cur {
+		return fmt.Errorf("kernelflags: the %s switch cannot change to %v: kernels were already compiled with %v", what, on, *cur)
 	}
-	if on && !llTrace {
-		slog.Warn("goep: the low-latency kernels' phase trace is compiled in (" + EnvLLTrace + "=1): " +
-			"every block stamps its phases; for measurement only")
+	if on && !*cur {
+		slog.Warn(warning)
 	}
-	llTrace = on
+	*cur = on
 	return nil
 }
 

@@ -22,7 +22,9 @@ var apiTable = []any{(*channels.Communicator)(nil), (*channels.Proxy)(nil), (*ch
 	(*channels.DeviceArray)(nil), (*channels.MemoryChannel)(nil), (*channels.PortChannel)(nil),
 	(*channels.Mesh)(nil), (*channels.PortMesh)(nil), (*channels.MemorySemaphore)(nil), (*channels.HostSemaphore)(nil),
 	(*channels.TimeoutError)(nil), channels.RegisteredMemory{}, channels.Topology{}, channels.Transport(0),
-	channels.Transport(255), channels.TransportSet(0), channels.TransportSet(255)}
+	channels.Transport(255), channels.TransportSet(0), channels.TransportSet(255),
+	(*channels.ProxyTrace)(nil), channels.TraceSummary{}, channels.TraceOp(0), channels.TraceOp(255),
+	channels.TraceStage(0), channels.TraceStage(255)}
 
 // Class 1: every exported method of the channel layer's types answers on a
 // nil receiver with an error or a zero value (MemoryChannel.Semaphore

@@ -19,6 +19,21 @@ var testPutBytes int
 // testProxyPending is their NotifyConfig.ProxyMaxPending, likewise.
 var testProxyPending int
 
+// testThreads and testSplit are the NotifyConfig.Threads and Split of
+// checkDispatchRounds and checkCombineRounds (zero: the defaults), set
+// likewise (withGrid).
+var (
+	testThreads int
+	testSplit   internode.Split
+)
+
+func withGrid(t *testing.T, threads int, sp internode.Split) {
+	t.Helper()
+	prevT, prevS := testThreads, testSplit
+	testThreads, testSplit = threads, sp
+	t.Cleanup(func() { testThreads, testSplit = prevT, prevS })
+}
+
 func withPutBytes(t *testing.T, n int) {
 	t.Helper()
 	prev := testPutBytes
@@ -102,6 +117,42 @@ func TestEmulatedPutPieces(t *testing.T) {
 			checkGraphReplays(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2700+int64(n), 4,
 				internode.Split{Senders: 1, Forwarders: 1, Receivers: 1})
 		})
+	}
+}
+
+// The dispatch packs a sender block's chunk a tile of block-size tokens at
+// a time (rows and slots ranked by warp ballots, running counts carried
+// from tile to tile). One sender block of 32 threads makes every rank's
+// run (up to 39 tokens) two tiles, 64 threads one tile of two warps;
+// pieces of 1000 bytes cut them again: rows, slots and piece bounds must
+// still match the reference's order.
+func TestEmulatedPackTiles(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, threads := range []int{32, 64} {
+		for _, n := range []int{0, 1000} {
+			t.Run(fmt.Sprintf("threads=%d/put=%d", threads, n), func(t *testing.T) {
+				withGrid(t, threads, internode.Split{Senders: 1, Forwarders: 1, Receivers: 1})
+				withPutBytes(t, n)
+				seed := int64(3100 + threads + n)
+				checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, seed)
+				checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, seed+1)
+			})
+		}
+	}
+}
+
+// The same on the GPUs present.
+func TestPackTilesGPU(t *testing.T) {
+	skipNoGPU(t)
+	withGrid(t, 32, internode.Split{Senders: 1, Forwarders: 1, Receivers: 1})
+	for _, n := range []int{0, 1000} {
+		for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+			t.Run(fmt.Sprintf("%v/put=%d", topo, n), func(t *testing.T) {
+				withPutBytes(t, n)
+				checkDispatchRounds(t, cudaBackend, topo, 3300+int64(n))
+				checkCombineRounds(t, cudaBackend, topo, 3400+int64(n))
+			})
+		}
 	}
 }
 

@@ -603,11 +603,11 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 	r.rep.ok("checks", fmt.Sprintf("T=%d bf16", t), "internode dispatch (non-cached, cached) byte-exact, combine (BF16 partials) bit-exact; rank 0 received %d rows", res.NumRecv)
 
 	var figs []interFigure
-	timeOne := func(k inKey, b interBytes, call func() error) error {
+	timeOne := func(k inKey, b interBytes, before, call func() error) error {
 		if splitTag != "" {
 			k.Mode += " split=" + splitTag
 		}
-		us, _, err := r.timeCalls(o.warmup, o.iters, call)
+		us, _, err := r.timeCallsAfter(o.warmup, o.iters, before, call)
 		if err = r.agree(fmt.Sprintf("T=%d %s %s %s", k.Tokens, k.Op, k.Dtype, k.Mode), err); err != nil {
 			return err
 		}
@@ -617,33 +617,45 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 	}
 	r.progress("bf16 checks passed; timing")
 	bd, bc := dispatchBytes(sh.bf16Tr[r.rank]), combineBytes(sh.combTr[r.rank])
+	cachedDispatch := func() error {
+		_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: h, Stream: r.st, Done: nil})
+		return err
+	}
+	// Combine is timed as an engine runs it, right after its dispatch
+	// (issued before the first event, untimed): a second combine of one
+	// handle would first replay the handle's route-only dispatch inside
+	// the call (buffer/internode_device.go), network round trip included,
+	// which is not the combine's cost.
 	steps := []struct {
-		k    inKey
-		b    interBytes
-		call func() error
+		k      inKey
+		b      interBytes
+		before func() error
+		call   func() error
 	}{
-		{inKey{Tokens: t, Op: "dispatch", Dtype: "bf16", Mode: "cached"}, bd, func() error {
-			_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: h, Stream: r.st, Done: nil})
-			return err
-		}},
-		{inKey{Tokens: t, Op: "combine", Dtype: "bf16", Mode: "events"}, bc, func() error {
+		{inKey{Tokens: t, Op: "dispatch", Dtype: "bf16", Mode: "cached"}, bd, nil, cachedDispatch},
+		{inKey{Tokens: t, Op: "combine", Dtype: "bf16", Mode: "after-dispatch"}, bc, cachedDispatch, func() error {
 			_, err := r.buf.Combine(ctx, ep.CombineArgs{X: res.RecvX, Weights: res.RecvWeights, Handle: h, Stream: r.st})
 			return err
 		}},
-		{inKey{Tokens: t, Op: "notify+dispatch", Dtype: "bf16", Mode: "full"}, bd, func() error {
+		{inKey{Tokens: t, Op: "notify+dispatch", Dtype: "bf16", Mode: "full"}, bd, nil, func() error {
 			d, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, TopK: in.ids, Weights: in.w, Stream: r.st})
 			d.Handle.Release()
 			return err
 		}},
 	}
 	for _, s := range steps {
-		if err := timeOne(s.k, s.b, s.call); err != nil {
+		if err := timeOne(s.k, s.b, s.before, s.call); err != nil {
 			return nil, err
 		}
 	}
 	if r.traceProxy {
 		for _, s := range steps[:2] { // cached dispatch, combine
 			label := fmt.Sprintf("T=%d %s %s (network %.1f MB)", t, s.k.Op, s.k.Mode, float64(s.b.Network)/1e6)
+			if s.before != nil {
+				if err := r.agree("before traced "+label, s.before()); err != nil {
+					return nil, err
+				}
+			}
 			tr, err := traceCall(r.rank, r.dev, r.st, label, func() error { return r.agree(label, nil) }, s.call)
 			if err = r.agree("traced "+label, err); err != nil {
 				return nil, err
@@ -674,7 +686,7 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 	}
 	defer res8.Handle.Release()
 	r.rep.ok("checks", fmt.Sprintf("T=%d fp8", t), "internode dispatch (non-cached, cached) byte-exact, scales included")
-	err = timeOne(inKey{Tokens: t, Op: "dispatch", Dtype: "fp8", Mode: "cached"}, dispatchBytes(sh.fp8Tr[r.rank]), func() error {
+	err = timeOne(inKey{Tokens: t, Op: "dispatch", Dtype: "fp8", Mode: "cached"}, dispatchBytes(sh.fp8Tr[r.rank]), nil, func() error {
 		_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x8, Scales: in.scales, Handle: res8.Handle, Stream: r.st})
 		return err
 	})
@@ -726,7 +738,7 @@ type interReport struct {
 	Memory  ep.Memory `json:"buffer_memory"`
 	Split   string    `json:"split"`
 	// PutBytes is $GOEP_INTERNODE_PUT_BYTES as the Buffer read it (empty:
-	// one put per node and block).
+	// internode.DefaultPutBytes).
 	PutBytes string `json:"put_bytes,omitempty"`
 	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
 	// (empty: channels' default).
@@ -804,7 +816,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 func printInternode(w io.Writer, o inOpts, rep interReport) {
 	fmt.Fprintf(w, "internode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
 		rep.Ranks, rep.As, rep.Backend, rep.Device, o.hidden, o.topk, o.experts, o.seed, o.masked)
-	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events; bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
+	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",
 		o.warmup, o.iters-1, o.iters)
 	if o.kind == device.Host {

@@ -32,8 +32,23 @@ func (k inKey) with(t int, op, dtype, mode string) inKey {
 // returns the mean GPU time of all but the first, and the mean host time
 // per call likewise.
 func (r *inRank) timeCalls(warmup, iters int, call func() error) (us, wallUS float64, err error) {
+	return r.timeCallsAfter(warmup, iters, nil, call)
+}
+
+// timeCallsAfter is timeCalls with before (when not nil) issued ahead of
+// every call, outside its events: a call timed in the state it is meant
+// for (internode's combine right after its dispatch).
+func (r *inRank) timeCallsAfter(warmup, iters int, before, call func() error) (us, wallUS float64, err error) {
+	both := func() error {
+		if before != nil {
+			if err := before(); err != nil {
+				return err
+			}
+		}
+		return call()
+	}
 	for i := 0; i < warmup; i++ {
-		if err := call(); err != nil {
+		if err := both(); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -57,6 +72,11 @@ func (r *inRank) timeCalls(warmup, iters int, call func() error) (us, wallUS flo
 	}
 	walls := make([]time.Duration, iters)
 	for i := 0; i < iters; i++ {
+		if before != nil {
+			if err := before(); err != nil {
+				return 0, 0, err
+			}
+		}
 		if err := evs[2*i].Record(r.st); err != nil {
 			return 0, 0, err
 		}

@@ -200,7 +200,7 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.SplitEnv, err)
 	}
 	// $GOEP_INTERNODE_PUT_BYTES likewise (internode.ParsePutBytes; unset:
-	// one put per node and block).
+	// internode.DefaultPutBytes; 0: one put per node and block).
 	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
 	if err != nil {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.PutBytesEnv, err)

@@ -95,10 +95,10 @@ type NotifyConfig struct {
 	// packed (dispatch) or reduced (combine), so that the transport copies
 	// and sends the first piece while the block writes the rest instead of
 	// starting only after the block's whole run. 0 means one put per node
-	// and block (the measured default until an A/B says otherwise); at
-	// most MaxPutBytes. The Buffer reads it from $GOEP_INTERNODE_PUT_BYTES
-	// (PutBytesEnv, ParsePutBytes). Ranks may pass different values (the
-	// receiver counts arrivals, not puts).
+	// and block; at most MaxPutBytes. The Buffer reads it from
+	// $GOEP_INTERNODE_PUT_BYTES (PutBytesEnv, ParsePutBytes: unset gives
+	// DefaultPutBytes, the measured best). Ranks may pass different values
+	// (the receiver counts arrivals, not puts).
 	PutBytes int
 	// ProxyMaxPending is the MaxPending of this Notify's proxy
 	// (channels.ProxyConfig): how many operations (puts, atomic adds) it

@@ -36,14 +36,23 @@ const PutBytesEnv = "GOEP_INTERNODE_PUT_BYTES"
 // bits).
 const MaxPutBytes = 1 << 30
 
-// ParsePutBytes reads a NotifyConfig.PutBytes: "" or "0" (one put per
-// node and block), or a byte count with an optional k or m suffix (KiB,
-// MiB), e.g. "1m" or "262144", at most MaxPutBytes.
+// DefaultPutBytes is the put size the Buffer asks for when
+// $GOEP_INTERNODE_PUT_BYTES is unset. Measured (docs/PERFORMANCE.md,
+// session 11; 4x H200, 2 virtual nodes over TCP, 4096 tokens): pieces of
+// 1 MiB took 0.4-0.8 ms off cached dispatch and combine against one put
+// per block (the first piece leaves while the block writes the rest); 2
+// MiB gained less, 512 KiB and 256 KiB lost 2-4 ms (a put's fixed cost on
+// the proxy and the sockets).
+const DefaultPutBytes = 1 << 20
+
+// ParsePutBytes reads a NotifyConfig.PutBytes: "" (DefaultPutBytes), "0"
+// (one put per node and block), or a byte count with an optional k or m
+// suffix (KiB, MiB), e.g. "1m" or "262144", at most MaxPutBytes.
 func ParsePutBytes(v string) (int, error) {
 	in := v
 	v = strings.ToLower(strings.TrimSpace(v))
 	if v == "" {
-		return 0, nil
+		return DefaultPutBytes, nil
 	}
 	mult := 1
 	switch {

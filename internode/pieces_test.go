@@ -50,7 +50,7 @@ func withProxyPending(t *testing.T, n int) {
 
 // ParseProxyPending's forms and refusals.
 func TestParseProxyPending(t *testing.T) {
-	for in, want := range map[string]int{"": internode.DefaultPutBytes, "0": 0, " 1 ": 1, "4096": 4096, "1048576": internode.MaxProxyPending} {
+	for in, want := range map[string]int{"": 0, "0": 0, " 1 ": 1, "4096": 4096, "1048576": internode.MaxProxyPending} {
 		got, err := internode.ParseProxyPending(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)

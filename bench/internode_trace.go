@@ -74,8 +74,10 @@ func traceCall(rank int, dev device.Device, st device.Stream, label string, sync
 	if err != nil {
 		return tr, err
 	}
-	s := channels.SnapshotProxyTrace(rank).Summary(issued, done)
-	tr = interTrace{Label: label, Rank: rank, US: float64(el) / 1e3, FirstTriggerUS: -1, TailUS: -1, Summary: s.String()}
+	snap := channels.SnapshotProxyTrace(rank)
+	s := snap.Summary(issued, done)
+	tr = interTrace{Label: label, Rank: rank, US: float64(el) / 1e3, FirstTriggerUS: -1, TailUS: -1,
+		Summary: s.String() + "\n" + traceTimeline(snap, issued, done, 16)}
 	if s.FirstTrigger >= 0 {
 		tr.FirstTriggerUS = float64(s.FirstTrigger) / 1e3
 	}
@@ -109,4 +111,39 @@ func printTraces(w io.Writer, all [][]interTrace) {
 				x.Label, x.Rank, x.US, x.FirstTriggerUS, x.TailUS, strings.ReplaceAll(x.Summary, "\n", "\n  "))
 		}
 	}
+}
+
+// traceTimeline cuts [from, to] into bins and prints, per bin, the put
+// bytes the proxy took off the FIFO (when the kernel's puts reached the
+// transport), the bytes this rank's sockets finished writing, and the
+// bytes its receivers finished copying in (MB): where the network leg ran
+// at full rate and where it idled.
+func traceTimeline(pt *channels.ProxyTrace, from, to int64, bins int) string {
+	if pt == nil || to <= from || bins < 1 {
+		return ""
+	}
+	width := (to - from + int64(bins) - 1) / int64(bins)
+	rows := [3][]int64{make([]int64, bins), make([]int64, bins), make([]int64, bins)}
+	bin := func(t int64) int {
+		return min(bins-1, max(0, int((t-from)/width)))
+	}
+	for _, e := range pt.Events {
+		switch {
+		case e.Stage == channels.StageTrigger && (e.Op == channels.OpPut || e.Op == channels.OpPutSignal):
+			rows[0][bin(e.Start)] += e.Bytes
+		case e.Stage == channels.StageSend:
+			rows[1][bin(e.End)] += e.Bytes
+		case e.Stage == channels.StageCopyIn:
+			rows[2][bin(e.End)] += e.Bytes
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "timeline, MB per %.0f us bin from the issue:", float64(width)/1e3)
+	for i, name := range []string{"puts popped", "sent", "copied in"} {
+		fmt.Fprintf(&b, "\n    %-12s", name)
+		for _, v := range rows[i] {
+			fmt.Fprintf(&b, " %5.1f", float64(v)/1e6)
+		}
+	}
+	return b.String()
 }

@@ -123,7 +123,7 @@ func TestInternodeOnGPU(t *testing.T) {
 			t.Logf("\n%s", stdout)
 			// The split sweep (each split a checked Buffer of its own).
 			code, stdout, stderr = run(t, "internode", "--backend", "cuda", "--ranks", fmt.Sprint(ranks), "--nodes", "2",
-				"--tokens", "1024", "--warmup", "5", "--iters", "20", "--sms", "16", "--sweep")
+				"--tokens", "1024", "--warmup", "5", "--iters", "20", "--sms", "12", "--sweep")
 			require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 			for _, want := range []string{"SPLIT SWEEP", "best split: ", "internode: all checks passed"} {
 				assert.Contains(t, stdout, want)

@@ -315,6 +315,11 @@ func (t *tcpConnection) enqueue(m tcpMsg) error {
 	}
 }
 
+// boundsOwnQueues: Write and the word operations wait while the socket's
+// queue (tcpQueue messages) is full, so the proxy needs no flow-control
+// flush for this connection (Proxy.queued).
+func (t *tcpConnection) boundsOwnQueues() {}
+
 // backlog is the payload bytes queued on the sockets and not yet written
 // to them: how long the connection stays busy with work it already has
 // (0 once it failed: nothing queued there will be sent).

@@ -33,6 +33,11 @@ const traceAdds = 3
 // runTraced runs the sequence with tracing on or off and returns the two
 // ranks' snapshots.
 func runTraced(t *testing.T, on, stage bool) [2]*channels.ProxyTrace {
+	return runTracedWith(t, on, stage, channels.ProxyConfig{})
+}
+
+// runTracedWith is runTraced with rank 0's proxy built from cfg.
+func runTracedWith(t *testing.T, on, stage bool, cfg channels.ProxyConfig) [2]*channels.ProxyTrace {
 	if stage {
 		t.Setenv("GOEP_TCP_STAGE", "always")
 	}
@@ -48,7 +53,7 @@ func runTraced(t *testing.T, on, stage bool) [2]*channels.ProxyTrace {
 			Network: channels.NetworkConfig{VirtualNodes: 2, Sockets: 3, ChunkBytes: traceChunk}},
 		layout, func(ctx context.Context, r *channeltest.Rank) error {
 			me := r.Comm.Rank()
-			if err := r.EnsurePort(ctx); err != nil {
+			if err := r.EnsurePortWith(ctx, cfg); err != nil {
 				return err
 			}
 			rng := rand.New(rand.NewPCG(uint64(me), 9))
@@ -130,6 +135,25 @@ func runTraced(t *testing.T, on, stage bool) [2]*channels.ProxyTrace {
 		})
 	require.NoError(t, errors.Join(errs...))
 	return snaps
+}
+
+// A TCP connection bounds its own queues, so the proxy never flushes it
+// for flow control: with MaxPending 1 (a flush after every operation on
+// other connections) rank 0's trace still holds exactly the one flush the
+// sequence asked for, staged or not.
+func TestProxyNoFlowControlFlushOnTCP(t *testing.T) {
+	for _, stage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("stage=%v", stage), func(t *testing.T) {
+			snaps := runTracedWith(t, true, stage, channels.ProxyConfig{MaxPending: 1})
+			flushes := 0
+			for _, e := range snaps[0].Events {
+				if e.Stage == channels.StageFlush {
+					flushes++
+				}
+			}
+			require.Equal(t, 1, flushes, "flushes on rank 0's connection")
+		})
+	}
 }
 
 func TestProxyTraceTCP(t *testing.T) {

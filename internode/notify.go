@@ -106,10 +106,10 @@ type NotifyConfig struct {
 	// waits until everything queued has landed and the peer acknowledged.
 	// During that wait the proxy carries out no trigger, so the puts
 	// behind it start a round trip late on an emptied connection: with
-	// PutBytes pieces a round pushes several times 64 operations. A TCP
-	// connection bounds its own queues (its Write waits for room), so a
-	// large value only removes those stalls there. 0: channels' default
-	// (64). The Buffer reads it from $GOEP_INTERNODE_PROXY_PENDING
+	// PutBytes pieces a round pushes several times 64 operations. TCP
+	// connections bound their own queues (a Write waits for room) and are
+	// never flushed for this (channels.ProxyConfig), so the bound applies
+	// to the CUDA IPC port transport only. 0: channels' default (64). The Buffer reads it from $GOEP_INTERNODE_PROXY_PENDING
 	// (ProxyPendingEnv, ParseProxyPending).
 	ProxyMaxPending int
 }

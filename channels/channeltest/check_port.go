@@ -42,10 +42,16 @@ const portTag = 1 << 20
 // other rank over the data buffer (handles uploaded in rank order, this
 // rank's slot zero), and starts the proxy. Collective.
 func (r *Rank) EnsurePort(ctx context.Context) error {
+	return r.EnsurePortWith(ctx, channels.ProxyConfig{})
+}
+
+// EnsurePortWith is EnsurePort with the proxy built from cfg (when this
+// call builds it).
+func (r *Rank) EnsurePortWith(ctx context.Context, cfg channels.ProxyConfig) error {
 	if r.Proxy != nil || r.n < 2 {
 		return nil
 	}
-	p, err := r.Comm.NewProxy(channels.ProxyConfig{})
+	p, err := r.Comm.NewProxy(cfg)
 	if err != nil {
 		return err
 	}

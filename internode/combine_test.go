@@ -43,6 +43,9 @@ func checkCombineRounds(t *testing.T, b backend, topo internode.Topology, seed i
 	rng := rand.New(rand.NewSource(seed))
 	w := topo.World()
 	s := internode.Shape{Topology: topo, Hidden: 64 * topo.RanksPerNode, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
+	if testHidden > 0 {
+		s.Hidden = testHidden
+	}
 	// Rounds: dispatch format, combine weights, biases, partial format.
 	type round struct {
 		fp8, weights bool

@@ -93,6 +93,9 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 	w := topo.World()
 	// Hidden 128 on 2 x 2, 256 on 2 x 4: rows of two widths.
 	s := internode.Shape{Topology: topo, Hidden: 64 * topo.RanksPerNode, TopK: 1 + rng.Intn(6), Experts: w * (1 + rng.Intn(3))}
+	if testHidden > 0 {
+		s.Hidden = testHidden
+	}
 	align := []int{0, 4}[rng.Intn(2)]
 	// Round formats: BF16 with weights, FP8 without, FP8 with, BF16
 	// without.

@@ -27,6 +27,17 @@ var (
 	testSplit   internode.Split
 )
 
+// testHidden, when positive, is the hidden size of checkDispatchRounds
+// and checkCombineRounds (withHidden).
+var testHidden int
+
+func withHidden(t *testing.T, h int) {
+	t.Helper()
+	prev := testHidden
+	testHidden = h
+	t.Cleanup(func() { testHidden = prev })
+}
+
 func withGrid(t *testing.T, threads int, sp internode.Split) {
 	t.Helper()
 	prevT, prevS := testThreads, testSplit
@@ -141,6 +152,17 @@ func TestEmulatedPackTiles(t *testing.T) {
 	}
 }
 
+// Wide rows: hidden 2176 (17 x 128) takes the row copies' four-loads
+// loop and its remainder (272 16-byte words a BF16 row) and the
+// forwarders' two-groups reduce with and without its second group, on 2 x
+// 2 and 2 x 4 ranks: dispatch byte for byte, combine bit for bit.
+func TestEmulatedWideRows(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	withHidden(t, 2176)
+	checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 3500)
+	checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, 3600)
+}
+
 // The same on the GPUs present.
 func TestPackTilesGPU(t *testing.T) {
 	skipNoGPU(t)
@@ -153,6 +175,18 @@ func TestPackTilesGPU(t *testing.T) {
 				checkCombineRounds(t, cudaBackend, topo, 3400+int64(n))
 			})
 		}
+	}
+}
+
+// The same on the GPUs present.
+func TestWideRowsGPU(t *testing.T) {
+	skipNoGPU(t)
+	withHidden(t, 2176)
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
+		t.Run(topo.String(), func(t *testing.T) {
+			checkDispatchRounds(t, cudaBackend, topo, 3700)
+			checkCombineRounds(t, cudaBackend, topo, 3800)
+		})
 	}
 }
 

@@ -343,7 +343,19 @@ __device__ __forceinline__ void goep_inn_warp_copy(void* dst, const void* src, u
   if ((((u64)dst | (u64)src | bytes) & 15) == 0) {
     uint4* d = (uint4*)dst;
     const uint4* s = (const uint4*)src;
-    for (u64 q = lane; q < bytes / 16; q += 32) {
+    const u64 n = bytes / 16;
+    u64 q = lane;
+    // Four loads in flight per lane before their stores: the compiler may
+    // not move a load above a store that could alias it, so the plain loop
+    // waits out one load's latency per 512 bytes a warp.
+    for (; q + 96 < n; q += 128) {
+      const uint4 a = s[q], b = s[q + 32], c = s[q + 64], e = s[q + 96];
+      d[q] = a;
+      d[q + 32] = b;
+      d[q + 64] = c;
+      d[q + 96] = e;
+    }
+    for (; q < n; q += 32) {
       d[q] = s[q];
     }
   } else {
@@ -1077,24 +1089,39 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             continue;
           }
           u8* pr = region + (u64)j * stride;
-          for (int q = lane * 8; q < h; q += 32 * 8) {
-            float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+          // Two groups of eight elements a lane per step (q and q + 256),
+          // both groups' loads of every target row issued before the
+          // stores: the rows are other GPUs' (NVLink latency), and a store
+          // that may alias them keeps the next step's loads behind it.
+          // Each element still sums its rows in ascending local rank from
+          // +0.
+          for (int q0 = lane * 8; q0 < h; q0 += 2 * 32 * 8) {
+            const int q1 = q0 + 32 * 8;
+            const bool two = q1 < h;
+            float acc[2][8] = {{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
             for (int r = 0; r < nt_rows; ++r) {
-              float v[8];
-              goep_inn_ld8_bf16((const u16*)trow[r] + q, v);
+              float v[2][8];
+              goep_inn_ld8_bf16((const u16*)trow[r] + q0, v[0]);
+              if (two) {
+                goep_inn_ld8_bf16((const u16*)trow[r] + q1, v[1]);
+              }
               for (int e = 0; e < 8; ++e) {
-                acc[e] += v[e];
+                acc[0][e] += v[0][e];
+                acc[1][e] += two ? v[1][e] : 0.f;
               }
             }
-            if (pxb == 4 * h) {
-              // Two 16-byte stores (as uint4: the bits of the floats).
-              uint4* d = (uint4*)((float*)pr + q);
-              d[0] = make_uint4(__float_as_uint(acc[0]), __float_as_uint(acc[1]), __float_as_uint(acc[2]),
-                                __float_as_uint(acc[3]));
-              d[1] = make_uint4(__float_as_uint(acc[4]), __float_as_uint(acc[5]), __float_as_uint(acc[6]),
-                                __float_as_uint(acc[7]));
-            } else {
-              goep_inn_st8_bf16((u16*)pr + q, acc);
+            for (int g = 0; g < (two ? 2 : 1); ++g) {
+              const int q = g == 0 ? q0 : q1;
+              if (pxb == 4 * h) {
+                // Two 16-byte stores (as uint4: the bits of the floats).
+                uint4* d = (uint4*)((float*)pr + q);
+                d[0] = make_uint4(__float_as_uint(acc[g][0]), __float_as_uint(acc[g][1]), __float_as_uint(acc[g][2]),
+                                  __float_as_uint(acc[g][3]));
+                d[1] = make_uint4(__float_as_uint(acc[g][4]), __float_as_uint(acc[g][5]), __float_as_uint(acc[g][6]),
+                                  __float_as_uint(acc[g][7]));
+              } else {
+                goep_inn_st8_bf16((u16*)pr + q, acc[g]);
+              }
             }
           }
           for (int q = lane; q < k; q += 32) {

@@ -27,7 +27,10 @@ type interTrace struct {
 	FirstTriggerUS float64 `json:"first_trigger_us"`
 	// TailUS: from the last incoming message applied on this rank to the
 	// host seeing the call's end event complete.
-	TailUS  float64 `json:"tail_us"`
+	TailUS float64 `json:"tail_us"`
+	// IssueUS: how long the host's call took to return (its launches
+	// queued): a first trigger much later than this is kernel time.
+	IssueUS float64 `json:"issue_us"`
 	Summary string  `json:"summary"`
 }
 
@@ -57,6 +60,7 @@ func traceCall(rank int, dev device.Device, st device.Stream, label string, sync
 	}
 	issued := channels.TraceNow()
 	cerr := call()
+	returned := channels.TraceNow()
 	if cerr == nil {
 		if cerr = e1.Record(st); cerr == nil {
 			cerr = e1.Synchronize()
@@ -76,7 +80,7 @@ func traceCall(rank int, dev device.Device, st device.Stream, label string, sync
 	}
 	snap := channels.SnapshotProxyTrace(rank)
 	s := snap.Summary(issued, done)
-	tr = interTrace{Label: label, Rank: rank, US: float64(el) / 1e3, FirstTriggerUS: -1, TailUS: -1,
+	tr = interTrace{Label: label, Rank: rank, US: float64(el) / 1e3, FirstTriggerUS: -1, TailUS: -1, IssueUS: float64(returned-issued) / 1e3,
 		Summary: s.String() + "\n" + traceTimeline(snap, issued, done, 16)}
 	if s.FirstTrigger >= 0 {
 		tr.FirstTriggerUS = float64(s.FirstTrigger) / 1e3
@@ -107,8 +111,8 @@ func printTraces(w io.Writer, all [][]interTrace) {
 			show = append(show, slow)
 		}
 		for _, x := range show {
-			fmt.Fprintf(w, "%s rank %d: call %.1f us (events), first trigger +%.1f us after issue, tail %.1f us\n  %s\n",
-				x.Label, x.Rank, x.US, x.FirstTriggerUS, x.TailUS, strings.ReplaceAll(x.Summary, "\n", "\n  "))
+			fmt.Fprintf(w, "%s rank %d: call %.1f us (events), issue returned +%.1f us, first trigger +%.1f us after issue, tail %.1f us\n  %s\n",
+				x.Label, x.Rank, x.US, x.IssueUS, x.FirstTriggerUS, x.TailUS, strings.ReplaceAll(x.Summary, "\n", "\n  "))
 		}
 	}
 }

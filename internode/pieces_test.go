@@ -168,7 +168,7 @@ func TestEmulatedWideRows(t *testing.T) {
 func TestPackTilesGPU(t *testing.T) {
 	skipNoGPU(t)
 	withGrid(t, 32, internode.Split{Senders: 1, Forwarders: 1, Receivers: 1})
-	for _, n := range []int{0, 1000} {
+	for _, n := range []int{0, 1000, 4000} {
 		for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
 			t.Run(fmt.Sprintf("%v/put=%d", topo, n), func(t *testing.T) {
 				withPutBytes(t, n)

@@ -135,9 +135,8 @@ func TestEmulatedPutPieces(t *testing.T) {
 // a time (rows and slots ranked by warp ballots, running counts carried
 // from tile to tile). One sender block of 32 threads makes every rank's
 // run (up to 39 tokens) two tiles, 64 threads one tile of two warps;
-// pieces of 1000 bytes cut them again, and 4000 bytes (about ten rows a
-// piece) with the short lead piece first (goep_inn_plan_pieces): rows,
-// slots and piece bounds must still match the reference's order.
+// pieces of 1000 and 4000 bytes (about ten rows a piece) cut them again:
+// rows, slots and piece bounds must still match the reference's order.
 func TestEmulatedPackTiles(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
 	for _, threads := range []int{32, 64} {

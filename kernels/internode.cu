@@ -423,43 +423,23 @@ __device__ __forceinline__ int goep_inn_piece_len(int n, int put_bytes, u64 row_
   return len > least ? len : least;
 }
 
-// A block's run of n items in pieces: a short lead piece of first items
-// (an eighth of a piece), then pieces of len, count in all (at most
-// GOEP_INN_MAX_PIECES; 0 for an empty run). The lead piece starts the
-// transport after an eighth of a piece's writing instead of a whole one
-// (measured: the first put of a 4096-token dispatch came 0.4 ms after the
-// call with 1 MiB pieces). Without pieces (put_bytes <= 0) or where the
-// lead piece would exceed the bound, first == len.
+// A block's run of n items in pieces of len (goep_inn_piece_len), count
+// in all (0 for an empty run). A short lead piece (an eighth, so the first
+// put would leave sooner) was measured and dropped (session 11: the first
+// put did not leave earlier, and the extra put per block cost 170 us on
+// the 128-token combine).
 struct goep_inn_pieces {
-  int first, len, count;
+  int len, count;
   // The first item of piece pc (pc == count: at or past the run's end).
-  __device__ __forceinline__ int start(int pc) const { return pc == 0 ? 0 : first + (pc - 1) * len; }
+  __device__ __forceinline__ int start(int pc) const { return pc * len; }
   // The piece whose first item is i, or -1.
-  __device__ __forceinline__ int index_of(int i) const {
-    if (i == 0) {
-      return 0;
-    }
-    if (i < first || (i - first) % len != 0) {
-      return -1;
-    }
-    return 1 + (i - first) / len;
-  }
+  __device__ __forceinline__ int index_of(int i) const { return i % len == 0 ? i / len : -1; }
 };
 
 __device__ __forceinline__ goep_inn_pieces goep_inn_plan_pieces(int n, int put_bytes, u64 row_bytes) {
-  const int len = goep_inn_piece_len(n, put_bytes, row_bytes);
   goep_inn_pieces pl;
-  pl.first = len;
-  pl.len = len;
-  pl.count = n <= 0 ? 0 : (n + len - 1) / len;
-  if (n > 0 && put_bytes > 0 && len >= 8) {
-    const int first = len / 8;
-    const int count = 1 + (n - first + len - 1) / len;
-    if (count <= GOEP_INN_MAX_PIECES) {
-      pl.first = first;
-      pl.count = count;
-    }
-  }
+  pl.len = goep_inn_piece_len(n, put_bytes, row_bytes);
+  pl.count = n <= 0 ? 0 : (n + pl.len - 1) / pl.len;
   return pl;
 }
 

@@ -73,10 +73,11 @@ func TestParseProxyPending(t *testing.T) {
 	}
 }
 
-// The proxy's flow-control flush at its two extremes under pieces of one
-// row: a flush after every operation (MaxPending 1: each put and add waits
-// for the one before it to land and be acknowledged) and practically never
-// (MaxProxyPending): dispatch and combine still equal the reference.
+// The proxy's MaxPending at its two extremes under pieces of one row:
+// dispatch and combine still equal the reference. The cross-node
+// connections here are TCP, which the proxy no longer flushes for flow
+// control at all (channels' TestProxyNoFlowControlFlushOnTCP checks that),
+// so this checks that the knob reaches the proxy and changes no result.
 func TestEmulatedProxyPending(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
 	for _, n := range []int{1, internode.MaxProxyPending} {

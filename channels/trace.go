@@ -35,7 +35,11 @@ import (
 const ProxyTraceEnv = "GOEP_PROXY_TRACE"
 
 // traceRingSize is each ring's capacity in events (a power of two): 2^15
-// 48-byte events, 1.5 MiB a ring, allocated at a ring's first event.
+// 48-byte events, 1.5 MiB a ring, allocated when tracing is switched on
+// (or when the track is made while it is on), so that the first traced
+// call does not pay for the allocations: measured in session 10, a traced
+// 128-token dispatch took 1.7 ms against 0.8 ms untraced when each ring
+// was allocated at its first event.
 const traceRingSize = 1 << 15
 
 var (
@@ -55,7 +59,18 @@ func init() {
 
 // SetProxyTrace turns the proxy trace on or off for the whole process and
 // returns the previous setting. Events are recorded only while on.
-func SetProxyTrace(on bool) bool { return traceOn.Swap(on) }
+// Switching it on allocates the rings of every track that has none yet;
+// rings stay allocated until their track is dropped.
+func SetProxyTrace(on bool) bool {
+	if on {
+		traceReg.mu.Lock()
+		for tr := range traceReg.tracks {
+			tr.allocRing()
+		}
+		traceReg.mu.Unlock()
+	}
+	return traceOn.Swap(on)
+}
 
 // ProxyTraceOn reports whether the proxy trace records.
 func ProxyTraceOn() bool { return traceOn.Load() }
@@ -179,6 +194,9 @@ type traceTrack struct {
 
 func newTraceTrack(rank, peer int, role TraceRole, sock int) *traceTrack {
 	tr := &traceTrack{rank: rank, peer: peer, role: role, sock: sock}
+	if traceOn.Load() {
+		tr.allocRing()
+	}
 	traceReg.mu.Lock()
 	traceReg.tracks[tr] = struct{}{}
 	traceReg.mu.Unlock()
@@ -191,6 +209,15 @@ func dropTraceTracks(trs ...*traceTrack) {
 		delete(traceReg.tracks, tr)
 	}
 	traceReg.mu.Unlock()
+}
+
+// allocRing gives tr its ring if it has none.
+func (tr *traceTrack) allocRing() {
+	tr.mu.Lock()
+	if tr.ring == nil {
+		tr.ring = make([]traceRec, traceRingSize)
+	}
+	tr.mu.Unlock()
 }
 
 // rec records an event that began at start (a TraceNow taken while tracing

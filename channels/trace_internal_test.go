@@ -37,6 +37,24 @@ func TestProxyTraceRingOverflow(t *testing.T) {
 	nilTrack.rec(StageSend, OpWrite, 0, 0, 1) // no ring, no panic
 }
 
+// Rings are allocated when tracing goes on (not at a track's first event,
+// inside a traced call), and at a track's making while it is on.
+func TestProxyTraceRingsAllocatedWhenSwitchedOn(t *testing.T) {
+	const rank = 1<<20 + 1 // no communicator's
+	prev := SetProxyTrace(false)
+	defer SetProxyTrace(prev)
+	before := newTraceTrack(rank, 0, RoleSender, 0)
+	defer dropTraceTracks(before)
+	require.Nil(t, before.ring, "off: no ring yet")
+	SetProxyTrace(true)
+	require.Len(t, before.ring, traceRingSize)
+	after := newTraceTrack(rank, 0, RoleReceiver, 0)
+	defer dropTraceTracks(after)
+	require.Len(t, after.ring, traceRingSize)
+	after.rec(StageRecv, OpWrite, 7, 1, TraceNow())
+	require.Len(t, SnapshotProxyTrace(rank).Events, 1)
+}
+
 // Summary against figures worked out by hand.
 func TestProxyTraceSummary(t *testing.T) {
 	ev := func(st TraceStage, op TraceOp, role TraceRole, a, b, n int64) TraceEvent {

@@ -188,7 +188,7 @@ type traceTrack struct {
 	role       TraceRole
 	sock       int
 	mu         sync.Mutex
-	ring       []traceRec // nil until the first event
+	ring       []traceRec // nil until tracing is on (allocRing)
 	n          uint64     // events recorded since the last reset
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/kernelflags"
 	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/routing"
 )
@@ -42,8 +43,9 @@ type interOpts struct {
 	// port put timing (sweep runs after the first).
 	splitTag string
 	noPut    bool
-	// traceProxy is --trace-proxy.
-	traceProxy bool
+	// traceProxy is --trace-proxy; traceKernels --trace-kernels (implies
+	// traceProxy).
+	traceProxy, traceKernels bool
 }
 
 // interOutcome is one rank's result, gathered on rank 0.
@@ -109,6 +111,7 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	interThreads := fs.Int("threads", 0, "threads per block of the internode dispatch and combine kernels (0: internode.DefaultThreads)")
 	fs.StringVar(&xo.split, "split", "", "the internode grid's blocks as senders,forwarders,receivers (e.g. 4,8,4: the grid is their total), shared (every block every role) or default (internode.DefaultSplit of the grid); empty: $"+internode.SplitEnv+" or the default")
 	fs.BoolVar(&xo.traceProxy, "trace-proxy", false, "after the timings, trace one cached dispatch, one combine and one all-ranks port put with the channels proxy trace on and print where the network leg's time goes (rank 0 and the slowest rank)")
+	fs.BoolVar(&xo.traceKernels, "trace-kernels", false, "compile the internode kernels with their phase trace ("+kernelflags.EnvInnTrace+"=1, measurement only; implies --trace-proxy) and print each traced call's per-block phase stamps")
 	fs.BoolVar(&xo.sweep, "sweep", false, "after the run, time cached dispatch and combine (first --tokens, BF16) under a small grid of splits of the --sms grid and print the best")
 	kind, set, err := parseBackend(fs, args, backend, gpus)
 	if err != nil {
@@ -127,6 +130,12 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := o.validate(); err != nil {
 		return err
 	}
+	// Before any kernel is compiled: the trace build (--trace-kernels, or
+	// $GOEP_INN_TRACE=1 alone) is frozen with the first compile.
+	if xo.traceKernels, err = applyInnTrace(xo.traceKernels); err != nil {
+		return err
+	}
+	xo.traceProxy = xo.traceProxy || xo.traceKernels
 	if xo.split != "" {
 		sp, err := internode.ParseSplit(xo.split)
 		if err != nil {
@@ -473,7 +482,8 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	if out.Split == "" {
 		out.Split = os.Getenv(internode.SplitEnv)
 	}
-	r := &inRank{ctx: ctx, o: o, bs: bs, dev: dev, rank: bs.Rank(), ranks: bs.Size(), lead: lead, rep: &report{}, traceProxy: xo.traceProxy}
+	r := &inRank{ctx: ctx, o: o, bs: bs, dev: dev, rank: bs.Rank(), ranks: bs.Size(), lead: lead, rep: &report{}, traceProxy: xo.traceProxy,
+		traceKernels: xo.traceKernels}
 	var figs []interFigure
 	var err error
 	defer func() {
@@ -649,14 +659,18 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 		}
 	}
 	if r.traceProxy {
-		for _, s := range steps[:2] { // cached dispatch, combine
+		for i, s := range steps[:2] { // cached dispatch, combine
 			label := fmt.Sprintf("T=%d %s %s (network %.1f MB)", t, s.k.Op, s.k.Mode, float64(s.b.Network)/1e6)
 			if s.before != nil {
 				if err := r.agree("before traced "+label, s.before()); err != nil {
 					return nil, err
 				}
 			}
-			tr, err := traceCall(r.rank, r.dev, r.st, label, func() error { return r.agree(label, nil) }, s.call)
+			var kern func() (internode.KernelTrace, error)
+			if r.traceKernels {
+				kern = func() (internode.KernelTrace, error) { return r.kernelTrace(i == 1) }
+			}
+			tr, err := traceCall(r.rank, r.dev, r.st, label, func() error { return r.agree(label, nil) }, s.call, kern)
 			if err = r.agree("traced "+label, err); err != nil {
 				return nil, err
 			}

@@ -149,7 +149,7 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 		if trace {
 			// One put of the count by every rank at once, traced.
 			tr, err := traceCall(bs.Rank(), dev, st, fmt.Sprintf("put all %.1f MB", float64(size)/1e6),
-				func() error { return comm.Barrier(ctx) }, func() error { _, err := put(peer, size, 1); return err })
+				func() error { return comm.Barrier(ctx) }, func() error { _, err := put(peer, size, 1); return err }, nil)
 			if err != nil {
 				return nil, nil, fmt.Errorf("rank %d: traced put: %w", bs.Rank(), err)
 			}

@@ -9,6 +9,8 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/kernelflags"
+	"github.com/goep-dev/goep/internode"
 )
 
 // `ep-bench internode --trace-proxy`: one extra call of cached dispatch,
@@ -36,7 +38,10 @@ type interTrace struct {
 
 // traceCall runs call once with the proxy trace on, on every rank at once
 // (collective), and summarises this rank's trace over the call.
-func traceCall(rank int, dev device.Device, st device.Stream, label string, sync func() error, call func() error) (tr interTrace, err error) {
+// kern, when not nil, reads the kernel's phase trace (--trace-kernels)
+// after the call; its stamps are added to the summary.
+func traceCall(rank int, dev device.Device, st device.Stream, label string, sync func() error, call func() error,
+	kern func() (internode.KernelTrace, error)) (tr interTrace, err error) {
 	e0, err := dev.NewEvent()
 	if err != nil {
 		return tr, err
@@ -82,6 +87,16 @@ func traceCall(rank int, dev device.Device, st device.Stream, label string, sync
 	s := snap.Summary(issued, done)
 	tr = interTrace{Label: label, Rank: rank, US: float64(el) / 1e3, FirstTriggerUS: -1, TailUS: -1, IssueUS: float64(returned-issued) / 1e3,
 		Summary: s.String() + "\n" + traceTimeline(snap, issued, done, 16)}
+	if kern != nil {
+		kt, err := kern()
+		if err != nil {
+			return tr, err
+		}
+		// The GPU timer is compared with the host's wall clock at the
+		// issue: meaningful only where the driver keeps them together.
+		entry := float64(int64(kt.Entry())-(snap.EpochUnixNano+issued)) / 1e3
+		tr.Summary += fmt.Sprintf("\nkernel entry +%.1f us after issue (GPU timer against the host's wall clock)\n%s", entry, kt.Summary())
+	}
 	if s.FirstTrigger >= 0 {
 		tr.FirstTriggerUS = float64(s.FirstTrigger) / 1e3
 	}
@@ -150,4 +165,34 @@ func traceTimeline(pt *channels.ProxyTrace, from, to int64, bins int) string {
 		}
 	}
 	return b.String()
+}
+
+// applyInnTrace turns the internode trace build on for --trace-kernels
+// (whatever $GOEP_INN_TRACE says, which is then only checked for a valid
+// value), else follows $GOEP_INN_TRACE; before any kernel is compiled. It
+// reports whether the build is traced.
+func applyInnTrace(flag bool) (bool, error) {
+	on, err := kernelflags.InnTraceEnv()
+	if err != nil {
+		return false, err
+	}
+	on = on || flag
+	if err := kernelflags.SetInnTrace(on); err != nil {
+		return false, err
+	}
+	return on, nil
+}
+
+// kernelTrace reads this rank's internode phase trace: the last combine's
+// (combine) or dispatch's records.
+func (r *inRank) kernelTrace(combine bool) (internode.KernelTrace, error) {
+	raw, err := r.buf.InternodeTrace()
+	if err != nil {
+		return internode.KernelTrace{}, err
+	}
+	d, c, err := internode.ParseKernelTrace(raw)
+	if combine {
+		return c, err
+	}
+	return d, err
 }

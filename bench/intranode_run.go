@@ -122,9 +122,10 @@ type inRank struct {
 	figs        []inFigure
 	bufs        []device.Buffer
 	step        string
-	// traceProxy: internode --trace-proxy; traces what it recorded.
-	traceProxy bool
-	traces     []interTrace
+	// traceProxy: internode --trace-proxy; traces what it recorded;
+	// traceKernels: internode --trace-kernels.
+	traceProxy, traceKernels bool
+	traces                   []interTrace
 }
 
 // intranodeRank checks and times on one rank. Every rank runs the same

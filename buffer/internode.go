@@ -555,3 +555,29 @@ type devWrite struct {
 	p    uintptr
 	data []byte
 }
+
+// InternodeTrace reads this rank's internode phase-trace region
+// (internode.TraceBytes; internode.ParseKernelTrace decodes it): per-block
+// stamps of the last dispatch and combine kernels, written only by kernels
+// built with GOEP_INN_TRACE=1 (zero otherwise). Synchronous: the caller
+// synchronises the calls' stream first. An error in the intranode mode and
+// on the host backend (no kernels run there).
+func (b *Buffer) InternodeTrace() ([]byte, error) {
+	if b == nil {
+		return nil, errNil
+	}
+	// As a call: Close cannot free the Notify meanwhile.
+	b.calls.RLock()
+	defer b.calls.RUnlock()
+	if err := b.Check(); err != nil {
+		return nil, err
+	}
+	if b.inter == nil || b.inter.notify == nil {
+		return nil, b.errorf("internode trace: the Buffer does not run the internode mode")
+	}
+	raw, err := b.inter.notify.KernelTrace()
+	if err != nil {
+		return nil, b.errorf("%w", err)
+	}
+	return raw, nil
+}

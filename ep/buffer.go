@@ -202,6 +202,21 @@ func (b *Buffer) Check() error {
 	return b.b.Check()
 }
 
+// InternodeTrace is a diagnostic for measurement builds: this rank's raw
+// in-kernel phase trace of the last internode dispatch and combine (per
+// block, the GPU's global timer at each phase point;
+// internode.ParseKernelTrace decodes it), written only when the kernels
+// were compiled with GOEP_INN_TRACE=1 (`ep-bench internode
+// --trace-kernels`); all zero otherwise. Synchronous: synchronise the
+// calls' stream first. An error unless the Buffer runs the internode mode
+// on a device that runs kernels.
+func (b *Buffer) InternodeTrace() ([]byte, error) {
+	if b == nil {
+		return nil, errNilBuffer
+	}
+	return b.b.InternodeTrace()
+}
+
 // InvalidIDs reports top-k ids outside [-1, Experts) counted by the last
 // dispatch and by the last layout launch of this Buffer, one
 // *InvalidIDsError each (joined; nil when none, and once closed).

@@ -259,7 +259,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	oX := take(m * 2 * h)        // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
 	oScales := take(m * 4 * (h / FP8Block))
 	oWeights := take(4 * maxIDs)
-	oScratch := take(4 * m * n)
+	oScratch := take(traceOffset(m, n) + TraceBytes) // the row scratch, then the phase trace's region
 	oDwaits := take(4 * (2*n + 3*p))
 	oBias0 := take(m * 2 * h)
 	oBias1 := take(m * 2 * h)

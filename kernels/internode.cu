@@ -543,6 +543,99 @@ __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 bloc
   }
 }
 
+// The phase trace, for measurement only (internode.ParseKernelTrace; the
+// same scheme as the low-latency kernels'). Kernels compiled with
+// -DGOEP_INN_TRACE=1 (internal/kernelflags: $GOEP_INN_TRACE, `ep-bench
+// internode --trace-kernels`) stamp %globaltimer at their phase points into
+// a region after the row scratch: u64 [kernel: dispatch, combine]
+// [GOEP_INN_TRACE_BLOCKS][GOEP_INN_TRACE_SLOTS], slot 0 the tag (round:
+// bits 0-47, kernel + 1: 56-59, bit 63 set), slots 1.. the events' stamps
+// (0: not reached). Thread 0 stamps, after the barrier that ends the phase
+// where there is one; the put events are stamped by the thread that pushed
+// the put. The default build compiles none of it (the region stays zero).
+#ifndef GOEP_INN_TRACE
+#define GOEP_INN_TRACE 0
+#endif
+#define GOEP_INN_TRACE_BLOCKS 256
+#define GOEP_INN_TRACE_SLOTS 16
+// Dispatch events (internode.DispatchTraceEvents).
+#define GOEP_INN_EV_D_ENTRY 0
+#define GOEP_INN_EV_D_SEND_GATE 1
+#define GOEP_INN_EV_D_PREFIX 2
+#define GOEP_INN_EV_D_PACKED 3
+#define GOEP_INN_EV_D_FIRST_PUT 4
+#define GOEP_INN_EV_D_LAST_PUT 5
+#define GOEP_INN_EV_D_SENT 6
+#define GOEP_INN_EV_D_FWD_READY 7
+#define GOEP_INN_EV_D_FWD_OWN 8
+#define GOEP_INN_EV_D_NET_LANDED 9
+#define GOEP_INN_EV_D_FWD_DONE 10
+#define GOEP_INN_EV_D_RECV_GATE 11
+#define GOEP_INN_EV_D_EXIT 12
+// Combine events (internode.CombineTraceEvents).
+#define GOEP_INN_EV_C_ENTRY 0
+#define GOEP_INN_EV_C_COPIED 1
+#define GOEP_INN_EV_C_READY 2
+#define GOEP_INN_EV_C_FIRST_PUT 3
+#define GOEP_INN_EV_C_LAST_PUT 4
+#define GOEP_INN_EV_C_REDUCED 5
+#define GOEP_INN_EV_C_NET_LANDED 6
+#define GOEP_INN_EV_C_EXIT 7
+
+// The trace region: after the row scratch (i32 [max_tokens][nodes]),
+// 16-aligned (internode's traceOffset).
+__device__ __forceinline__ u64* goep_inn_trace_region(const i32* scratch, int max_tokens, int nodes) {
+  return (u64*)((u8*)scratch + ((4ull * (u64)max_tokens * (u64)nodes + 15ull) & ~15ull));
+}
+
+#if GOEP_INN_TRACE
+// This block's record of kernel (0 dispatch, 1 combine), cleared and
+// stamped with entry (taken at the kernel's start); nullptr for blocks at or
+// above GOEP_INN_TRACE_BLOCKS.
+__device__ __forceinline__ u64* goep_inn_tr_open(const i32* scratch, int max_tokens, int nodes, int kernel, u64 round,
+                                                 u64 t0) {
+  if (blockIdx.x >= GOEP_INN_TRACE_BLOCKS) {
+    return nullptr;
+  }
+  u64* tr = goep_inn_trace_region(scratch, max_tokens, nodes) +
+            ((u64)kernel * GOEP_INN_TRACE_BLOCKS + blockIdx.x) * GOEP_INN_TRACE_SLOTS;
+  if (threadIdx.x == 0) {
+    for (int i = 2; i < GOEP_INN_TRACE_SLOTS; ++i) {
+      tr[i] = 0;
+    }
+    tr[0] = (round & 0xffffffffffffull) | ((u64)(kernel + 1) << 56) | (1ull << 63);
+    tr[1] = t0;
+  }
+  return tr;
+}
+#define GOEP_INN_TR_INIT(kernel, round)                                                                     \
+  u64 tr_t0 = 0;                                                                                              \
+  if (threadIdx.x == 0) {                                                                                     \
+    tr_t0 = goep_globaltimer();                                                                               \
+  }                                                                                                           \
+  u64* const tr = goep_inn_tr_open(scratch, dl.max_tokens, nodes, (kernel), (round), tr_t0)
+// Thread 0 stamps ev.
+#define GOEP_INN_TR(ev)                         \
+  if (tr != nullptr && threadIdx.x == 0) {      \
+    tr[1 + (ev)] = goep_globaltimer();          \
+  }
+// The calling thread stamps ev (a put's pusher); _FIRST only where ev is
+// not stamped yet.
+#define GOEP_INN_TR_THIS(ev)           \
+  if (tr != nullptr) {                 \
+    tr[1 + (ev)] = goep_globaltimer(); \
+  }
+#define GOEP_INN_TR_FIRST(ev)                         \
+  if (tr != nullptr && tr[1 + (ev)] == 0) {           \
+    tr[1 + (ev)] = goep_globaltimer();                \
+  }
+#else
+#define GOEP_INN_TR_INIT(kernel, round)
+#define GOEP_INN_TR(ev)
+#define GOEP_INN_TR_THIS(ev)
+#define GOEP_INN_TR_FIRST(ev)
+#endif
+
 // Largest ranks per node the dispatch kernel's shared tables hold (the
 // target masks are 8 bits).
 #define GOEP_INN_MAX_P 8
@@ -587,6 +680,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // The round and the steps finished so far, from the device (every block
   // reads them here; the last block advances them at the end).
   const u64 round = epochs[GOEP_INN_EPOCH_DISPATCH] + 1, steps = epochs[GOEP_INN_EPOCH_STEPS];
+  GOEP_INN_TR_INIT(0, round);
   const goep_inn_roles ro(blk, g, split_s, split_f);
   // cached bit 1: a cached route-only dispatch whose relay rows are already
   // in place at every forwarder (the same notify round's rows, BF16 layout,
@@ -641,6 +735,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         return;
       }
     }
+    GOEP_INN_TR(GOEP_INN_EV_D_SEND_GATE);
     int t0, t1;
     goep_inn_chunk(num_tokens, ro.s_idx, ro.s_cnt, t0, t1);
     // The chunk in pieces of tokens (goep_inn_plan_pieces: one piece unless
@@ -678,6 +773,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
     }
     __syncthreads();
+    GOEP_INN_TR(GOEP_INN_EV_D_PREFIX);
     // The chunk's rows in parallel, node after node, a tile of nt tokens at
     // a time: a token's row at node n is base[n][0] (rows of the tokens
     // before it) plus its rank among the tile's tokens to n, and its slot
@@ -763,6 +859,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
     }
     __syncthreads();
+    GOEP_INN_TR(GOEP_INN_EV_D_PACKED);
     for (int pc = 0; pc < pieces; ++pc) {
       const int ta = t0 + pl.start(pc), tb = min(t1, t0 + pl.start(pc + 1));
       for (int item = ta * nodes + warp; item < tb * nodes; item += warps) {
@@ -807,6 +904,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           ok &= goep_pc_put(ports[n], dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
                             dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row, (u64)(hi - lo) * dl.relay_row,
                             GOEP_INN_STAGE_DISPATCH_PUT);
+          GOEP_INN_TR_FIRST(GOEP_INN_EV_D_FIRST_PUT);
+          GOEP_INN_TR_THIS(GOEP_INN_EV_D_LAST_PUT);
         }
       }
     }
@@ -818,6 +917,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
             !goep_inn_count_to_nodes(rdma, dl.net_counters, node, nodes, ports, GOEP_INN_STAGE_DISPATCH_PUT))) {
       return;
     }
+    GOEP_INN_TR(GOEP_INN_EV_D_SENT);
 
   }
   if (ro.fwd) {
@@ -845,6 +945,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (goep_block_any_failed(!ok)) {
       return;
     }
+    GOEP_INN_TR(GOEP_INN_EV_D_FWD_READY);
   }
   // Forward and receive in two halves: (0) the rows relayed from this
   // node's own sources, which need no network, then (1) the other nodes'.
@@ -866,6 +967,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         }
         if (goep_block_any_failed(!ok)) {
           return;
+        }
+        if (half == 1) {
+          GOEP_INN_TR(GOEP_INN_EV_D_NET_LANDED);
         }
         const int rows = relay_count[src], src_rank = src * p + local;
         if (rows < 0 || rows > dl.max_tokens) {
@@ -909,6 +1013,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           }
         }
       }
+      GOEP_INN_TR(half == 0 ? GOEP_INN_EV_D_FWD_OWN : GOEP_INN_EV_D_FWD_DONE);
       if (goep_inn_arrive(half == 0 ? arrive + 1 : arrive + 3, &last, ro.f_cnt) && tid == 0) {
         for (int l = 0; l < p; ++l) {
           goep_inn_red_add_relaxed_sys_u64((u64*)((u8*)peer_nvl[l] + dl.nvl_counters) + local, 1);
@@ -924,6 +1029,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
       if (goep_block_any_failed(!ok)) {
         return;
+      }
+      if (half == 1) {
+        GOEP_INN_TR(GOEP_INN_EV_D_RECV_GATE);
       }
       // 5. The device-pointer form: unpack the received rows into the
       // caller's separate regions (x, FP8 scales, local ids, weights,
@@ -964,6 +1072,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
     }
   }
+  GOEP_INN_TR(GOEP_INN_EV_D_EXIT);
   goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_DISPATCH_DONE,
                   epochs, GOEP_INN_EPOCH_DISPATCH, round, steps, out);
 }
@@ -1023,6 +1132,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
   // The round and the steps finished so far, from the device (every block
   // reads them here; the last block advances them at the end).
   const u64 round = epochs[GOEP_INN_EPOCH_COMBINE] + 1, steps = epochs[GOEP_INN_EPOCH_STEPS];
+  GOEP_INN_TR_INIT(1, round);
   // Reducers (senders and forwarders of the split: blocks [0, red_cnt))
   // and receivers.
   const goep_inn_roles ro(blk, g, split_s, split_f);
@@ -1050,6 +1160,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
   if (goep_inn_arrive(arrive, &last, g) && tid == 0) {
     goep_inn_red_add_relaxed_sys_u64((u64*)(nvl + dl.comb_ready), 1);
   }
+  GOEP_INN_TR(GOEP_INN_EV_C_COPIED);
 
   // 2. As forwarder: every local rank's outputs are in place; block b
   // takes its chunk of each source node's relayed tokens, a warp per token
@@ -1064,6 +1175,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     if (goep_block_any_failed(!ok)) {
       return;
     }
+    GOEP_INN_TR(GOEP_INN_EV_C_READY);
     // Other nodes first, the own node last: the partials that cross the
     // network are put while this block reduces the ones that stay here
     // (each source node's partials go to their own region, and the source
@@ -1162,6 +1274,8 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           ok &= goep_pc_put(ports[src], dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride,
                            dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
                            (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
+          GOEP_INN_TR_FIRST(GOEP_INN_EV_C_FIRST_PUT);
+          GOEP_INN_TR_THIS(GOEP_INN_EV_C_LAST_PUT);
         }
       }
     }
@@ -1173,6 +1287,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             !goep_inn_count_to_nodes(rdma, dl.comb_counters, node, nodes, ports, GOEP_INN_STAGE_COMBINE_PUT))) {
       return;
     }
+    GOEP_INN_TR(GOEP_INN_EV_C_REDUCED);
 
   }
   if (ro.recv) {
@@ -1186,6 +1301,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     if (goep_block_any_failed(!ok)) {
       return;
     }
+    GOEP_INN_TR(GOEP_INN_EV_C_NET_LANDED);
     for (int t = ro.r_idx * warps + warp; t < num_tokens; t += ro.r_cnt * warps) {
       // Two groups of eight elements a lane per step (q0 and q0 + 256),
       // every node's loads of both before the stores (as the forwarders'
@@ -1262,6 +1378,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       }
     }
   }
+  GOEP_INN_TR(GOEP_INN_EV_C_EXIT);
   goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT, epochs,
                   GOEP_INN_EPOCH_COMBINE, round, steps, out);
 }

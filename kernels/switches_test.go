@@ -21,6 +21,7 @@ func TestSwitchedBuildsCompile(t *testing.T) {
 	needNVRTC(t)
 	require.False(t, kernelflags.NoFingerprint(), "this test binary runs the default build")
 	require.False(t, kernelflags.LLTrace(), "this test binary runs the default build")
+	require.False(t, kernelflags.InnTrace(), "this test binary runs the default build")
 	c := NewCompiler(Options{CacheDir: "off", Logger: slog.New(slog.DiscardHandler)})
 	for _, sw := range []struct {
 		define string
@@ -28,6 +29,7 @@ func TestSwitchedBuildsCompile(t *testing.T) {
 	}{
 		{kernelflags.DefineNoFingerprint, []string{"coll_ll.cu", "coll_bulk.cu"}},
 		{kernelflags.DefineLLTrace, []string{"lowlatency.cu"}},
+		{kernelflags.DefineInnTrace, []string{"internode.cu"}},
 	} {
 		for _, file := range sw.files {
 			def := Module{Name: "switch_default_" + file[:len(file)-3], File: file}

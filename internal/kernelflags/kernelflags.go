@@ -1,5 +1,5 @@
 // Package kernelflags holds the process-wide switches that change how
-// goep's kernels are compiled, for measurement only. There are two:
+// goep's kernels are compiled, for measurement only. There are three:
 //
 //   - GOEP_BENCH_NO_FINGERPRINT compiles the always-on call fingerprint
 //     (-DGOEP_NO_FINGERPRINT=1) out of the collectives and intranode
@@ -12,6 +12,9 @@
 //     its phase points into the workspace's trace region, which
 //     lowlatency.ParseTrace decodes (`ep-bench lowlatency --trace`). The
 //     default build compiles none of it.
+//   - GOEP_INN_TRACE does the same for the internode dispatch and combine
+//     kernels (-DGOEP_INN_TRACE=1; internode.ParseKernelTrace, `ep-bench
+//     internode --trace-kernels`).
 //
 // Only the benchmark and test harnesses turn them on (ApplyEnv in their
 // TestMain; the benchmark's --trace flag); no product package reads the
@@ -46,10 +49,18 @@ const EnvLLTrace = "GOEP_LL_TRACE"
 // DefineLLTrace is the compiler option the trace switch adds.
 const DefineLLTrace = "-DGOEP_LL_TRACE=1"
 
+// EnvInnTrace is the internode trace switch's variable: "1" compiles the
+// phase trace in, "" or "0" leaves it out.
+const EnvInnTrace = "GOEP_INN_TRACE"
+
+// DefineInnTrace is the compiler option the internode trace switch adds.
+const DefineInnTrace = "-DGOEP_INN_TRACE=1"
+
 var (
 	mu      sync.Mutex
 	noFP    bool
 	llTrace bool
+	inTrace bool
 	frozen  bool
 )
 
@@ -65,6 +76,32 @@ func SetNoFingerprint(on bool) error {
 func SetLLTrace(on bool) error {
 	return set(&llTrace, on, "low-latency trace", "goep: the low-latency kernels' phase trace is compiled in ("+
 		EnvLLTrace+"=1): every block stamps its phases; for measurement only")
+}
+
+// SetInnTrace turns the internode phase trace on or off. It fails once
+// kernels were compiled with the other setting (after the first Defines).
+func SetInnTrace(on bool) error {
+	return set(&inTrace, on, "internode trace", "goep: the internode kernels' phase trace is compiled in ("+
+		EnvInnTrace+"=1): every block stamps its phases; for measurement only")
+}
+
+// InnTrace reports whether the internode trace switch is on.
+func InnTrace() bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return inTrace
+}
+
+// InnTraceEnv parses $GOEP_INN_TRACE: "" and "0" are off, "1" on.
+func InnTraceEnv() (bool, error) {
+	switch v := os.Getenv(EnvInnTrace); v {
+	case "", "0":
+		return false, nil
+	case "1":
+		return true, nil
+	default:
+		return false, fmt.Errorf("kernelflags: %s=%q: want 1 (internode phase trace compiled in) or 0", EnvInnTrace, v)
+	}
 }
 
 // set turns the switch *cur on or off unless kernels were already
@@ -109,11 +146,14 @@ func Defines() []string {
 	if llTrace {
 		d = append(d, DefineLLTrace)
 	}
+	if inTrace {
+		d = append(d, DefineInnTrace)
+	}
 	return d
 }
 
-// ApplyEnv sets both switches from $GOEP_BENCH_NO_FINGERPRINT and
-// $GOEP_LL_TRACE, for the harnesses' TestMain (before any kernel is
+// ApplyEnv sets the switches from $GOEP_BENCH_NO_FINGERPRINT,
+// $GOEP_LL_TRACE and $GOEP_INN_TRACE, for the harnesses' TestMain (before any kernel is
 // compiled). Any value other than "", "0" and "1" is an error.
 func ApplyEnv() error {
 	switch v := os.Getenv(EnvNoFingerprint); v {
@@ -128,7 +168,14 @@ func ApplyEnv() error {
 	default:
 		return fmt.Errorf("kernelflags: %s=%q: want 1 (fingerprint compiled out) or 0", EnvNoFingerprint, v)
 	}
-	return ApplyLLTraceEnv()
+	if err := ApplyLLTraceEnv(); err != nil {
+		return err
+	}
+	on, err := InnTraceEnv()
+	if err != nil {
+		return err
+	}
+	return SetInnTrace(on)
 }
 
 // ApplyLLTraceEnv sets the low-latency trace switch from $GOEP_LL_TRACE
@@ -182,6 +229,16 @@ func RerunLLTrace(run string) (string, error) {
 		return "", fmt.Errorf("kernelflags: %s is set in the parent: the rerun compares a default parent with a switched child", EnvLLTrace)
 	}
 	return rerun(EnvLLTrace, run)
+}
+
+// RerunInnTrace is RerunSwitched for the internode trace switch: this test
+// binary again with $GOEP_INN_TRACE=1 (its TestMain applies it), from a
+// parent whose switch is off.
+func RerunInnTrace(run string) (string, error) {
+	if InnTrace() || os.Getenv(EnvInnTrace) == "1" {
+		return "", fmt.Errorf("kernelflags: %s is set in the parent: the rerun compares a default parent with a switched child", EnvInnTrace)
+	}
+	return rerun(EnvInnTrace, run)
 }
 
 func rerun(env, run string) (string, error) {

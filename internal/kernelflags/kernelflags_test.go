@@ -52,3 +52,39 @@ func TestLLTraceSwitch(t *testing.T) {
 		t.Fatal("a change after Defines must fail and leave the switch on")
 	}
 }
+
+func TestInnTraceSwitch(t *testing.T) {
+	mu.Lock()
+	frozen, inTrace = false, false
+	mu.Unlock()
+	t.Cleanup(func() {
+		mu.Lock()
+		frozen, inTrace = false, false
+		mu.Unlock()
+	})
+	for _, v := range []string{"yes", "2", " 1"} {
+		t.Setenv(EnvInnTrace, v)
+		if _, err := InnTraceEnv(); err == nil {
+			t.Fatalf("%s=%q: no error", EnvInnTrace, v)
+		}
+	}
+	t.Setenv(EnvInnTrace, "1")
+	if on, err := InnTraceEnv(); err != nil || !on {
+		t.Fatalf("%s=1: %v, %v", EnvInnTrace, on, err)
+	}
+	if err := SetInnTrace(true); err != nil || !InnTrace() {
+		t.Fatalf("SetInnTrace(true): %v", err)
+	}
+	if d := Defines(); !slices.Contains(d, DefineInnTrace) {
+		t.Fatalf("switch on: Defines %v", d)
+	}
+	if err := SetInnTrace(false); err == nil || !InnTrace() {
+		t.Fatal("a change after Defines must fail and leave the switch on")
+	}
+	mu.Lock()
+	frozen, inTrace = false, false
+	mu.Unlock()
+	if d := Defines(); slices.Contains(d, DefineInnTrace) {
+		t.Fatalf("switch off: Defines %v", d)
+	}
+}

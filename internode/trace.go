@@ -124,14 +124,6 @@ func (kt KernelTrace) Summary() string {
 	return sb.String()
 }
 
-// Entry is the earliest entry stamp of the kernel's last round (0: none):
-// for relating the kernel's start to host clocks where the GPU timer
-// follows the host's wall clock.
-func (kt KernelTrace) Entry() uint64 {
-	_, t0 := kt.lastEntry()
-	return t0
-}
-
 // lastEntry is the last round recorded and its earliest entry stamp.
 func (kt KernelTrace) lastEntry() (round, t0 uint64) {
 	for _, b := range kt.Blocks {

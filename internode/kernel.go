@@ -83,7 +83,7 @@ const (
 	DefaultSMs             = 16
 	DefaultThreads         = 512
 	DefaultEmulatedThreads = 64
-	maxThreads             = 1024
+	maxThreads             = 512 // internode.cu's GOEP_INN_MAX_THREADS (the kernels' launch bound)
 )
 
 // outWords is the dispatch/combine words after notify's output

@@ -80,7 +80,7 @@ type NotifyConfig struct {
 	// values (each grid counts its own blocks).
 	SMs int
 	// Threads per block of the dispatch and combine kernels: a multiple of
-	// 32 in 32..1024; 0 means DefaultThreads on a GPU and
+	// 32 in 32..512; 0 means DefaultThreads on a GPU and
 	// DefaultEmulatedThreads in the CPU emulation (its threads are OS
 	// threads).
 	Threads int

@@ -24,6 +24,12 @@
 #include "channel_device.cuh"
 
 #define GOEP_INN_NOTIFY_MAX_THREADS 1024
+// The dispatch and combine kernels' largest block (internode's
+// maxThreads), declared with one block an SM: 128 registers a thread,
+// where a bound of 1024 (or 512 alone: ptxas then aims at two blocks)
+// capped them at 64 and both spilled (their row copies and reduces keep
+// several loads in flight a lane; session 12, ptxas -v).
+#define GOEP_INN_MAX_THREADS 512
 
 // Device epochs (u64 [4] in the launcher's scratch, zero at setup): notify
 // rounds, dispatch rounds and combine rounds this rank finished, and its
@@ -399,6 +405,153 @@ __device__ __forceinline__ void goep_inn_st8_bf16(u16* p, const float* f) {
   }
 }
 
+// Eight BF16 values (16 bytes) at p as they are in memory: one 16-byte
+// load where p is 16-aligned, else eight 2-byte loads.
+__device__ __forceinline__ uint4 goep_inn_ld16(const u16* p) {
+  if (((u64)p & 15) == 0) {
+    return *(const uint4*)p;
+  }
+  u32 w[4];
+  for (int e = 0; e < 4; ++e) {
+    w[e] = (u32)p[2 * e] | (u32)p[2 * e + 1] << 16;
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// acc[e] += the eight BF16 values packed in v (element order).
+__device__ __forceinline__ void goep_inn_add8_bf16(float* acc, const uint4& v) {
+  const u32 w[4] = {v.x, v.y, v.z, v.w};
+  for (int e = 0; e < 4; ++e) {
+    acc[2 * e] += goep_bf16_bits_to_f32((u16)(w[e] & 0xffffu));
+    acc[2 * e + 1] += goep_bf16_bits_to_f32((u16)(w[e] >> 16));
+  }
+}
+
+// Stores eight floats at p: as fp32 (two 16-byte stores; p 16-aligned) or
+// rounded to BF16.
+__device__ __forceinline__ void goep_inn_st8(u8* p, bool fp32, const float* f) {
+  if (fp32) {
+    uint4* d = (uint4*)p;
+    d[0] = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    d[1] = make_uint4(__float_as_uint(f[4]), __float_as_uint(f[5]), __float_as_uint(f[6]), __float_as_uint(f[7]));
+  } else {
+    goep_inn_st8_bf16((u16*)p, f);
+  }
+}
+
+// The forwarders' reduce of one relayed token (a warp): the partial row pr
+// (fp32 or BF16 x [h]) is the sum of the NT target rows t (BF16 x [h]),
+// each element from +0 in the order of t. Every load of a step (NT rows,
+// G groups of eight elements a lane, 256 elements apart) is issued before
+// its additions and stores: the rows are mostly other GPUs' (NVLink
+// latency), and a loop that waited out one load at a time ran at about a
+// fifth of a copy's rate (session 12's kernel trace). NT and G are
+// constants so the row pointers and loads stay in registers.
+template <int NT, int G>
+__device__ __forceinline__ void goep_inn_reduce_rows(const u8* const* trow, u8* pr, bool fp32, int h, int lane) {
+  const u16* t[NT];
+#pragma unroll
+  for (int r = 0; r < NT; ++r) {
+    t[r] = (const u16*)trow[r];
+  }
+#pragma unroll 1
+  for (int q0 = lane * 8; q0 < h; q0 += G * 256) {
+    uint4 raw[NT][G];
+#pragma unroll
+    for (int r = 0; r < NT; ++r) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (q0 + 256 * g < h) {
+          raw[r][g] = goep_inn_ld16(t[r] + q0 + 256 * g);
+        }
+      }
+    }
+    float acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        acc[g][e] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NT; ++r) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        if (q0 + 256 * g < h) {
+          goep_inn_add8_bf16(acc[g], raw[r][g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const int q = q0 + 256 * g;
+      if (q < h) {
+        goep_inn_st8(pr + (u64)q * (fp32 ? 4 : 2), fp32, acc[g]);
+      }
+    }
+  }
+}
+
+// The same for any n target rows (1..GOEP_INN_MAX_P): two groups a step,
+// the rows four at a time (a batch's loads before its additions).
+__device__ __forceinline__ void goep_inn_reduce_batched(int n, const u8* const* trow, u8* pr, bool fp32, int h,
+                                                        int lane) {
+#pragma unroll 1
+  for (int q0 = lane * 8; q0 < h; q0 += 2 * 256) {
+    float acc[2][8];
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        acc[g][e] = 0.f;
+      }
+    }
+    for (int r0 = 0; r0 < n; r0 += 4) {
+      uint4 raw[4][2];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (r0 + r < n && q0 + 256 * g < h) {
+            raw[r][g] = goep_inn_ld16((const u16*)trow[r0 + r] + q0 + 256 * g);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (r0 + r < n && q0 + 256 * g < h) {
+            goep_inn_add8_bf16(acc[g], raw[r][g]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int q = q0 + 256 * g;
+      if (q < h) {
+        goep_inn_st8(pr + (u64)q * (fp32 ? 4 : 2), fp32, acc[g]);
+      }
+    }
+  }
+}
+
+// The forwarders' reduce of n target rows: four groups a step for one row
+// (its only loads), batches of four rows of two groups beyond. Eight
+// constant instances inlined into the kernel spilled (session 12, ptxas
+// -v), and so did a third for two rows; these two do not.
+__device__ __forceinline__ void goep_inn_reduce_any(int n, const u8* const* trow, u8* pr, bool fp32, int h,
+                                                    int lane) {
+  if (n == 1) {
+    goep_inn_reduce_rows<1, 4>(trow, pr, fp32, h, lane);
+
+  } else {
+    goep_inn_reduce_batched(n, trow, pr, fp32, h, lane);
+  }
+}
+
 // Most pieces a block cuts its run to one node into (dispatch keeps each
 // piece's first row per node in shared memory).
 #define GOEP_INN_MAX_PIECES 16
@@ -642,7 +795,7 @@ __device__ __forceinline__ u64* goep_inn_tr_open(const i32* scratch, int max_tok
 #define GOEP_INN_MAX_NODES 64
 
 extern "C" {
-__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+__global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_dispatch(const u8* x, const float* scales, const i64* ids, const float* weights, int num_tokens,
                             int hidden, int k, int num_experts, int nodes, int p, int node, int local, int fp8,
                             u64* epochs, const goep_inn_dispatch_layout* dlp, const i32* rank_prefix, const i32* relay_count, i32* scratch,
@@ -1098,7 +1251,7 @@ __device__ __forceinline__ u64 goep_inn_partial_stride(int n, int node, int fp32
 }
 
 extern "C" {
-__global__ void __launch_bounds__(GOEP_INN_NOTIFY_MAX_THREADS)
+__global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node, int local, int weights,
                            int fp32, u64* epochs, const goep_inn_dispatch_layout* dlp, const i32* relay_count,
                            const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
@@ -1222,40 +1375,15 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             continue;
           }
           u8* pr = region + (u64)j * stride;
-          // Two groups of eight elements a lane per step (q and q + 256),
-          // both groups' loads of every target row issued before the
-          // stores: the rows are other GPUs' (NVLink latency), and a store
-          // that may alias them keeps the next step's loads behind it.
-          // Each element still sums its rows in ascending local rank from
-          // +0.
-          for (int q0 = lane * 8; q0 < h; q0 += 2 * 32 * 8) {
-            const int q1 = q0 + 32 * 8;
-            const bool two = q1 < h;
-            float acc[2][8] = {{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
-            for (int r = 0; r < nt_rows; ++r) {
-              float v[2][8];
-              goep_inn_ld8_bf16((const u16*)trow[r] + q0, v[0]);
-              if (two) {
-                goep_inn_ld8_bf16((const u16*)trow[r] + q1, v[1]);
-              }
-              for (int e = 0; e < 8; ++e) {
-                acc[0][e] += v[0][e];
-                acc[1][e] += two ? v[1][e] : 0.f;
-              }
+          if (nt_rows == 0) {
+            // A row with no target here (a malformed mask): zeros, as the
+            // sum of nothing.
+            for (int q0 = lane * 8; q0 < h; q0 += 256) {
+              const float z[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+              goep_inn_st8(pr + (u64)q0 * (pxb == 4 * h ? 4 : 2), pxb == 4 * h, z);
             }
-            for (int g = 0; g < (two ? 2 : 1); ++g) {
-              const int q = g == 0 ? q0 : q1;
-              if (pxb == 4 * h) {
-                // Two 16-byte stores (as uint4: the bits of the floats).
-                uint4* d = (uint4*)((float*)pr + q);
-                d[0] = make_uint4(__float_as_uint(acc[g][0]), __float_as_uint(acc[g][1]), __float_as_uint(acc[g][2]),
-                                  __float_as_uint(acc[g][3]));
-                d[1] = make_uint4(__float_as_uint(acc[g][4]), __float_as_uint(acc[g][5]), __float_as_uint(acc[g][6]),
-                                  __float_as_uint(acc[g][7]));
-              } else {
-                goep_inn_st8_bf16((u16*)pr + q, acc[g]);
-              }
-            }
+          } else {
+            goep_inn_reduce_any(nt_rows, trow, pr, pxb == 4 * h, h, lane);
           }
           for (int q = lane; q < k; q += 32) {
             float acc = 0.0f;
@@ -1303,77 +1431,116 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     }
     GOEP_INN_TR(GOEP_INN_EV_C_NET_LANDED);
     for (int t = ro.r_idx * warps + warp; t < num_tokens; t += ro.r_cnt * warps) {
-      // Two groups of eight elements a lane per step (q0 and q0 + 256),
-      // every node's loads of both before the stores (as the forwarders'
-      // reduce); each element still adds its nodes in ascending order from
-      // +0, then bias0, then bias1.
-      for (int q0 = lane * 8; q0 < h; q0 += 2 * 32 * 8) {
-        const int q1 = q0 + 32 * 8;
-        const int groups = q1 < h ? 2 : 1;
-        float acc[2][8] = {{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
-        for (int n = 0; n < nodes; ++n) {
+      // Lane n holds node n's partial row of t (node n + 32 in the second
+      // word), 0 where t has no expert there: read once per token, then
+      // shuffled to the warp per node (a scratch load per node and step
+      // put two dependent loads in front of every step's data).
+      u64 row_at[2] = {0, 0};
+      for (int c = 0; c < 2; ++c) {
+        const int n = lane + 32 * c;
+        if (n < nodes) {
           const i32 j = scratch[(i64)t * nodes + n];
-          if (j < 0) {
-            continue;
-          }
           if (j >= dl.max_tokens) {
             out[1] = 1;
-            continue;
+          } else if (j >= 0) {
+            row_at[c] = (u64)(rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
+                              (u64)j * goep_inn_partial_stride(n, node, fp32, h, k));
           }
-          const int pxb = goep_inn_partial_xb(n, node, fp32, h);
-          const u8* pr = rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
-                         (u64)j * goep_inn_partial_stride(n, node, fp32, h, k);
-          float v[2][8];
-          for (int g = 0; g < groups; ++g) {
-            const int q = g == 0 ? q0 : q1;
-            if (pxb == 4 * h) {
-              const uint4 a = ((const uint4*)((const float*)pr + q))[0];
-              const uint4 b = ((const uint4*)((const float*)pr + q))[1];
-              const u32 bits[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-              for (int e = 0; e < 8; ++e) {
-                v[g][e] = __uint_as_float(bits[e]);
+        }
+      }
+      // Two groups of eight elements a lane per step (q0 and q0 + 256),
+      // nodes two at a time: a step's loads (both nodes, both groups, the
+      // biases) are issued before its additions; each element still adds
+      // its nodes in ascending order from +0, then bias0, then bias1. The
+      // loop's bound is the warp's (base), not the lane's: every lane takes
+      // part in the shuffles; a lane's groups past h do nothing. Loops over
+      // groups and nodes of a pair have constant bounds (unrolled: the
+      // loads stay in registers).
+#pragma unroll 1
+      for (int base = 0; base < h; base += 2 * 256) {
+        const int q0 = base + lane * 8;
+        const int groups = q0 + 256 < h ? 2 : (q0 < h ? 1 : 0);
+        uint4 braw[2][2];
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          const i64 q = (i64)t * h + q0 + 256 * g;
+          if (g < groups && bias0) {
+            braw[0][g] = goep_inn_ld16(bias0 + q);
+          }
+          if (g < groups && bias1) {
+            braw[1][g] = goep_inn_ld16(bias1 + q);
+          }
+        }
+        float acc[2][8] = {{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
+        for (int n0 = 0; n0 < nodes; n0 += 2) {
+          const u8* pn[2];
+          bool f32[2];
+          uint4 raw[2][2][2];  // [node of the pair][group][half of an fp32 group]
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const int n = n0 + b;
+            pn[b] = n < nodes ? (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31) : nullptr;
+            f32[b] = goep_inn_partial_xb(n, node, fp32, h) == 4 * h;
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+              const int q = q0 + 256 * g;
+              if (g < groups && pn[b] != nullptr) {
+                if (f32[b]) {
+                  raw[b][g][0] = ((const uint4*)((const float*)pn[b] + q))[0];
+                  raw[b][g][1] = ((const uint4*)((const float*)pn[b] + q))[1];
+                } else {
+                  raw[b][g][0] = goep_inn_ld16((const u16*)pn[b] + q);
+                }
               }
-            } else {
-              goep_inn_ld8_bf16((const u16*)pr + q, v[g]);
             }
           }
-          for (int g = 0; g < groups; ++g) {
-            for (int e = 0; e < 8; ++e) {
-              acc[g][e] += v[g][e];
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+              if (g >= groups || pn[b] == nullptr) {
+                continue;
+              }
+              if (f32[b]) {
+                const uint4 x0 = raw[b][g][0], x1 = raw[b][g][1];
+                const u32 bits[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                  acc[g][e] += __uint_as_float(bits[e]);
+                }
+              } else {
+                goep_inn_add8_bf16(acc[g], raw[b][g][0]);
+              }
             }
           }
         }
-        for (int g = 0; g < groups; ++g) {
-          const int q = g == 0 ? q0 : q1;
-          float b[8];
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          if (g >= groups) {
+            continue;
+          }
           if (bias0) {
-            goep_inn_ld8_bf16(bias0 + (i64)t * h + q, b);
-            for (int e = 0; e < 8; ++e) {
-              acc[g][e] += b[e];
-            }
+            goep_inn_add8_bf16(acc[g], braw[0][g]);
           }
           if (bias1) {
-            goep_inn_ld8_bf16(bias1 + (i64)t * h + q, b);
-            for (int e = 0; e < 8; ++e) {
-              acc[g][e] += b[e];
-            }
+            goep_inn_add8_bf16(acc[g], braw[1][g]);
           }
-          goep_inn_st8_bf16(out_x + (i64)t * h + q, acc[g]);
+          goep_inn_st8_bf16(out_x + (i64)t * h + q0 + 256 * g, acc[g]);
         }
       }
       if (weights) {
-        for (int q = lane; q < k; q += 32) {
+        for (int q0 = 0; q0 < k; q0 += 32) {
+          const int q = q0 + lane;
           float acc = 0.0f;
           for (int n = 0; n < nodes; ++n) {
-            const i32 j = scratch[(i64)t * nodes + n];
-            if (j < 0 || j >= dl.max_tokens) {
-              continue;
+            const u8* pr = (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31);
+            if (pr != nullptr && q < k) {
+              acc += ((const float*)(pr + goep_inn_partial_xb(n, node, fp32, h)))[q];
             }
-            const u8* pr = rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
-                           (u64)j * goep_inn_partial_stride(n, node, fp32, h, k);
-            acc += ((const float*)(pr + goep_inn_partial_xb(n, node, fp32, h)))[q];
           }
-          out_w[(i64)t * k + q] = acc;
+          if (q < k) {
+            out_w[(i64)t * k + q] = acc;
+          }
         }
       }
     }

@@ -111,7 +111,7 @@ func (kt KernelTrace) Summary() string {
 	for e, name := range kt.Events {
 		var at []float64
 		for _, b := range kt.Blocks {
-			if b.Round == last && b.Stamps[e] != 0 {
+			if b.Round == last && e < len(b.Stamps) && b.Stamps[e] != 0 {
 				at = append(at, float64(int64(b.Stamps[e]-t0))/1e3)
 			}
 		}
@@ -130,7 +130,7 @@ func (kt KernelTrace) lastEntry() (round, t0 uint64) {
 		round = max(round, b.Round)
 	}
 	for _, b := range kt.Blocks {
-		if b.Round == round && b.Stamps[0] != 0 && (t0 == 0 || b.Stamps[0] < t0) {
+		if b.Round == round && len(b.Stamps) > 0 && b.Stamps[0] != 0 && (t0 == 0 || b.Stamps[0] < t0) {
 			t0 = b.Stamps[0]
 		}
 	}

@@ -66,8 +66,8 @@ type dispatchLayout struct {
 	// combGran in the RDMA buffer: u64 [N][maxTokens], rows of partials
 	// landed per granule (combine's source waits on its rows' granules,
 	// goep_inn_granule).
-	combGran  int
-	combReady int
+	combGran int
+	combReady                        int
 	// Step completion counters (the kernels only: a dispatch with no
 	// notify round before it waits on them, devptr.go's cached dispatch):
 	// doneNet[n] in the RDMA buffer counts the dispatch and combine

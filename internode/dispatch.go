@@ -63,10 +63,6 @@ type dispatchLayout struct {
 	// NVLink workspace (combine input lives in the receive region).
 	partialRow                       int
 	combCounters, combRecv, combSend int
-	// combGran in the RDMA buffer: u64 [N][maxTokens], rows of partials
-	// landed per granule (combine's source waits on its rows' granules,
-	// goep_inn_granule).
-	combGran int
 	combReady                        int
 	// Step completion counters (the kernels only: a dispatch with no
 	// notify round before it waits on them, devptr.go's cached dispatch):
@@ -106,8 +102,7 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	combRecv := align16(combCounters + 8*n)
 	combSend := combRecv + n*mt*partialRow
 	doneNet := combSend + n*mt*partialRow
-	combGran := doneNet + 8*n
-	rdmaBytes := combGran + 8*n*mt
+	rdmaBytes := doneNet + 8*n
 	v := align16(int64(s.nvlBytes()))
 	nvlCounters := v
 	ready := v + 8*p
@@ -123,7 +118,7 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	dl.netCounters, dl.relay, dl.send, dl.rdmaBytes = int(netCounters), int(relay), int(send), int(rdmaBytes)
 	dl.nvlCounters, dl.ready, dl.bases, dl.recv, dl.nvlBytes = int(nvlCounters), int(ready), int(bases), int(recv), int(nvlBytes)
 	dl.partialRow, dl.combCounters, dl.combRecv, dl.combSend, dl.combReady = int(partialRow), int(combCounters), int(combRecv), int(combSend), int(combReady)
-	dl.doneNet, dl.doneNVL, dl.combGran = int(doneNet), int(doneNVL), int(combGran)
+	dl.doneNet, dl.doneNVL = int(doneNet), int(doneNVL)
 	return dl, nil
 }
 

@@ -585,7 +585,7 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 136
+const dlayBytes = 128
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -621,15 +621,9 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, putBytes int) []byte {
 	le.PutUint32(lay[104:], uint32(dl.partialRow))
 	le.PutUint32(lay[108:], uint32(putBytes))
 	le.PutUint64(lay[112:], uint64(dl.doneNet))
-	le.PutUint64(lay[128:], uint64(dl.combGran))
 	le.PutUint64(lay[120:], uint64(dl.doneNVL))
 	return lay
 }
-
-// nodeTokensOffset is the byte offset, in the notify kernel's output, of
-// this rank's tokens per destination node (its relay rows there: the
-// partial rows a combine gets back from each node).
-func (s Shape) nodeTokensOffset() int { return 4 * (2 + s.World()) }
 
 // notifyOffsets are the byte offsets, in the notify kernel's output, of
 // the relay counts and the rank prefix that dispatch and combine read on
@@ -738,12 +732,11 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	sp := nt.splitFor(tokens)
-	args := device.NewArgs(28).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
+	args := device.NewArgs(27).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
 		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.epochs).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
 		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
-		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders).
-		Ptr(ks.out + uintptr(s.nodeTokensOffset()))
+		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders)
 	// Clear the status words and the block arrival counters in stream
 	// order (a memset node in a graph).
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {

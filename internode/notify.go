@@ -252,9 +252,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	// before any check that could fail on some ranks only and leave the
 	// others waiting in a later exchange.
 	mine := binary.LittleEndian.AppendUint64(nil, 0)
-	// PutBytes too: it sets the pieces' granules a combine's source waits
-	// on, which both ends must cut alike.
-	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment, cfg.MaxTokens, cfg.PutBytes} {
+	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment, cfg.MaxTokens} {
 		mine = binary.LittleEndian.AppendUint64(mine, uint64(int64(v)))
 	}
 	all, err := comm.Bootstrap().AllGather(ctx, mine)

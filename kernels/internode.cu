@@ -298,12 +298,8 @@ struct goep_inn_dispatch_layout {
   i32 partial_row, put_bytes;
   u64 done_net;  // RDMA buffer: u64 [N], steps finished by forwarder (n, local)
   u64 done_nvl;  // NVLink workspace: u64 [P], steps finished by local rank l
-  // RDMA buffer: u64 [N][max_tokens], partial rows from node n landed in
-  // granule g (goep_inn_granule) of this combine; the last block clears
-  // them.
-  u64 comb_gran;
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 136, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 128, "goep: goep_inn_dispatch_layout layout");
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
@@ -316,8 +312,7 @@ static_assert(sizeof(goep_inn_dispatch_layout) == 136, "goep: goep_inn_dispatch_
 // the receive region, or more relayed rows than the region holds: the row
 // is skipped and the host reports it), then four arrival counters of the
 // grid's blocks (u32: senders, forwarders' first half, all blocks,
-// forwarders' second half; combine: copy-in, reducers, all blocks,
-// receivers). The launcher clears all six in
+// forwarders' second half). The launcher clears all six in
 // stream order before each launch, so a kernel that gives up leaves the
 // status clear and the next launch starts its counters from 0.
 #define GOEP_INN_OUT_WORDS 6
@@ -599,20 +594,6 @@ __device__ __forceinline__ goep_inn_pieces goep_inn_plan_pieces(int n, int put_b
   pl.len = goep_inn_piece_len(n, put_bytes, row_bytes);
   pl.count = n <= 0 ? 0 : (n + pl.len - 1) / pl.len;
   return pl;
-}
-
-// Rows of a combine granule: the partial rows a node puts back to a
-// source are counted at the source per granule of this many rows (put
-// bytes' worth, as a piece; every row in one granule when puts are not cut
-// into pieces), so the source sums the tokens whose rows have landed while
-// the rest are still on the network. Both ends compute it from the same
-// put_bytes (notify's setup checks that every rank has it) and stride.
-__device__ __forceinline__ int goep_inn_granule(int put_bytes, u64 stride, int max_tokens) {
-  if (put_bytes <= 0 || max_tokens <= 1) {
-    return max_tokens > 1 ? max_tokens : 1;
-  }
-  const u64 rows = (u64)put_bytes / (stride > 0 ? stride : 1ull);
-  return rows < 1 ? 1 : (rows > (u64)max_tokens ? max_tokens : (int)rows);
 }
 
 // A token chunk of block b of g over n items: [lo, hi).
@@ -1276,7 +1257,7 @@ __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
                            const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
                            u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
                            const u32* wait_ids, i32* out, const u16* y_in, const float* w_in,
-                           const i32* rank_prefix, int split_s, int split_f, const i32* node_rows);
+                           const i32* rank_prefix, int split_s, int split_f);
 }
 
 // Combine round c. Every block copies a share of the expert outputs in;
@@ -1293,7 +1274,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
                                                   const goep_port_channel* ports, goep_watchdog* wd,
                                                   const u32* wait_ids, i32* out, const u16* y_in,
                                                   const float* w_in, const i32* rank_prefix, int split_s,
-                                                  int split_f, const i32* node_rows) {
+                                                  int split_f) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
   const int blk = blockIdx.x, g = gridDim.x, gwarp = blk * warps + warp, gwarps = g * warps;
   const goep_inn_dispatch_layout dl = *dlp;
@@ -1421,14 +1402,6 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           ok &= goep_pc_put(ports[src], dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride,
                            dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
                            (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
-          // Then its rows' count in each granule they touch, on the
-          // channel that carried them (never ahead of the rows).
-          const int gl = goep_inn_granule(dl.put_bytes, stride, dl.max_tokens);
-          for (int gr = a / gl; gr * gl < b && ok; ++gr) {
-            const int lo_r = max(a, gr * gl), hi_r = min(b, (gr + 1) * gl);
-            ok &= goep_pc_atomic_add(ports[src], dl.comb_gran + 8ull * ((u64)node * dl.max_tokens + gr),
-                                     (u64)(hi_r - lo_r), GOEP_INN_STAGE_COMBINE_PUT);
-          }
           GOEP_INN_TR_FIRST(GOEP_INN_EV_C_FIRST_PUT);
           GOEP_INN_TR_THIS(GOEP_INN_EV_C_LAST_PUT);
         }
@@ -1446,34 +1419,23 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
 
   }
   if (ro.recv) {
-    // 3. As source: a warp of the grid per token sums its partials in
-    // ascending node from +0, adds bias0 then bias1, rounds once, eight
-    // elements a lane. This node's partials (this rank's reducers: the
-    // node's counter) are all in before any token; another node's row of
-    // a token once its granule has (the granule counts, below), so tokens
-    // are summed while later ones are still on the network.
-    if (tid == 0) {
-      ok &= goep_wait_ge_u64_after((const u64*)(rdma + dl.comb_counters) + node, round, wd, wait_ids[p + node],
-                                   (u32)(node * p + local), GOEP_INN_STAGE_COMBINE_NET);
+    // 3. As source: every node's partials landed; a warp of the grid per
+    // token sums them in ascending node from +0, adds bias0 then bias1,
+    // rounds once, eight elements a lane.
+    for (int j = tid; j < nodes; j += nt) {
+      ok &= goep_wait_ge_u64_after((const u64*)(rdma + dl.comb_counters) + j, round, wd, wait_ids[p + j],
+                                   (u32)(j * p + local), GOEP_INN_STAGE_COMBINE_NET);
     }
     if (goep_block_any_failed(!ok)) {
       return;
     }
     GOEP_INN_TR(GOEP_INN_EV_C_NET_LANDED);
-    // The granule rows of the other nodes' partials (one stride: every
-    // node but this one sends the same format).
-    const int other = node == 0 ? (nodes > 1 ? 1 : 0) : 0;
-    const int gl = goep_inn_granule(dl.put_bytes, goep_inn_partial_stride(other, node, fp32, h, k), dl.max_tokens);
-    // Per lane (node lane and lane + 32): the last granule seen complete
-    // (this warp's tokens come in order, and so do their rows at a node).
-    int seen[2] = {-1, -1};
     for (int t = ro.r_idx * warps + warp; t < num_tokens; t += ro.r_cnt * warps) {
       // Lane n holds node n's partial row of t (node n + 32 in the second
       // word), 0 where t has no expert there: read once per token, then
       // shuffled to the warp per node (a scratch load per node and step
       // put two dependent loads in front of every step's data).
       u64 row_at[2] = {0, 0};
-      bool landed = true;
       for (int c = 0; c < 2; ++c) {
         const int n = lane + 32 * c;
         if (n < nodes) {
@@ -1483,25 +1445,8 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           } else if (j >= 0) {
             row_at[c] = (u64)(rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
                               (u64)j * goep_inn_partial_stride(n, node, fp32, h, k));
-            // Another node's row: wait for its granule's rows (all of them:
-            // the granule's size, or the rows left in the last one).
-            const int gr = j / gl;
-            if (n != node && gr > seen[c]) {
-              const int rows = min(node_rows[n], dl.max_tokens);
-              const int need = min(gl, rows - gr * gl);
-              landed &= goep_wait_ge_u64_after((const u64*)(rdma + dl.comb_gran) + (u64)n * dl.max_tokens + gr,
-                                               (u64)(need > 0 ? need : 1), wd, wait_ids[p + n], (u32)(n * p + local),
-                                               GOEP_INN_STAGE_COMBINE_NET);
-              seen[c] = gr;
-            }
           }
         }
-      }
-      // A lane that gave up (timeout, abort) ends the warp's tokens; the
-      // block's check after the loop leaves.
-      if (__any_sync(0xffffffffu, !landed)) {
-        ok = false;
-        break;
       }
       // Two groups of eight elements a lane per step (q0 and q0 + 256),
       // nodes two at a time: a step's loads (both nodes, both groups, the
@@ -1596,25 +1541,6 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           if (q < k) {
             out_w[(i64)t * k + q] = acc;
           }
-        }
-      }
-    }
-    if (goep_block_any_failed(!ok)) {
-      return;
-    }
-    // The last receiver block clears the granule counts for the next
-    // combine: every receiver has passed its waits, and no node adds to
-    // them again before this rank's next dispatch has put its rows there
-    // (goep_inn_finish's step count then follows these stores).
-    if (goep_inn_arrive(arrive + 3, &last, ro.r_cnt)) {
-      for (int n = 0; n < nodes; ++n) {
-        if (n == node) {
-          continue;
-        }
-        const int rows = min(node_rows[n], dl.max_tokens);
-        const int count = rows > 0 ? (rows + gl - 1) / gl : 0;
-        for (int gr = tid; gr < count; gr += nt) {
-          ((u64*)(rdma + dl.comb_gran))[(u64)n * dl.max_tokens + gr] = 0;
         }
       }
     }

@@ -24,6 +24,10 @@
 #include "channel_device.cuh"
 
 #define GOEP_INN_NOTIFY_MAX_THREADS 1024
+// Groups of eight elements a lane per step of combine's final reduce: 3
+// and 4 spilled at 128 registers (ptxas -v, session 12).
+#define GOEP_INN_FINAL_GROUPS 2
+
 // The dispatch and combine kernels' largest block (internode's
 // maxThreads), declared with one block an SM: 128 registers a thread,
 // where a bound of 1024 (or 512 alone: ptxas then aims at two blocks)
@@ -1457,12 +1461,12 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       // groups and nodes of a pair have constant bounds (unrolled: the
       // loads stay in registers).
 #pragma unroll 1
-      for (int base = 0; base < h; base += 2 * 256) {
+      for (int base = 0; base < h; base += GOEP_INN_FINAL_GROUPS * 256) {
         const int q0 = base + lane * 8;
-        const int groups = q0 + 256 < h ? 2 : (q0 < h ? 1 : 0);
-        uint4 braw[2][2];
+        const int groups = q0 < h ? min(GOEP_INN_FINAL_GROUPS, (h - q0 + 255) / 256) : 0;
+        uint4 braw[2][GOEP_INN_FINAL_GROUPS];
 #pragma unroll
-        for (int g = 0; g < 2; ++g) {
+        for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
           const i64 q = (i64)t * h + q0 + 256 * g;
           if (g < groups && bias0) {
             braw[0][g] = goep_inn_ld16(bias0 + q);
@@ -1471,18 +1475,25 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             braw[1][g] = goep_inn_ld16(bias1 + q);
           }
         }
-        float acc[2][8] = {{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}};
+        float acc[GOEP_INN_FINAL_GROUPS][8];
+#pragma unroll
+        for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            acc[g][e] = 0.f;
+          }
+        }
         for (int n0 = 0; n0 < nodes; n0 += 2) {
           const u8* pn[2];
           bool f32[2];
-          uint4 raw[2][2][2];  // [node of the pair][group][half of an fp32 group]
+          uint4 raw[2][GOEP_INN_FINAL_GROUPS][2];  // [node of the pair][group][half of an fp32 group]
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
             const int n = n0 + b;
             pn[b] = n < nodes ? (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31) : nullptr;
             f32[b] = goep_inn_partial_xb(n, node, fp32, h) == 4 * h;
 #pragma unroll
-            for (int g = 0; g < 2; ++g) {
+            for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
               const int q = q0 + 256 * g;
               if (g < groups && pn[b] != nullptr) {
                 if (f32[b]) {
@@ -1497,7 +1508,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
 #pragma unroll
-            for (int g = 0; g < 2; ++g) {
+            for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
               if (g >= groups || pn[b] == nullptr) {
                 continue;
               }
@@ -1515,7 +1526,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           }
         }
 #pragma unroll
-        for (int g = 0; g < 2; ++g) {
+        for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
           if (g >= groups) {
             continue;
           }

@@ -68,19 +68,14 @@ type tcpConnection struct {
 	rxNext uint64
 	rxStop bool
 
-	// GPU staging: streams for copy-outs (txs, one per socket, so that the
-	// sockets' staging copies run at once instead of queueing behind each
-	// other on one stream; ranks sharing a GPU share one stream for all)
-	// and for everything applied (rx), and the view of rx for stream
-	// memory operations.
-	txs     []device.Stream
-	txOwn   []bool
-	rx      device.Stream
-	rxOwn   bool
-	rxOps   *cuda.Stream
-	staging []device.HostMapped
-	events  []device.Event
-	cudaCtx *cuda.Context
+	// GPU staging: streams for copy-outs (tx) and for everything applied
+	// (rx), and the view of rx for stream memory operations.
+	tx, rx       device.Stream
+	txOwn, rxOwn bool
+	rxOps        *cuda.Stream
+	staging      []device.HostMapped
+	events       []device.Event
+	cudaCtx      *cuda.Context
 
 	closing  atomic.Bool
 	peerBye  atomic.Bool // the peer said goodbye on some socket
@@ -186,13 +181,10 @@ func (t *tcpConnection) allocStaging(n int) error {
 	}
 	var err error
 	var shared bool
-	for range n {
-		s, shared, err := c.connStream()
-		if err != nil {
-			return t.errorf("stream: %w", err)
-		}
-		t.txs, t.txOwn = append(t.txs, s), append(t.txOwn, !shared)
+	if t.tx, shared, err = c.connStream(); err != nil {
+		return t.errorf("stream: %w", err)
 	}
+	t.txOwn = !shared
 	if t.rx, shared, err = c.connStream(); err != nil {
 		return t.errorf("stream: %w", err)
 	}
@@ -224,15 +216,15 @@ func (t *tcpConnection) freeStaging() error {
 	for _, h := range t.staging {
 		errs = append(errs, t.dev.FreeHostMapped(h))
 	}
-	for i, s := range t.txs {
-		if s != nil && t.txOwn[i] {
-			errs = append(errs, s.Close())
+	for _, s := range []struct {
+		s   device.Stream
+		own bool
+	}{{t.tx, t.txOwn}, {t.rx, t.rxOwn}} {
+		if s.s != nil && s.own {
+			errs = append(errs, s.s.Close())
 		}
 	}
-	if t.rx != nil && t.rxOwn {
-		errs = append(errs, t.rx.Close())
-	}
-	t.events, t.staging, t.txs, t.txOwn, t.rx, t.rxOps = nil, nil, nil, nil, nil, nil
+	t.events, t.staging, t.tx, t.rx, t.rxOps = nil, nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
@@ -485,8 +477,8 @@ func (t *tcpConnection) sender(k int) {
 			h, ev := t.slot(k, which)
 			which ^= 1
 			next := &staged{m: m, buf: h.Host[:m.n], ev: ev, issued: traceStart()}
-			if err = t.copyOut(k, h, m.src, m.n); err == nil {
-				if err = ev.Record(t.txs[k]); err == nil {
+			if err = t.copyOut(h, m.src, m.n); err == nil {
+				if err = ev.Record(t.tx); err == nil {
 					err = flushCur()
 					cur = next
 				}
@@ -517,12 +509,12 @@ func (t *tcpConnection) senderFailed(k int, err error) {
 }
 
 // copyOut queues the copy of n bytes at src (device memory) into the
-// staging buffer h on socket k's tx stream.
-func (t *tcpConnection) copyOut(k int, h device.HostMapped, src uintptr, n int) error {
+// staging buffer h on the tx stream.
+func (t *tcpConnection) copyOut(h device.HostMapped, src uintptr, n int) error {
 	if t.cudaCtx != nil {
-		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, t.txs[k].Handle()))
+		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, t.tx.Handle()))
 	}
-	return t.dev.CopyAsync(h.Dev, src, n, t.txs[k])
+	return t.dev.CopyAsync(h.Dev, src, n, t.tx)
 }
 
 // ackReader reads the peer's acknowledgements on socket k.

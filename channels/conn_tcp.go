@@ -396,11 +396,13 @@ func (t *tcpConnection) fail(err error) {
 func (t *tcpConnection) peerGone(dir string, k int, err error) error {
 	switch {
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
-		return fmt.Errorf("rank %d closed the connection (%s socket %d) without a goodbye: %w", t.peer, dir, k, err)
+		err = fmt.Errorf("rank %d closed the connection (%s socket %d) without a goodbye: %w", t.peer, dir, k, err)
 	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
-		return fmt.Errorf("rank %d reset the connection (%s socket %d): %w", t.peer, dir, k, err)
+		err = fmt.Errorf("rank %d reset the connection (%s socket %d): %w", t.peer, dir, k, err)
+	default:
+		err = fmt.Errorf("%s socket %d to rank %d: %w", dir, k, t.peer, err)
 	}
-	return fmt.Errorf("%s socket %d to rank %d: %w", dir, k, t.peer, err)
+	return &PeerGoneError{Peer: t.peer, Err: err}
 }
 
 // sender writes socket k's queue in order. With staging it copies the

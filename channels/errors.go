@@ -19,6 +19,29 @@ var (
 	ErrNil = errors.New("channels: nil object")
 )
 
+// PeerGoneError reports a peer whose network connection broke: closed
+// without the goodbye every orderly close sends, reset, or failing on a
+// read or write (its process or host died or became unreachable). The
+// communicator that saw it refuses further calls until Close.
+type PeerGoneError struct {
+	Peer int   // the rank whose connection broke
+	Err  error // what the connection reported, naming the rank and socket
+}
+
+func (e *PeerGoneError) Error() string {
+	if e == nil || e.Err == nil {
+		return "channels: a peer's connection broke"
+	}
+	return e.Err.Error()
+}
+
+func (e *PeerGoneError) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.Err
+}
+
 // TimeoutError reports a device-side wait that gave up: which channel (or
 // semaphore, or registered wait id), which peer, which stage of the kernel,
 // and what it saw. The communicator whose wait it was refuses further calls

@@ -74,7 +74,7 @@ func (nt *Notify) Combine(in CombineInput, opt CombineOptions) (*CombineOutput, 
 	}
 	s := nt.shape
 	fail := func(format string, a ...any) error {
-		return fmt.Errorf("internode: rank %d: combine after notify round %d: "+format, append([]any{nt.rank, nt.round}, a...)...)
+		return nt.withPeerNode(fmt.Errorf("internode: rank %d: combine after notify round %d: "+format, append([]any{nt.rank, nt.round}, a...)...))
 	}
 	if nt.cfg.MaxTokens == 0 {
 		return nil, fail("no combine buffers: set NotifyConfig.MaxTokens")

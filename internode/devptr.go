@@ -127,7 +127,7 @@ func (nt *Notify) RunAsync(st device.Stream, a DeviceNotify) error {
 	}
 	round := nt.round + 1
 	fail := func(format string, args ...any) error {
-		return fmt.Errorf("internode: rank %d: notify round %d: "+format, append([]any{nt.rank, round}, args...)...)
+		return nt.withPeerNode(fmt.Errorf("internode: rank %d: notify round %d: "+format, append([]any{nt.rank, round}, args...)...))
 	}
 	if a.Tokens < 0 || a.Tokens > nt.cfg.MaxTokens {
 		return fail("%d tokens: want 0..NotifyConfig.MaxTokens = %d", a.Tokens, nt.cfg.MaxTokens)
@@ -179,7 +179,7 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 	}
 	s := nt.shape
 	fail := func(format string, args ...any) error {
-		return fmt.Errorf("internode: rank %d: dispatch after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...)
+		return nt.withPeerNode(fmt.Errorf("internode: rank %d: dispatch after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...))
 	}
 	switch {
 	case !nt.dev0.ok:
@@ -230,7 +230,7 @@ func (nt *Notify) CombineAsync(st device.Stream, a DeviceCombine) error {
 		return err
 	}
 	fail := func(format string, args ...any) error {
-		return fmt.Errorf("internode: rank %d: combine after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...)
+		return nt.withPeerNode(fmt.Errorf("internode: rank %d: combine after notify round %d: "+format, append([]any{nt.rank, nt.round}, args...)...))
 	}
 	switch {
 	case !nt.dev0.ok || !nt.dispatched || nt.combined:
@@ -273,7 +273,7 @@ func (nt *Notify) Check() error {
 		return fmt.Errorf("internode: notify: not set up by NewNotify")
 	}
 	if err := nt.comm.Check(); err != nil {
-		nt.err = fmt.Errorf("internode: rank %d: after notify round %d: %w", nt.rank, nt.round, err)
+		nt.err = nt.withPeerNode(fmt.Errorf("internode: rank %d: after notify round %d: %w", nt.rank, nt.round, err))
 		return nt.err
 	}
 	return nil

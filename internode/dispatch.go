@@ -157,7 +157,7 @@ func (nt *Notify) Dispatch(in RankInput) (*RankOutput, error) {
 	}
 	s := nt.shape
 	fail := func(format string, a ...any) error {
-		return fmt.Errorf("internode: rank %d: dispatch after notify round %d: "+format, append([]any{nt.rank, nt.round}, a...)...)
+		return nt.withPeerNode(fmt.Errorf("internode: rank %d: dispatch after notify round %d: "+format, append([]any{nt.rank, nt.round}, a...)...))
 	}
 	if nt.cfg.MaxTokens == 0 {
 		return nil, fail("no dispatch buffers: set NotifyConfig.MaxTokens")

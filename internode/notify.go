@@ -569,7 +569,7 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	s := nt.shape
 	round := nt.round + 1
 	fail := func(format string, a ...any) error {
-		return fmt.Errorf("internode: rank %d: notify round %d: "+format, append([]any{nt.rank, round}, a...)...)
+		return nt.withPeerNode(fmt.Errorf("internode: rank %d: notify round %d: "+format, append([]any{nt.rank, round}, a...)...))
 	}
 	if len(ids)%s.TopK != 0 || len(ids)/s.TopK > MaxTokens {
 		return nil, fail("%d top-k ids: want a multiple of top-k %d, at most %d tokens", len(ids), s.TopK, MaxTokens)
@@ -768,4 +768,16 @@ func waitIDs(comm *channels.Communicator, n int, name func(j int) string) []uint
 		ids[j] = comm.NewWaitID(name(j))
 	}
 	return ids
+}
+
+// withPeerNode adds where a peer whose connection broke sits
+// (channels.PeerGoneError: its host died or became unreachable) to err,
+// "rank r is node n's local rank l", so that an error names the node that
+// disappeared as well as the rank. Other errors pass unchanged.
+func (nt *Notify) withPeerNode(err error) error {
+	var pg *channels.PeerGoneError
+	if err == nil || nt == nil || !errors.As(err, &pg) || pg.Peer < 0 || pg.Peer >= nt.shape.World() {
+		return err
+	}
+	return fmt.Errorf("%w (rank %d is node %d's local rank %d)", err, pg.Peer, nt.shape.Node(pg.Peer), nt.shape.Local(pg.Peer))
 }

@@ -93,14 +93,18 @@ func InnTrace() bool {
 }
 
 // InnTraceEnv parses $GOEP_INN_TRACE: "" and "0" are off, "1" on.
-func InnTraceEnv() (bool, error) {
-	switch v := os.Getenv(EnvInnTrace); v {
+func InnTraceEnv() (bool, error) { return switchEnv(EnvInnTrace, "internode phase trace compiled in") }
+
+// switchEnv parses a switch's variable: "" and "0" are off, "1" on, any
+// other value an error saying what 1 means.
+func switchEnv(name, what string) (bool, error) {
+	switch v := os.Getenv(name); v {
 	case "", "0":
 		return false, nil
 	case "1":
 		return true, nil
 	default:
-		return false, fmt.Errorf("kernelflags: %s=%q: want 1 (internode phase trace compiled in) or 0", EnvInnTrace, v)
+		return false, fmt.Errorf("kernelflags: %s=%q: want 1 (%s) or 0", name, v, what)
 	}
 }
 
@@ -190,16 +194,7 @@ func ApplyLLTraceEnv() error {
 }
 
 // LLTraceEnv parses $GOEP_LL_TRACE: "" and "0" are off, "1" on.
-func LLTraceEnv() (bool, error) {
-	switch v := os.Getenv(EnvLLTrace); v {
-	case "", "0":
-		return false, nil
-	case "1":
-		return true, nil
-	default:
-		return false, fmt.Errorf("kernelflags: %s=%q: want 1 (low-latency phase trace compiled in) or 0", EnvLLTrace, v)
-	}
-}
+func LLTraceEnv() (bool, error) { return switchEnv(EnvLLTrace, "low-latency phase trace compiled in") }
 
 // Mode names the setting, for benchmark output.
 func Mode() string {

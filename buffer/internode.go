@@ -211,8 +211,14 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	if err != nil {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.ProxyPendingEnv, err)
 	}
+	// $GOEP_INTERNODE_REDUCE_SMS likewise (internode.ParseReduceSMs;
+	// unset: the combine's final reduce on every SM, after its kernel).
+	reduceSMs, err := internode.ParseReduceSMs(os.Getenv(internode.ReduceSMsEnv))
+	if err != nil {
+		return b.errorf("internode mode (%v): $%s: %w", t, internode.ReduceSMsEnv, err)
+	}
 	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs,
-		Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes, ProxyMaxPending: pending})
+		Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}

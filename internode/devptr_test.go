@@ -28,12 +28,26 @@ import (
 	"github.com/goep-dev/goep/internode"
 )
 
-// 2 virtual nodes x 2 ranks under the CPU emulation of the real kernels.
+// 2 virtual nodes x 2 ranks under the CPU emulation of the real kernels,
+// and 2 x 1: with one rank a node every row a rank receives is one it
+// forwarded itself, so dispatch writes them all straight to the outputs
+// and combine reads them all from the caller's y (its copy-in moves
+// nothing); then the combine's final reduce inside the combine kernel
+// (ReduceSMs -1) and on one block of its own.
 func TestEmulatedDevicePointers(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
 	for _, early := range []bool{false, true} {
 		t.Run(streamOrderName(early), func(t *testing.T) {
 			checkDeviceRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 900, early)
+		})
+	}
+	t.Run("2x1", func(t *testing.T) {
+		checkDeviceRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 1}, 901, false)
+	})
+	for _, n := range []int{-1, 1} {
+		t.Run(fmt.Sprintf("reduce-sms=%d", n), func(t *testing.T) {
+			withReduceSMs(t, n)
+			checkDeviceRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 910+int64(n), false)
 		})
 	}
 }
@@ -56,6 +70,13 @@ func TestDevicePointersGPU(t *testing.T) {
 			})
 		}
 	}
+	t.Run("2x1", func(t *testing.T) {
+		checkDeviceRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 1}, 951, false)
+	})
+	t.Run("reduce-sms=-1", func(t *testing.T) {
+		withReduceSMs(t, -1)
+		checkDeviceRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 952, false)
+	})
 }
 
 // doneCountsWithin says whether every step counter in a DebugCounters
@@ -247,7 +268,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 				return nil, nil, err
 			}
 		}
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs})
 		if err != nil {
 			if st != nil {
 				_ = st.Close()

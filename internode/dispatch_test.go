@@ -199,6 +199,11 @@ func TestDispatchBadInput(t *testing.T) {
 				return nil, fmt.Errorf("rank %d: proxy max pending %d: %v, want a refusal naming it", me, pp, err)
 			}
 		}
+		for _, rs := range []int{-2, internode.MaxReduceSMs + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, ReduceSMs: rs}); err == nil || !strings.Contains(err.Error(), "reduce SMs") {
+				return nil, fmt.Errorf("rank %d: reduce SMs %d: %v, want a refusal naming it", me, rs, err)
+			}
+		}
 		for _, pb := range []int{-1, internode.MaxPutBytes + 1} {
 			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, PutBytes: pb}); err == nil || !strings.Contains(err.Error(), "put bytes") {
 				return nil, fmt.Errorf("rank %d: put bytes %d: %v, want a refusal naming them", me, pb, err)

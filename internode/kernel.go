@@ -21,10 +21,13 @@ const (
 	KernelNotify   = "goep_internode_notify"
 	KernelDispatch = "goep_internode_dispatch"
 	KernelCombine  = "goep_internode_combine"
+	// KernelCombineReduce is the combine's final reduce on a grid of its
+	// own (NotifyConfig.ReduceSMs).
+	KernelCombineReduce = "goep_internode_combine_reduce"
 )
 
 // Kernels are every kernel package internode launches (to preload).
-var Kernels = []string{KernelNotify, KernelDispatch, KernelCombine}
+var Kernels = []string{KernelNotify, KernelDispatch, KernelCombine, KernelCombineReduce}
 
 func init() {
 	kernels.Register(kernels.Module{Name: "internode", File: "internode.cu", Kernels: Kernels})
@@ -75,6 +78,10 @@ type kernelState struct {
 	// split its division into roles (zero counts: every block every role).
 	blocks, threads int
 	split           Split
+	// reduceBlocks is the grid of the combine's final reduce kernel
+	// (NotifyConfig.ReduceSMs resolved); 0: the reduce runs inside the
+	// combine kernel.
+	reduceBlocks int
 }
 
 // Launch defaults of the dispatch and combine kernels (NotifyConfig.SMs,
@@ -140,6 +147,22 @@ func (nt *Notify) resolveLaunch(sms, threads int, sp Split) (blocks, thr int, sp
 	return blocks, thr, sp.resolve(blocks), nil
 }
 
+// reduceGrid resolves NotifyConfig.ReduceSMs: -1 is 0 (inside the combine
+// kernel), 0 every SM of a GPU (the combine grid in the CPU emulation,
+// whose blocks are OS threads).
+func (nt *Notify) reduceGrid(combineBlocks int) int {
+	switch r := nt.cfg.ReduceSMs; {
+	case r < 0:
+		return 0
+	case r > 0:
+		return r
+	}
+	if dev := nt.dev.Info(); dev.Kind == device.CUDA && dev.SMs > 0 {
+		return dev.SMs
+	}
+	return combineBlocks
+}
+
 // SetLaunch sets the grid of later dispatch and combine launches (as
 // NotifyConfig.SMs and Threads; 0 picks the default), keeping the
 // configured split (a split naming counts fixes the grid: sms must be 0
@@ -190,6 +213,7 @@ func (nt *Notify) setLaunch(op string, sms, threads int, sp *Split) error {
 	}
 	nt.launchCfg = cfg
 	nt.kern.blocks, nt.kern.threads, nt.kern.split = b, t, split
+	nt.kern.reduceBlocks = nt.reduceGrid(b)
 	return nil
 }
 
@@ -331,6 +355,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	if ks.blocks, ks.threads, ks.split, err = nt.resolveLaunch(nt.cfg.SMs, nt.cfg.Threads, nt.cfg.Split); err != nil {
 		return err
 	}
+	ks.reduceBlocks = nt.reduceGrid(ks.blocks)
 	nt.launchCfg = nt.cfg
 	return nt.comm.Barrier(ctx)
 }
@@ -732,11 +757,12 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	sp := nt.splitFor(tokens)
-	args := device.NewArgs(27).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
+	args := device.NewArgs(28).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
 		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.epochs).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
 		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
-		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders)
+		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders).
+		I32Int(b2i(ks.reduceBlocks > 0))
 	// Clear the status words and the block arrival counters in stream
 	// order (a memset node in a graph).
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
@@ -744,6 +770,16 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	}
 	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
 		return err
+	}
+	if ks.reduceBlocks > 0 {
+		// The final reduce on its own grid, in stream order after the
+		// combine kernel (it reads the status word that kernel wrote).
+		ra := device.NewArgs(15).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(node).
+			I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
+			Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).Ptr(nt.rdma.Ptr).Ptr(ks.dout())
+		if err := nt.dev.Launch(KernelCombineReduce, device.Dim3{X: ks.reduceBlocks}, device.Dim3{X: ks.threads}, 0, st, ra); err != nil {
+			return err
+		}
 	}
 	nt.steps++ // the host's count, for diagnostics (the kernels count on the device)
 	return nil

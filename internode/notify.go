@@ -112,6 +112,15 @@ type NotifyConfig struct {
 	// to the CUDA IPC port transport only. 0: channels' default (64). The Buffer reads it from $GOEP_INTERNODE_PROXY_PENDING
 	// (ProxyPendingEnv, ParseProxyPending).
 	ProxyMaxPending int
+	// ReduceSMs is the grid of the combine's final reduce where kernels
+	// run: the source's sum of every node's partials, after the last one
+	// landed, in a kernel of its own launched right after the combine
+	// kernel (it waits for nothing, so it needs no spin budget). 0 means
+	// every SM of the device (the CPU emulation: the combine grid); -1
+	// keeps the reduce inside the combine kernel, on its receiver blocks
+	// (the SMs budget strictly); at most MaxReduceSMs. The Buffer reads it
+	// from $GOEP_INTERNODE_REDUCE_SMS (ReduceSMsEnv, ParseReduceSMs).
+	ReduceSMs int
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -300,6 +309,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	}
 	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
 		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)
+	}
+	if cfg.ReduceSMs < -1 || cfg.ReduceSMs > MaxReduceSMs {
+		return nil, fail("reduce SMs %d: want -1 (inside the combine kernel), 0 (every SM) or 1..%d", cfg.ReduceSMs, MaxReduceSMs)
 	}
 	dl, err := newDispatchLayout(s, cfg.MaxTokens)
 	if err != nil {

@@ -19,6 +19,18 @@ var testPutBytes int
 // testProxyPending is their NotifyConfig.ProxyMaxPending, likewise.
 var testProxyPending int
 
+// testReduceSMs is the NotifyConfig.ReduceSMs of checkCombineRounds and
+// checkDeviceRounds (0: the final reduce on a grid of its own, the
+// default), set likewise (withReduceSMs).
+var testReduceSMs int
+
+func withReduceSMs(t *testing.T, n int) {
+	t.Helper()
+	prev := testReduceSMs
+	testReduceSMs = n
+	t.Cleanup(func() { testReduceSMs = prev })
+}
+
 // testThreads and testSplit are the NotifyConfig.Threads and Split of
 // checkDispatchRounds and checkCombineRounds (zero: the defaults), set
 // likewise (withGrid).
@@ -86,6 +98,34 @@ func TestEmulatedProxyPending(t *testing.T) {
 			withProxyPending(t, n)
 			checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 2900+int64(n%97))
 			checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 3000+int64(n%97))
+		})
+	}
+}
+
+// ParseReduceSMs's forms and refusals.
+func TestParseReduceSMs(t *testing.T) {
+	for in, want := range map[string]int{"": 0, "0": 0, "off": -1, " -1 ": -1, "132": 132, "4096": internode.MaxReduceSMs} {
+		got, err := internode.ParseReduceSMs(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"-2", "4097", "1k", "x", "on"} {
+		_, err := internode.ParseReduceSMs(bad)
+		require.Error(t, err, bad)
+		require.Contains(t, err.Error(), bad)
+	}
+}
+
+// The combine's final reduce inside the combine kernel (ReduceSMs -1, the
+// SM budget strictly) and on one block of its own: combine rounds equal
+// the reference bit for bit either way (the default, a grid of its own as
+// wide as the combine's, is what every other combine test runs).
+func TestEmulatedReduceSMs(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	for _, n := range []int{-1, 1} {
+		t.Run(fmt.Sprintf("reduce-sms=%d", n), func(t *testing.T) {
+			withReduceSMs(t, n)
+			checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 3100+int64(n))
 		})
 	}
 }

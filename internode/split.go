@@ -68,6 +68,33 @@ func ParsePutBytes(v string) (int, error) {
 	return n * mult, nil
 }
 
+// ReduceSMsEnv names the environment variable the Buffer reads
+// NotifyConfig.ReduceSMs from (ParseReduceSMs).
+const ReduceSMsEnv = "GOEP_INTERNODE_REDUCE_SMS"
+
+// MaxReduceSMs bounds NotifyConfig.ReduceSMs (a grid's blocks; far above
+// any GPU's SMs).
+const MaxReduceSMs = 4096
+
+// ParseReduceSMs reads a NotifyConfig.ReduceSMs: "" or "0" (every SM of
+// the device), "-1" or "off" (the final reduce inside the combine kernel),
+// or a block count in 1..MaxReduceSMs.
+func ParseReduceSMs(v string) (int, error) {
+	in := v
+	v = strings.ToLower(strings.TrimSpace(v))
+	switch v {
+	case "":
+		return 0, nil
+	case "off":
+		return -1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < -1 || n > MaxReduceSMs {
+		return 0, fmt.Errorf("reduce SMs %q: want -1 or off (inside the combine kernel), 0 (every SM) or a block count up to %d", in, MaxReduceSMs)
+	}
+	return n, nil
+}
+
 // ProxyPendingEnv names the environment variable the Buffer reads
 // NotifyConfig.ProxyMaxPending from (ParseProxyPending).
 const ProxyPendingEnv = "GOEP_INTERNODE_PROXY_PENDING"

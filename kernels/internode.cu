@@ -796,6 +796,28 @@ __device__ __forceinline__ u64* goep_inn_tr_open(const i32* scratch, int max_tok
 // Largest ranks per node the dispatch kernel's shared tables hold (the
 // target masks are 8 bits).
 #define GOEP_INN_MAX_P 8
+// The receive rows of source rank s: [rank_prefix[s - 1], rank_prefix[s])
+// (an inclusive prefix over source ranks), clamped to [0, n).
+__device__ __forceinline__ void goep_inn_source_rows(const i32* rank_prefix, int s, i64 n, i64& lo, i64& hi) {
+  lo = s > 0 ? rank_prefix[s - 1] : 0;
+  hi = rank_prefix[s];
+  lo = lo < 0 ? 0 : (lo > n ? n : lo);
+  hi = hi < lo ? lo : (hi > n ? n : hi);
+}
+
+// Writes the x part of a relay or receive row (BF16 x, or FP8 x then fp32
+// scales as words) to row r of the caller's dispatch outputs (a warp).
+__device__ __forceinline__ void goep_inn_out_x(const u32* row, i64 r, int h, int fp8, u8* out_x, float* out_scales,
+                                               int lane) {
+  if (fp8) {
+    goep_inn_warp_copy(out_x + (u64)r * h, row, (u64)h, lane);
+    for (int q = lane; q < h / 128; q += 32) {
+      out_scales[r * (h / 128) + q] = __uint_as_float(row[h / 4 + q]);
+    }
+  } else {
+    goep_inn_warp_copy(out_x + (u64)r * 2 * h, row, 2ull * h, lane);
+  }
+}
 #define GOEP_INN_MAX_NODES 64
 
 extern "C" {
@@ -1153,6 +1175,25 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
               }
               continue;
             }
+            if (l == local && out_x != nullptr) {
+              // This rank is the target and the caller gave outputs: the
+              // row goes straight to them (its receive row would only be
+              // unpacked there: one copy instead of two); the unpack skips
+              // the rows of the sources this rank forwards.
+              goep_inn_out_x(row, pos, h, fp8, out_x, out_scales, lane);
+              for (int jj = lane; jj < k; jj += 32) {
+                const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
+                const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
+                out_topk[pos * k + jj] = mine ? e - (i64)dst_rank * le : -1;
+                if (out_weights != nullptr) {
+                  out_weights[pos * k + jj] = mine ? __uint_as_float(row[xw + 2 * k + jj]) : 0.f;
+                }
+              }
+              if (lane == 0) {
+                out_src[pos] = meta[0];
+              }
+              continue;
+            }
             u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
             goep_inn_warp_copy(rr, row, (u64)xb, lane);
             for (int jj = lane; jj < k; jj += 32) {
@@ -1192,39 +1233,37 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
       // 5. The device-pointer form: unpack the received rows into the
       // caller's separate regions (x, FP8 scales, local ids, weights,
-      // source token), a warp of the grid per row; the count is notify's,
-      // on the device. Half 0: the rows of this node's sources [own_lo,
-      // own_hi); half 1: the rest.
+      // source token), a warp of the grid per row; the counts are
+      // notify's, on the device. Half 0: the rows of this node's sources;
+      // half 1: the rest. The rows of sources with this rank's local index
+      // are not here: this rank forwarded them straight to the outputs.
       if (out_x != nullptr) {
         const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
-        const i64 first = (i64)node * p > 0 ? rank_prefix[node * p - 1] : 0;
-        const i64 own_lo = first < n ? first : n;
-        const i64 own_hi = rank_prefix[node * p + p - 1] < n ? rank_prefix[node * p + p - 1] : n;
-        const i64 own = own_hi > own_lo ? own_hi - own_lo : 0;
-        const i64 count = half == 0 ? own : n - own;
-        for (i64 v = ro.r_idx * warps + warp; v < count; v += ro.r_cnt * warps) {
-          const i64 r = half == 0 ? own_lo + v : (v < own_lo ? v : v + own);
-          const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
-          if (fp8) {
-            goep_inn_warp_copy(out_x + (u64)r * h, rr, (u64)h, lane);
-            for (int q = lane; q < h / 128; q += 32) {
-              out_scales[r * (h / 128) + q] = __uint_as_float(rr[h / 4 + q]);
+        const i64 gw = (i64)ro.r_idx * warps + warp, gws = (i64)ro.r_cnt * warps;
+        i64 seen = 0;  // rows walked so far: the next run starts at the next warp
+        for (int s = 0; s < w; ++s) {
+          if ((s / p == node) != (half == 0) || s % p == local) {
+            continue;
+          }
+          i64 lo, hi;
+          goep_inn_source_rows(rank_prefix, s, n, lo, hi);
+          for (i64 r = lo + ((gw - seen) % gws + gws) % gws; r < hi; r += gws) {
+            const u32* rr = (const u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
+            goep_inn_out_x(rr, r, h, fp8, out_x, out_scales, lane);
+            u32* ot = (u32*)(out_topk + r * k);
+            for (int q = lane; q < 2 * k; q += 32) {
+              ot[q] = rr[xw + q];
             }
-          } else {
-            goep_inn_warp_copy(out_x + (u64)r * 2 * h, rr, (u64)xb, lane);
-          }
-          u32* ot = (u32*)(out_topk + r * k);
-          for (int q = lane; q < 2 * k; q += 32) {
-            ot[q] = rr[xw + q];
-          }
-          if (out_weights != nullptr) {
-            for (int q = lane; q < k; q += 32) {
-              out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
+            if (out_weights != nullptr) {
+              for (int q = lane; q < k; q += 32) {
+                out_weights[r * k + q] = __uint_as_float(rr[xw + 2 * k + q]);
+              }
+            }
+            if (lane == 0) {
+              out_src[r] = (i32)rr[xw + 3 * k + 1];
             }
           }
-          if (lane == 0) {
-            out_src[r] = (i32)rr[xw + 3 * k + 1];
-          }
+          seen += hi - lo;
         }
       }
     }
@@ -1254,6 +1293,138 @@ __device__ __forceinline__ u64 goep_inn_partial_stride(int n, int node, int fp32
   return ((u64)goep_inn_partial_xb(n, node, fp32, h) + 4ull * k + 15ull) & ~15ull;
 }
 
+// 3. The source's final reduce: warp t_first, t_first + t_step, ... of
+// the grid sums token t's partials in ascending node from +0, adds bias0
+// then bias1, rounds once, eight elements a lane. Every node's partials
+// have landed (the combine kernel's receivers waited for them).
+__device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, int num_tokens, int h, int k, int nodes,
+                                                      int node, int weights, int fp32,
+                                                      const goep_inn_dispatch_layout& dl, const i32* scratch,
+                                                      const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
+                                                      const u8* rdma, i32* out, int lane) {
+  for (i64 t = t_first; t < num_tokens; t += t_step) {
+    // Lane n holds node n's partial row of t (node n + 32 in the second
+    // word), 0 where t has no expert there: read once per token, then
+    // shuffled to the warp per node (a scratch load per node and step
+    // put two dependent loads in front of every step's data).
+    u64 row_at[2] = {0, 0};
+    for (int c = 0; c < 2; ++c) {
+      const int n = lane + 32 * c;
+      if (n < nodes) {
+        const i32 j = scratch[(i64)t * nodes + n];
+        if (j >= dl.max_tokens) {
+          out[1] = 1;
+        } else if (j >= 0) {
+          row_at[c] = (u64)(rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
+                            (u64)j * goep_inn_partial_stride(n, node, fp32, h, k));
+        }
+      }
+    }
+    // Two groups of eight elements a lane per step (q0 and q0 + 256),
+    // nodes two at a time: a step's loads (both nodes, both groups, the
+    // biases) are issued before its additions; each element still adds
+    // its nodes in ascending order from +0, then bias0, then bias1. The
+    // loop's bound is the warp's (base), not the lane's: every lane takes
+    // part in the shuffles; a lane's groups past h do nothing. Loops over
+    // groups and nodes of a pair have constant bounds (unrolled: the
+    // loads stay in registers).
+#pragma unroll 1
+    for (int base = 0; base < h; base += GOEP_INN_FINAL_GROUPS * 256) {
+      const int q0 = base + lane * 8;
+      const int groups = q0 < h ? min(GOEP_INN_FINAL_GROUPS, (h - q0 + 255) / 256) : 0;
+      uint4 braw[2][GOEP_INN_FINAL_GROUPS];
+#pragma unroll
+      for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+        const i64 q = (i64)t * h + q0 + 256 * g;
+        if (g < groups && bias0) {
+          braw[0][g] = goep_inn_ld16(bias0 + q);
+        }
+        if (g < groups && bias1) {
+          braw[1][g] = goep_inn_ld16(bias1 + q);
+        }
+      }
+      float acc[GOEP_INN_FINAL_GROUPS][8];
+#pragma unroll
+      for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          acc[g][e] = 0.f;
+        }
+      }
+      for (int n0 = 0; n0 < nodes; n0 += 2) {
+        const u8* pn[2];
+        bool f32[2];
+        uint4 raw[2][GOEP_INN_FINAL_GROUPS][2];  // [node of the pair][group][half of an fp32 group]
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int n = n0 + b;
+          pn[b] = n < nodes ? (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31) : nullptr;
+          f32[b] = goep_inn_partial_xb(n, node, fp32, h) == 4 * h;
+#pragma unroll
+          for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+            const int q = q0 + 256 * g;
+            if (g < groups && pn[b] != nullptr) {
+              if (f32[b]) {
+                raw[b][g][0] = ((const uint4*)((const float*)pn[b] + q))[0];
+                raw[b][g][1] = ((const uint4*)((const float*)pn[b] + q))[1];
+              } else {
+                raw[b][g][0] = goep_inn_ld16((const u16*)pn[b] + q);
+              }
+            }
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+          for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+            if (g >= groups || pn[b] == nullptr) {
+              continue;
+            }
+            if (f32[b]) {
+              const uint4 x0 = raw[b][g][0], x1 = raw[b][g][1];
+              const u32 bits[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+              for (int e = 0; e < 8; ++e) {
+                acc[g][e] += __uint_as_float(bits[e]);
+              }
+            } else {
+              goep_inn_add8_bf16(acc[g], raw[b][g][0]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+        if (g >= groups) {
+          continue;
+        }
+        if (bias0) {
+          goep_inn_add8_bf16(acc[g], braw[0][g]);
+        }
+        if (bias1) {
+          goep_inn_add8_bf16(acc[g], braw[1][g]);
+        }
+        goep_inn_st8_bf16(out_x + (i64)t * h + q0 + 256 * g, acc[g]);
+      }
+    }
+    if (weights) {
+      for (int q0 = 0; q0 < k; q0 += 32) {
+        const int q = q0 + lane;
+        float acc = 0.0f;
+        for (int n = 0; n < nodes; ++n) {
+          const u8* pr = (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31);
+          if (pr != nullptr && q < k) {
+            acc += ((const float*)(pr + goep_inn_partial_xb(n, node, fp32, h)))[q];
+          }
+        }
+        if (q < k) {
+          out_w[(i64)t * k + q] = acc;
+        }
+      }
+    }
+  }
+}
+
 extern "C" {
 __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node, int local, int weights,
@@ -1261,7 +1432,11 @@ __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
                            const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
                            u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
                            const u32* wait_ids, i32* out, const u16* y_in, const float* w_in,
-                           const i32* rank_prefix, int split_s, int split_f);
+                           const i32* rank_prefix, int split_s, int split_f, int reduce_apart);
+__global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
+    goep_internode_combine_reduce(int num_tokens, int hidden, int k, int nodes, int node, int weights, int fp32,
+                                  const goep_inn_dispatch_layout* dlp, const i32* scratch, const u16* bias0,
+                                  const u16* bias1, u16* out_x, float* out_w, const u8* rdma, i32* out);
 }
 
 // Combine round c. Every block copies a share of the expert outputs in;
@@ -1278,7 +1453,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
                                                   const goep_port_channel* ports, goep_watchdog* wd,
                                                   const u32* wait_ids, i32* out, const u16* y_in,
                                                   const float* w_in, const i32* rank_prefix, int split_s,
-                                                  int split_f) {
+                                                  int split_f, int reduce_apart) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
   const int blk = blockIdx.x, g = gridDim.x, gwarp = blk * warps + warp, gwarps = g * warps;
   const goep_inn_dispatch_layout dl = *dlp;
@@ -1298,20 +1473,32 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
 
   // 1. The device-pointer form copies this rank's expert outputs (y BF16
   // [n][H], weights fp32 [n][K], n = notify's received count, on the
-  // device) into its receive rows. Every forwarder of the node finished
-  // writing these rows in dispatch (this rank waited for them), so nobody
-  // else touches them now. Then the last block tells the node's
-  // forwarders.
+  // device) into its receive rows, for the node's other forwarders: the
+  // rows of sources with this rank's local index are read by this rank
+  // only (it forwarded them), straight from y and the weights, so those
+  // stay where they are (with one rank a node, nothing is copied). Every
+  // forwarder of the node finished writing these rows in dispatch (this
+  // rank waited for them), so nobody else touches them now. Then the last
+  // block tells the node's forwarders.
   if (y_in != nullptr) {
     const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
-    for (i64 r = gwarp; r < n; r += gwarps) {
-      u32* rr = (u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
-      goep_inn_warp_copy(rr, y_in + r * h, 2ull * h, lane);
-      if (w_in != nullptr) {
-        for (int q = lane; q < k; q += 32) {
-          rr[h / 2 + q] = __float_as_uint(w_in[r * k + q]);
+    i64 seen = 0;  // rows walked so far: the next run starts at the next warp
+    for (int s = 0; s < w; ++s) {
+      if (s % p == local) {
+        continue;
+      }
+      i64 lo, hi;
+      goep_inn_source_rows(rank_prefix, s, n, lo, hi);
+      for (i64 r = lo + ((gwarp - seen) % gwarps + gwarps) % gwarps; r < hi; r += gwarps) {
+        u32* rr = (u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
+        goep_inn_warp_copy(rr, y_in + r * h, 2ull * h, lane);
+        if (w_in != nullptr) {
+          for (int q = lane; q < k; q += 32) {
+            rr[h / 2 + q] = __float_as_uint(w_in[r * k + q]);
+          }
         }
       }
+      seen += hi - lo;
     }
   }
   if (goep_inn_arrive(arrive, &last, g) && tid == 0) {
@@ -1361,15 +1548,25 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
           const i32* meta = (const i32*)(row + dl.xb / 4 + 3 * k);
           const u32 mask = (u32)meta[1];
+          // Target rows: the local ranks' receive rows, this rank's own
+          // straight from the caller's y (step 1 left it out), whose
+          // weights are then at own_w.
           const u8* trow[GOEP_INN_MAX_P];
-          int nt_rows = 0;
+          const float* own_w = nullptr;
+          int nt_rows = 0, own_r = -1;
           bool in_range = true;
           for (int l = 0; l < p; ++l) {
             if (mask >> l & 1) {
               const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
               const i64 pos = (i64)b0 + meta[2 + l];
               in_range &= meta[2 + l] >= 0 && b0 >= 0 && pos < capacity;
-              trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
+              if (l == local && y_in != nullptr) {
+                own_r = nt_rows;
+                own_w = w_in != nullptr ? w_in + pos * k : nullptr;
+                trow[nt_rows++] = (const u8*)(y_in + pos * h);
+              } else {
+                trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
+              }
             }
           }
           if (!in_range) {
@@ -1393,7 +1590,11 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             float acc = 0.0f;
             if (weights) {
               for (int r = 0; r < nt_rows; ++r) {
-                acc += ((const float*)(trow[r] + 2 * h))[q];
+                if (r != own_r) {
+                  acc += ((const float*)(trow[r] + 2 * h))[q];
+                } else if (own_w != nullptr) {
+                  acc += own_w[q];
+                }
               }
             }
             ((float*)(pr + pxb))[q] = acc;
@@ -1423,9 +1624,10 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
 
   }
   if (ro.recv) {
-    // 3. As source: every node's partials landed; a warp of the grid per
-    // token sums them in ascending node from +0, adds bias0 then bias1,
-    // rounds once, eight elements a lane.
+    // 3. As source: every node's partials landed; then the final reduce,
+    // here by the receiver warps, or (reduce_apart) by
+    // goep_internode_combine_reduce right after this kernel, on a grid of
+    // its own.
     for (int j = tid; j < nodes; j += nt) {
       ok &= goep_wait_ge_u64_after((const u64*)(rdma + dl.comb_counters) + j, round, wd, wait_ids[p + j],
                                    (u32)(j * p + local), GOEP_INN_STAGE_COMBINE_NET);
@@ -1434,129 +1636,37 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       return;
     }
     GOEP_INN_TR(GOEP_INN_EV_C_NET_LANDED);
-    for (int t = ro.r_idx * warps + warp; t < num_tokens; t += ro.r_cnt * warps) {
-      // Lane n holds node n's partial row of t (node n + 32 in the second
-      // word), 0 where t has no expert there: read once per token, then
-      // shuffled to the warp per node (a scratch load per node and step
-      // put two dependent loads in front of every step's data).
-      u64 row_at[2] = {0, 0};
-      for (int c = 0; c < 2; ++c) {
-        const int n = lane + 32 * c;
-        if (n < nodes) {
-          const i32 j = scratch[(i64)t * nodes + n];
-          if (j >= dl.max_tokens) {
-            out[1] = 1;
-          } else if (j >= 0) {
-            row_at[c] = (u64)(rdma + dl.comb_recv + (u64)n * dl.max_tokens * dl.partial_row +
-                              (u64)j * goep_inn_partial_stride(n, node, fp32, h, k));
-          }
-        }
-      }
-      // Two groups of eight elements a lane per step (q0 and q0 + 256),
-      // nodes two at a time: a step's loads (both nodes, both groups, the
-      // biases) are issued before its additions; each element still adds
-      // its nodes in ascending order from +0, then bias0, then bias1. The
-      // loop's bound is the warp's (base), not the lane's: every lane takes
-      // part in the shuffles; a lane's groups past h do nothing. Loops over
-      // groups and nodes of a pair have constant bounds (unrolled: the
-      // loads stay in registers).
-#pragma unroll 1
-      for (int base = 0; base < h; base += GOEP_INN_FINAL_GROUPS * 256) {
-        const int q0 = base + lane * 8;
-        const int groups = q0 < h ? min(GOEP_INN_FINAL_GROUPS, (h - q0 + 255) / 256) : 0;
-        uint4 braw[2][GOEP_INN_FINAL_GROUPS];
-#pragma unroll
-        for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
-          const i64 q = (i64)t * h + q0 + 256 * g;
-          if (g < groups && bias0) {
-            braw[0][g] = goep_inn_ld16(bias0 + q);
-          }
-          if (g < groups && bias1) {
-            braw[1][g] = goep_inn_ld16(bias1 + q);
-          }
-        }
-        float acc[GOEP_INN_FINAL_GROUPS][8];
-#pragma unroll
-        for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            acc[g][e] = 0.f;
-          }
-        }
-        for (int n0 = 0; n0 < nodes; n0 += 2) {
-          const u8* pn[2];
-          bool f32[2];
-          uint4 raw[2][GOEP_INN_FINAL_GROUPS][2];  // [node of the pair][group][half of an fp32 group]
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            const int n = n0 + b;
-            pn[b] = n < nodes ? (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31) : nullptr;
-            f32[b] = goep_inn_partial_xb(n, node, fp32, h) == 4 * h;
-#pragma unroll
-            for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
-              const int q = q0 + 256 * g;
-              if (g < groups && pn[b] != nullptr) {
-                if (f32[b]) {
-                  raw[b][g][0] = ((const uint4*)((const float*)pn[b] + q))[0];
-                  raw[b][g][1] = ((const uint4*)((const float*)pn[b] + q))[1];
-                } else {
-                  raw[b][g][0] = goep_inn_ld16((const u16*)pn[b] + q);
-                }
-              }
-            }
-          }
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-#pragma unroll
-            for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
-              if (g >= groups || pn[b] == nullptr) {
-                continue;
-              }
-              if (f32[b]) {
-                const uint4 x0 = raw[b][g][0], x1 = raw[b][g][1];
-                const u32 bits[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                  acc[g][e] += __uint_as_float(bits[e]);
-                }
-              } else {
-                goep_inn_add8_bf16(acc[g], raw[b][g][0]);
-              }
-            }
-          }
-        }
-#pragma unroll
-        for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
-          if (g >= groups) {
-            continue;
-          }
-          if (bias0) {
-            goep_inn_add8_bf16(acc[g], braw[0][g]);
-          }
-          if (bias1) {
-            goep_inn_add8_bf16(acc[g], braw[1][g]);
-          }
-          goep_inn_st8_bf16(out_x + (i64)t * h + q0 + 256 * g, acc[g]);
-        }
-      }
-      if (weights) {
-        for (int q0 = 0; q0 < k; q0 += 32) {
-          const int q = q0 + lane;
-          float acc = 0.0f;
-          for (int n = 0; n < nodes; ++n) {
-            const u8* pr = (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31);
-            if (pr != nullptr && q < k) {
-              acc += ((const float*)(pr + goep_inn_partial_xb(n, node, fp32, h)))[q];
-            }
-          }
-          if (q < k) {
-            out_w[(i64)t * k + q] = acc;
-          }
-        }
-      }
+    if (!reduce_apart) {
+      goep_inn_final_reduce((i64)ro.r_idx * warps + warp, (i64)ro.r_cnt * warps, num_tokens, h, k, nodes, node, weights,
+                            fp32, dl, scratch, bias0, bias1, out_x, out_w, rdma, out, lane);
     }
   }
   GOEP_INN_TR(GOEP_INN_EV_C_EXIT);
   goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT, epochs,
                   GOEP_INN_EPOCH_COMBINE, round, steps, out);
+}
+
+// The combine's final reduce as a kernel of its own (reduce_apart), on a
+// grid as wide as the launcher asks (by default every SM): it runs after
+// the last partial landed, where the combine kernel's few blocks would
+// spend a few hundred microseconds at thousands of tokens (session 12's
+// trace: 430 us of 16 blocks at 4096 tokens). It waits for nothing (stream
+// order puts it after the combine kernel, whose receivers waited for every
+// node's partials), so it needs no spin budget; it does nothing when that
+// kernel gave up (status word not 1: partials may be missing). Nothing a
+// peer writes later touches what it reads: the next partials into this
+// rank's region need this rank's next dispatch, which stream order puts
+// after it.
+extern "C" __global__ void goep_internode_combine_reduce(int num_tokens, int hidden, int k, int nodes, int node,
+                                                         int weights, int fp32, const goep_inn_dispatch_layout* dlp,
+                                                         const i32* scratch, const u16* bias0, const u16* bias1,
+                                                         u16* out_x, float* out_w, const u8* rdma, i32* out) {
+  if (*(volatile const i32*)out != 1) {
+    return;
+  }
+  const int warps = blockDim.x >> 5;
+  const goep_inn_dispatch_layout dl = *dlp;
+  goep_inn_final_reduce((i64)blockIdx.x * warps + (threadIdx.x >> 5), (i64)gridDim.x * warps, num_tokens, hidden, k,
+                        nodes, node, weights, fp32, dl, scratch, bias0, bias1, out_x, out_w, rdma, out,
+                        threadIdx.x & 31);
 }

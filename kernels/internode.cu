@@ -1473,10 +1473,10 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
 
   // 1. The device-pointer form copies this rank's expert outputs (y BF16
   // [n][H], weights fp32 [n][K], n = notify's received count, on the
-  // device) into its receive rows, for the node's other forwarders: the
-  // rows of sources with this rank's local index are read by this rank
-  // only (it forwarded them), straight from y and the weights, so those
-  // stay where they are (with one rank a node, nothing is copied). Every
+  // device) into its receive rows, for the node's forwarders: the x of
+  // rows of sources with this rank's local index is read by this rank
+  // only (it forwarded them), straight from y, so only their weights are
+  // copied (with one rank a node, no x at all). Every
   // forwarder of the node finished writing these rows in dispatch (this
   // rank waited for them), so nobody else touches them now. Then the last
   // block tells the node's forwarders.
@@ -1484,14 +1484,14 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     const i64 n = rank_prefix[w - 1] < capacity ? rank_prefix[w - 1] : capacity;
     i64 seen = 0;  // rows walked so far: the next run starts at the next warp
     for (int s = 0; s < w; ++s) {
-      if (s % p == local) {
-        continue;
-      }
+      const bool own = s % p == local;
       i64 lo, hi;
       goep_inn_source_rows(rank_prefix, s, n, lo, hi);
       for (i64 r = lo + ((gwarp - seen) % gwarps + gwarps) % gwarps; r < hi; r += gwarps) {
         u32* rr = (u32*)(nvl + dl.recv + (u64)r * dl.recv_row);
-        goep_inn_warp_copy(rr, y_in + r * h, 2ull * h, lane);
+        if (!own) {
+          goep_inn_warp_copy(rr, y_in + r * h, 2ull * h, lane);
+        }
         if (w_in != nullptr) {
           for (int q = lane; q < k; q += 32) {
             rr[h / 2 + q] = __float_as_uint(w_in[r * k + q]);
@@ -1548,25 +1548,16 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
           const i32* meta = (const i32*)(row + dl.xb / 4 + 3 * k);
           const u32 mask = (u32)meta[1];
-          // Target rows: the local ranks' receive rows, this rank's own
-          // straight from the caller's y (step 1 left it out), whose
-          // weights are then at own_w.
+          // Target rows: the local ranks' receive rows.
           const u8* trow[GOEP_INN_MAX_P];
-          const float* own_w = nullptr;
-          int nt_rows = 0, own_r = -1;
+          int nt_rows = 0;
           bool in_range = true;
           for (int l = 0; l < p; ++l) {
             if (mask >> l & 1) {
               const i32 b0 = ((const i32*)((const u8*)peer_nvl[l] + dl.bases))[src_rank];
               const i64 pos = (i64)b0 + meta[2 + l];
               in_range &= meta[2 + l] >= 0 && b0 >= 0 && pos < capacity;
-              if (l == local && y_in != nullptr) {
-                own_r = nt_rows;
-                own_w = w_in != nullptr ? w_in + pos * k : nullptr;
-                trow[nt_rows++] = (const u8*)(y_in + pos * h);
-              } else {
-                trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
-              }
+              trow[nt_rows++] = (const u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row;
             }
           }
           if (!in_range) {
@@ -1576,6 +1567,24 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             continue;
           }
           u8* pr = region + (u64)j * stride;
+          // Weights first (after x in each receive row; step 1 copied this
+          // rank's own there too), then x, with this rank's own row read
+          // straight from the caller's y (step 1 left its x out): swapped
+          // in only now, so that no second pointer per row stays live
+          // across the reduce (128 registers; the other order spilled).
+          for (int q = lane; q < k; q += 32) {
+            float acc = 0.0f;
+            if (weights) {
+              for (int r = 0; r < nt_rows; ++r) {
+                acc += ((const float*)(trow[r] + 2 * h))[q];
+              }
+            }
+            ((float*)(pr + pxb))[q] = acc;
+          }
+          if (y_in != nullptr && (mask >> local & 1)) {
+            const i64 pos = (i64)((const i32*)(nvl + dl.bases))[src_rank] + meta[2 + local];
+            trow[__popc(mask & ((1u << local) - 1u))] = (const u8*)(y_in + pos * h);
+          }
           if (nt_rows == 0) {
             // A row with no target here (a malformed mask): zeros, as the
             // sum of nothing.
@@ -1585,19 +1594,6 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
             }
           } else {
             goep_inn_reduce_any(nt_rows, trow, pr, pxb == 4 * h, h, lane);
-          }
-          for (int q = lane; q < k; q += 32) {
-            float acc = 0.0f;
-            if (weights) {
-              for (int r = 0; r < nt_rows; ++r) {
-                if (r != own_r) {
-                  acc += ((const float*)(trow[r] + 2 * h))[q];
-                } else if (own_w != nullptr) {
-                  acc += own_w[q];
-                }
-              }
-            }
-            ((float*)(pr + pxb))[q] = acc;
           }
         }
         // This piece of the block's partial rows to the source's node (the

@@ -765,12 +765,15 @@ type interReport struct {
 	PutBytes string `json:"put_bytes,omitempty"`
 	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
 	// (empty: channels' default).
-	ProxyPending string          `json:"proxy_pending,omitempty"`
-	Checks       []check         `json:"checks"`
-	Rows         []interRow      `json:"results"`
-	Sweep        []interSweepRow `json:"sweep,omitempty"`
-	Best         string          `json:"best_split,omitempty"`
-	Errors       []string        `json:"errors,omitempty"`
+	ProxyPending string `json:"proxy_pending,omitempty"`
+	// ReduceSMs is $GOEP_INTERNODE_REDUCE_SMS as the Buffer read it
+	// (empty: the combine's final reduce on every SM, after its kernel).
+	ReduceSMs string          `json:"reduce_sms,omitempty"`
+	Checks    []check         `json:"checks"`
+	Rows      []interRow      `json:"results"`
+	Sweep     []interSweepRow `json:"sweep,omitempty"`
+	Best      string          `json:"best_split,omitempty"`
+	Errors    []string        `json:"errors,omitempty"`
 }
 
 func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []interOutcome, sweep []interSweepRow) error {
@@ -778,7 +781,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
 		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks,
 		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
-		ProxyPending: os.Getenv(internode.ProxyPendingEnv), Sweep: sweep}
+		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), Sweep: sweep}
 	if rep.Split == "" {
 		rep.Split = "default"
 	}
@@ -871,6 +874,9 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		}
 		if rep.ProxyPending != "" {
 			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)
+		}
+		if rep.ReduceSMs != "" {
+			fmt.Fprintf(w, "the combine's final reduce: $%s=%s (-1: inside the combine kernel)\n", internode.ReduceSMsEnv, rep.ReduceSMs)
 		}
 		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that\n", rep.Split)
 	}

@@ -273,7 +273,7 @@ func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) (Tr
 			return 0, c.errorf("connect to rank %d (tag %d): Network.Transport is %s on rank %d and %s on rank %d", peer, tag, c.net.cfg.Transport, c.rank, nt, peer)
 		}
 		if n := int(le.Uint32(msg[52:])); n != c.net.cfg.Sockets {
-			return 0, c.errorf("connect to rank %d (tag %d): Network.Sockets is %d on rank %d and %d on rank %d (set by Config or $%s; the default is 4 on hosts of 8 or more CPUs, else 2)", peer, tag, c.net.cfg.Sockets, c.rank, n, peer, TCPSocketsEnv)
+			return 0, c.errorf("connect to rank %d (tag %d): Network.Sockets is %d on rank %d and %d on rank %d (set by Config or $%s; the default is 8 on hosts of 16 or more CPUs, 4 on 8 to 15, else 2)", peer, tag, c.net.cfg.Sockets, c.rank, n, peer, TCPSocketsEnv)
 		}
 		return c.net.cfg.Transport, nil
 	}

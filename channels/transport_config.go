@@ -31,11 +31,12 @@ type NetworkConfig struct {
 	VirtualNodes int
 	// Sockets is the number of TCP sockets per connection
 	// ($GOEP_TCP_SOCKETS; at most 16): operations are striped over them in
-	// chunks and applied in order by the receiver. The default is 4 on a
-	// host with 8 or more CPUs, else 2 (defaultSockets: each socket has a
-	// reader and a writer of its own, and on 2 CPUs four of them halve a
-	// put's throughput). Every rank must have the same value: set it
-	// explicitly when hosts of fewer and more than 8 CPUs share a job.
+	// chunks and applied in order by the receiver. The default is 8 on a
+	// host with 16 or more CPUs, 4 with 8 to 15, else 2 (defaultSockets:
+	// each socket has a reader and a writer of its own, and on 2 CPUs four
+	// of them halve a put's throughput). Every rank must have the same
+	// value: set it explicitly when hosts on both sides of 8 or 16 CPUs
+	// share a job.
 	Sockets int
 	// ChunkBytes is the largest piece a write is cut into, and the size of
 	// each pinned staging buffer (default 1 MiB, $GOEP_TCP_CHUNK_BYTES;
@@ -70,12 +71,20 @@ const (
 
 // defaultSockets is the TCP socket count per connection when neither the
 // Config nor $GOEP_TCP_SOCKETS sets one, for a host of cpus CPUs. Measured
-// (docs/PERFORMANCE.md, session 9): on 4 GPUs of a 64-CPU host, internode
-// dispatch at 4096 tokens took 12.8-13.2 ms with 4 sockets and 17.6-18.8 ms
-// with 2 (8 sockets: 13.5 and 20.6 ms, erratic); on a 2-CPU machine (CI) a
-// loopback put ran 3.2-4.3 GB/s with 2 sockets and 1.9 GB/s with 4.
+// (docs/PERFORMANCE.md): in session 13, on a 32-CPU host with 2 H200s,
+// internode dispatch / combine at 4096 tokens took 7.7 / 7.3 ms with 4
+// sockets, 5.0-5.2 / 4.8 ms with 8, 5.0 / 4.3 with 12 and 5.4 / 4.4-4.7 with
+// 16 (one rank a GPU), and 9.9-10.0 / 8.9-9.1 ms with 4 against 8.9-9.3 /
+// 7.8-8.6 with 8 when 4 ranks shared the 2 GPUs (12 and 16 no better); in
+// session 9 (older kernels and transport) on 4 GPUs of a 64-CPU host, 4
+// sockets took 12.8-13.2 ms, 2 sockets 17.6-18.8 ms and 8 were erratic
+// (13.5 and 20.6 ms); on a 2-CPU machine (CI) a loopback put ran 3.2-4.3
+// GB/s with 2 sockets and 1.9 GB/s with 4.
 func defaultSockets(cpus int) int {
-	if cpus >= 8 {
+	switch {
+	case cpus >= 16:
+		return 8
+	case cpus >= 8:
 		return 4
 	}
 	return 2

@@ -321,9 +321,9 @@ func TestInternodeEmulated(t *testing.T) {
 		_, err := cpuemu.Unknown(k)
 		require.NoError(t, err)
 	}
-	var before [3]int64
-	for j, k := range internode.Kernels {
-		before[j] = cpuemu.Launches(k)
+	before := make(map[string]int64)
+	for _, k := range internode.Kernels {
+		before[k] = cpuemu.Launches(k)
 	}
 	internodeSuite(t, ep.Host, func(i int) (ep.Device, error) {
 		return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
@@ -332,10 +332,13 @@ func TestInternodeEmulated(t *testing.T) {
 	// dispatched last: no notify round, internode.DeviceDispatch.Cached)
 	// and 5 combines per rank, of which 2 replay a route-only dispatch
 	// first: an older dispatch's with its notify round, a second combine
-	// of it cached, without one.
-	for j, want := range []int64{4 * (4 + 1), 4 * (6 + 2), 4 * 5} {
-		require.Equal(t, want, cpuemu.Launches(internode.Kernels[j])-before[j], "%s launches", internode.Kernels[j])
+	// of it cached, without one; each combine's final reduce on a grid of
+	// its own (the default).
+	for k, want := range map[string]int64{internode.KernelNotify: 4 * (4 + 1), internode.KernelDispatch: 4 * (6 + 2),
+		internode.KernelCombine: 4 * 5, internode.KernelCombineReduce: 4 * 5} {
+		require.Equal(t, want, cpuemu.Launches(k)-before[k], "%s launches", k)
 	}
+	require.Len(t, internode.Kernels, 4, "a kernel without an expected launch count here")
 }
 
 // TestInternodeGPU: the same on the GPUs present (rank r on GPU r mod the

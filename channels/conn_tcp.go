@@ -27,7 +27,10 @@ import (
 // Order: the receiver applies operations strictly in sequence order
 // (each socket's reader waits for its turn; with staging it reads a
 // write's payload into its socket's own buffer first, so the sockets'
-// reads run in parallel and only the applying is serial), and on GPUs
+// reads run in parallel and only the applying is serial; with
+// NetworkConfig.ReceiveAhead a reader stages up to that many writes
+// without waiting for its turn and whichever reader completes the next
+// operation applies every consecutive staged one), and on GPUs
 // issues every copy-in, token update (a stream write) and atomic add (a
 // one-thread kernel: device atomics on the target word) on one stream, so
 // a signal or a counter never overtakes the data written before it. A flush is a
@@ -67,6 +70,16 @@ type tcpConnection struct {
 	rxCond *sync.Cond
 	rxNext uint64
 	rxStop bool
+	// Read-ahead receive (NetworkConfig.ReceiveAhead; ahead false: each
+	// reader applies its own message in its turn). rxBufs is the receive
+	// buffers per socket; under rxMu: the messages read and not yet
+	// applied by sequence number, whether a reader is applying now, and
+	// per socket how many of its buffers hold a write not yet applied.
+	ahead      bool
+	rxBufs     int
+	rxPending  map[uint64]*tcpRxMsg
+	rxApplying bool
+	rxHeld     []int
 
 	// GPU staging: streams for copy-outs (tx) and for everything applied
 	// (rx), and the view of rx for stream memory operations.
@@ -137,6 +150,12 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, links: links,
 		wait: c.timeouts.Wait, ackCh: make(chan struct{}, 1), stopCh: make(chan struct{}), dead: make(chan struct{})}
 	t.rxCond = sync.NewCond(&t.rxMu)
+	t.rxBufs = 2
+	if ahead := c.net.cfg.ReceiveAhead; ahead > 0 && t.stage {
+		t.ahead, t.rxBufs = true, ahead
+		t.rxPending = make(map[uint64]*tcpRxMsg)
+		t.rxHeld = make([]int, n)
+	}
 	defer func() {
 		if err != nil {
 			closeLinks(links)
@@ -162,16 +181,20 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	for k := range n {
 		go t.sender(k)
 		go t.ackReader(k)
-		go t.receiver(k)
+		if t.ahead {
+			go t.receiverAhead(k)
+		} else {
+			go t.receiver(k)
+		}
 	}
 	base.release = t.release
 	base.settle = t.settle
 	return t, nil
 }
 
-// allocStaging makes the streams and the pinned buffers: two per socket
-// and direction, so a chunk is copied while the previous one is on the
-// wire.
+// allocStaging makes the streams and the pinned buffers: per socket two
+// to send (a chunk is copied out while the previous one is on the wire)
+// and rxBufs to receive.
 func (t *tcpConnection) allocStaging(n int) error {
 	c := t.c
 	// Loaded now: the first atomic add must not wait for the kernel cache
@@ -193,7 +216,7 @@ func (t *tcpConnection) allocStaging(n int) error {
 		t.cudaCtx = cd.Context()
 		t.rxOps = cuda.WrapStream(t.cudaCtx, t.rx.Handle())
 	}
-	for range 4 * n {
+	for range (2 + t.rxBufs) * n {
 		h, err := t.dev.AllocHostMapped(t.chunk)
 		if err != nil {
 			return t.errorf("staging buffer: %w", err)
@@ -228,9 +251,9 @@ func (t *tcpConnection) freeStaging() error {
 	return errors.Join(errs...)
 }
 
-// slot is staging buffer j (of 4 per socket: tx 0-1, rx 2-3) of socket k.
+// slot is staging buffer j of socket k (tx 0-1, rx 2 to 2 + rxBufs - 1).
 func (t *tcpConnection) slot(k, j int) (device.HostMapped, device.Event) {
-	i := 4*k + j
+	i := (2+t.rxBufs)*k + j
 	return t.staging[i], t.events[i]
 }
 
@@ -602,44 +625,168 @@ func (t *tcpConnection) receiver(k int) {
 			return
 		}
 		tr.rec(StageTurn, top, seq, 0, waited)
-		var err error
-		switch op {
-		case tcpOpWrite:
-			in := traceStart()
-			err = t.applyWrite(conn, k, staged, key, off, val)
-			tr.rec(StageCopyIn, top, seq, int64(val), in)
-		case tcpOpUpdate, tcpOpAdd:
-			err = t.applyWord(op, key, off, val)
-		case tcpOpFlush:
-			ackStart := traceStart()
-			if t.stage {
-				if err = t.rx.Synchronize(); err != nil {
-					err = fmt.Errorf("flush: %w", err)
-					break
-				}
-			}
-			ack := tcpHeaderFor(tcpOpAck, 0, 0, 0)
-			le.PutUint64(ack.hdr[8:], seq)
-			if _, werr := conn.Write(ack.hdr[:]); werr != nil {
-				err = t.peerGone("acknowledge", k, werr)
-			}
-			tr.rec(StageAck, top, seq, 0, ackStart)
-		default:
-			err = fmt.Errorf("rank %d sent unknown message type %d (sequence %d)", t.peer, op, seq)
-		}
-		if err != nil {
+		if err := t.apply(&tcpRxMsg{op: op, key: key, seq: seq, off: off, val: val, k: k, staged: staged}); err != nil {
 			t.receiverFailed(err)
 			return
-		}
-		if arrived != 0 {
-			now := TraceNow()
-			tr.rec(StageApply, top, seq, 0, now)
 		}
 		t.rxMu.Lock()
 		t.rxNext++
 		t.rxCond.Broadcast()
 		t.rxMu.Unlock()
 	}
+}
+
+// tcpRxMsg is an operation read from socket k (a staged write's payload
+// in staged), applied in sequence order.
+type tcpRxMsg struct {
+	op            byte
+	key           uint32
+	seq, off, val uint64
+	k             int
+	staged        *tcpStaged
+	waited        int64 // trace: when it was ready to apply
+}
+
+// apply carries out one operation in its turn: a write's copy-in (or, not
+// staged, its read from the socket), a word's store or add, a flush's
+// acknowledgement (on the socket the flush came on, once everything
+// before it landed).
+func (t *tcpConnection) apply(m *tcpRxMsg) error {
+	conn, tr, top := t.links.in[m.k], t.trRx[m.k], tcpTraceOp(m.op)
+	var err error
+	switch m.op {
+	case tcpOpWrite:
+		in := traceStart()
+		err = t.applyWrite(conn, m.k, m.staged, m.key, m.off, m.val)
+		tr.rec(StageCopyIn, top, m.seq, int64(m.val), in)
+	case tcpOpUpdate, tcpOpAdd:
+		err = t.applyWord(m.op, m.key, m.off, m.val)
+	case tcpOpFlush:
+		ackStart := traceStart()
+		if t.stage {
+			if err = t.rx.Synchronize(); err != nil {
+				return fmt.Errorf("flush: %w", err)
+			}
+		}
+		ack := tcpHeaderFor(tcpOpAck, 0, 0, 0)
+		binary.LittleEndian.PutUint64(ack.hdr[8:], m.seq)
+		if _, werr := conn.Write(ack.hdr[:]); werr != nil {
+			err = t.peerGone("acknowledge", m.k, werr)
+		}
+		tr.rec(StageAck, top, m.seq, 0, ackStart)
+	default:
+		err = fmt.Errorf("rank %d sent unknown message type %d (sequence %d)", t.peer, m.op, m.seq)
+	}
+	if err == nil {
+		if start := traceStart(); start != 0 {
+			tr.rec(StageApply, top, m.seq, 0, start)
+		}
+	}
+	return err
+}
+
+// receiverAhead is socket k's reader with read-ahead
+// (NetworkConfig.ReceiveAhead): it stages each write's payload in the
+// next of the socket's rxBufs buffers (once the write that used it last
+// was applied) without waiting for its turn, and hands every operation to
+// deliver, which applies whatever has become consecutive. A socket whose
+// message is not next so goes on draining its kernel buffer instead of
+// holding it full while an earlier message is still on another socket.
+func (t *tcpConnection) receiverAhead(k int) {
+	defer t.readers.Done()
+	conn := t.links.in[k]
+	le := binary.LittleEndian
+	var h [tcpHeader]byte
+	next := 0 // this socket's next receive buffer
+	tr := t.trRx[k]
+	for {
+		if _, err := io.ReadFull(conn, h[:]); err != nil {
+			t.receiverFailed(t.peerGone("receive", k, err))
+			return
+		}
+		arrived := traceStart()
+		m := &tcpRxMsg{op: h[0], key: le.Uint32(h[4:]), seq: le.Uint64(h[8:]), off: le.Uint64(h[16:]), val: le.Uint64(h[24:]), k: k}
+		if m.op == tcpOpBye {
+			t.peerBye.Store(true)
+			return
+		}
+		var n int64
+		if m.op == tcpOpWrite {
+			if !t.takeRxBuffer(k) {
+				return
+			}
+			st, err := t.readStagedInto(conn, k, 2+next, m.val)
+			if err != nil {
+				t.receiverFailed(err)
+				return
+			}
+			next = (next + 1) % t.rxBufs
+			m.staged, n = st, int64(m.val)
+		}
+		tr.rec(StageRecv, tcpTraceOp(m.op), m.seq, n, arrived)
+		m.waited = traceStart()
+		if err := t.deliver(m); err != nil {
+			t.receiverFailed(err)
+			return
+		}
+	}
+}
+
+// takeRxBuffer waits until fewer than rxBufs of socket k's writes wait to
+// be applied (its next buffer is then free once its copy-in is done) and
+// counts one more; false when the connection stops first.
+func (t *tcpConnection) takeRxBuffer(k int) bool {
+	t.rxMu.Lock()
+	defer t.rxMu.Unlock()
+	for t.rxHeld[k] >= t.rxBufs && !t.rxStop {
+		t.rxCond.Wait()
+	}
+	if t.rxStop {
+		return false
+	}
+	t.rxHeld[k]++
+	return true
+}
+
+// deliver parks m and, unless another reader is applying now, applies
+// every operation from the next sequence number on that is parked, in
+// order (the lock is not held while one is applied; a reader that parks
+// the next one meanwhile leaves it to this loop, which looks again).
+func (t *tcpConnection) deliver(m *tcpRxMsg) error {
+	t.rxMu.Lock()
+	defer t.rxMu.Unlock()
+	if t.rxStop {
+		return nil
+	}
+	if m.seq < t.rxNext || t.rxPending[m.seq] != nil {
+		return fmt.Errorf("rank %d sent sequence number %d twice: the stream is corrupt", t.peer, m.seq)
+	}
+	t.rxPending[m.seq] = m
+	if t.rxApplying {
+		return nil
+	}
+	t.rxApplying = true
+	defer func() { t.rxApplying = false }()
+	for !t.rxStop {
+		a := t.rxPending[t.rxNext]
+		if a == nil {
+			return nil
+		}
+		delete(t.rxPending, t.rxNext)
+		t.rxMu.Unlock()
+		t.trRx[a.k].rec(StageTurn, tcpTraceOp(a.op), a.seq, 0, a.waited)
+		err := t.apply(a)
+		t.rxMu.Lock()
+		if a.op == tcpOpWrite {
+			t.rxHeld[a.k]--
+		}
+		if err != nil {
+			return err
+		}
+		t.rxNext++
+		t.rxCond.Broadcast()
+	}
+	return nil
 }
 
 // turn waits until seq is the next operation to apply; false when the
@@ -668,11 +815,18 @@ type tcpStaged struct {
 // readStaged reads a write's n payload bytes into the next of socket k's
 // two receive buffers, once that buffer's previous copy-in is done.
 func (t *tcpConnection) readStaged(conn net.Conn, k int, which *int, n uint64) (*tcpStaged, error) {
+	j := 2 + *which
+	*which ^= 1
+	return t.readStagedInto(conn, k, j, n)
+}
+
+// readStagedInto reads a write's n payload bytes into socket k's staging
+// buffer j once that buffer's previous copy-in is done.
+func (t *tcpConnection) readStagedInto(conn net.Conn, k, j int, n uint64) (*tcpStaged, error) {
 	if n > uint64(t.chunk) {
 		return nil, fmt.Errorf("rank %d sent a write of %d bytes, above the %d-byte chunk", t.peer, n, t.chunk)
 	}
-	h, ev := t.slot(k, 2+*which)
-	*which ^= 1
+	h, ev := t.slot(k, j)
 	if err := ev.Synchronize(); err != nil {
 		return nil, fmt.Errorf("staging copy: %w", err)
 	}

@@ -42,6 +42,17 @@ type NetworkConfig struct {
 	// each pinned staging buffer (default 1 MiB, $GOEP_TCP_CHUNK_BYTES;
 	// 4 KiB to 64 MiB).
 	ChunkBytes int
+	// ReceiveAhead, where traffic is staged (GPUs), is how many pinned
+	// receive buffers each socket has and how far its reader may read
+	// ahead of the order operations are applied in
+	// ($GOEP_TCP_RECEIVE_AHEAD; 2 to 16): a socket whose message is not
+	// next stages it and goes on reading while an earlier one is still on
+	// another socket, and whichever reader completes the next message in
+	// sequence applies every consecutive one already staged. 0 (the
+	// default) is the original receiver: each socket's reader stages one
+	// message and waits for its turn to apply it itself. Receive side
+	// only: ranks may differ.
+	ReceiveAhead int
 	// ListenHost is the address this rank listens on for its peers' TCP
 	// sockets and advertises to them ($GOEP_NET_LISTEN_HOST). Empty means
 	// every interface, advertising loopback to ranks of this host and this
@@ -55,6 +66,7 @@ const (
 	VirtualNodesEnv = "GOEP_VIRTUAL_NODES"
 	TCPSocketsEnv   = "GOEP_TCP_SOCKETS"
 	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
+	TCPAheadEnv     = "GOEP_TCP_RECEIVE_AHEAD"
 	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
 	// tcpStageEnv=always makes the host backend stage its TCP traffic
 	// through host-mapped buffers as GPUs do, so CI runs the staging
@@ -67,6 +79,7 @@ const (
 	defaultTCPChunk = 1 << 20
 	minTCPChunk     = 4 << 10
 	maxTCPChunk     = 64 << 20
+	maxTCPAhead     = 16
 )
 
 // defaultSockets is the TCP socket count per connection when neither the
@@ -134,7 +147,8 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	for _, e := range []struct {
 		name string
 		v    *int
-	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes}} {
+	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes},
+		{TCPAheadEnv, &n.ReceiveAhead}} {
 		if err := envInt(e.name, e.v); err != nil {
 			return fail("%v", err)
 		}
@@ -161,6 +175,8 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		return fail("Sockets %d: want 1 to %d", n.Sockets, maxTCPSockets)
 	case n.ChunkBytes < minTCPChunk || n.ChunkBytes > maxTCPChunk:
 		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
+	case n.ReceiveAhead != 0 && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
+		return fail("ReceiveAhead %d: want 0 (off) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
 	}
 	return n, nil
 }

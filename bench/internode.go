@@ -7,9 +7,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/device"
@@ -768,12 +770,16 @@ type interReport struct {
 	ProxyPending string `json:"proxy_pending,omitempty"`
 	// ReduceSMs is $GOEP_INTERNODE_REDUCE_SMS as the Buffer read it
 	// (empty: the combine's final reduce on every SM, after its kernel).
-	ReduceSMs string          `json:"reduce_sms,omitempty"`
-	Checks    []check         `json:"checks"`
-	Rows      []interRow      `json:"results"`
-	Sweep     []interSweepRow `json:"sweep,omitempty"`
-	Best      string          `json:"best_split,omitempty"`
-	Errors    []string        `json:"errors,omitempty"`
+	ReduceSMs string `json:"reduce_sms,omitempty"`
+	// TCP is the TCP transport's settings between the nodes (sockets a
+	// connection, chunk bytes, receive read-ahead) as channels resolves
+	// them from the environment and the host (NetworkConfig.Resolve).
+	TCP    string          `json:"tcp,omitempty"`
+	Checks []check         `json:"checks"`
+	Rows   []interRow      `json:"results"`
+	Sweep  []interSweepRow `json:"sweep,omitempty"`
+	Best   string          `json:"best_split,omitempty"`
+	Errors []string        `json:"errors,omitempty"`
 }
 
 func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []interOutcome, sweep []interSweepRow) error {
@@ -781,7 +787,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
 		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks,
 		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
-		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), Sweep: sweep}
+		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), TCP: tcpSettings(n), Sweep: sweep}
 	if rep.Split == "" {
 		rep.Split = "default"
 	}
@@ -839,9 +845,26 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	return errors.Join(errs...)
 }
 
+// tcpSettings describes the TCP transport a communicator of ranks ranks
+// resolves here (what this process's Buffers use between nodes).
+func tcpSettings(ranks int) string {
+	nc, err := channels.NetworkConfig{}.Resolve(ranks)
+	if err != nil {
+		return "unresolved: " + err.Error()
+	}
+	ahead := "off"
+	if nc.ReceiveAhead > 0 {
+		ahead = strconv.Itoa(nc.ReceiveAhead) + " buffers a socket"
+	}
+	return fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead)
+}
+
 func printInternode(w io.Writer, o inOpts, rep interReport) {
 	fmt.Fprintf(w, "internode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
 		rep.Ranks, rep.As, rep.Backend, rep.Device, o.hidden, o.topk, o.experts, o.seed, o.masked)
+	if rep.TCP != "" {
+		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv)
+	}
 	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",
 		o.warmup, o.iters-1, o.iters)

@@ -17,13 +17,15 @@ import (
 // nodes, checks (against internode's reference) and timings with bytes per
 // link, and its bad flags.
 func TestInternodeOnHost(t *testing.T) {
+	t.Setenv("GOEP_TCP_RECEIVE_AHEAD", "") // the report names it off
 	js := filepath.Join(t.TempDir(), "inter.json")
 	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "0,40", "--fp8", "--masked", "5", "--json", js},
 		quickIntranode...)
 	code, stdout, stderr := run(t, args...)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	for _, want := range []string{"internode: 4 ranks (goroutines, 2 virtual nodes), host backend", "T=40 bf16", "byte-exact",
-		"combine (BF16 partials) bit-exact", "T=40 fp8", "TIMINGS", "network GB/s", "NVLink GB/s", "internode: all checks passed"} {
+		"combine (BF16 partials) bit-exact", "T=40 fp8", "TIMINGS", "network GB/s", "NVLink GB/s", "internode: all checks passed",
+		"network between the nodes: TCP, ", " sockets a connection, ", "receive read-ahead off"} {
 		assert.Contains(t, stdout, want)
 	}
 	var rep interReport
@@ -32,6 +34,7 @@ func TestInternodeOnHost(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &rep))
 	require.Empty(t, rep.Errors)
 	require.Equal(t, "internode", rep.Mode)
+	require.Contains(t, rep.TCP, "sockets a connection")
 	require.Len(t, rep.Checks, 2*2)
 	// Per token count: bf16 cached, combine, full; fp8 cached.
 	require.Len(t, rep.Rows, 2*4)

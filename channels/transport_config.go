@@ -115,6 +115,11 @@ func ParseTransport(s string) (Transport, error) {
 	return 0, fmt.Errorf("network transport %q: want tcp or ib", s)
 }
 
+// Resolve is the network configuration a communicator of ranks ranks
+// would use for n: n's settings, then the environment, then the defaults
+// (what NewCommunicator applies), or the error it would refuse n with.
+func (n NetworkConfig) Resolve(ranks int) (NetworkConfig, error) { return n.resolve(ranks) }
+
 // resolve applies Config > environment > default and validates against a
 // job of size ranks.
 func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {

@@ -583,25 +583,14 @@ func (t *tcpConnection) ackReader(k int) {
 func (t *tcpConnection) receiver(k int) {
 	defer t.readers.Done()
 	conn := t.links.in[k]
-	le := binary.LittleEndian
-	var h [tcpHeader]byte
 	which := 0 // this socket's next receive buffer (staging)
 	tr := t.trRx[k]
 	for {
-		if _, err := io.ReadFull(conn, h[:]); err != nil {
-			t.receiverFailed(t.peerGone("receive", k, err))
+		m, arrived, ok := t.readHeader(k)
+		if !ok {
 			return
 		}
-		// Trace: the message's receive starts when its header is in
-		// (before that the reader just waits for the peer).
-		arrived := traceStart()
-		op, key, seq := h[0], le.Uint32(h[4:]), le.Uint64(h[8:])
-		top := tcpTraceOp(op)
-		off, val := le.Uint64(h[16:]), le.Uint64(h[24:])
-		if op == tcpOpBye {
-			t.peerBye.Store(true)
-			return
-		}
+		top := tcpTraceOp(m.op)
 		// A staged write's payload goes into this socket's own pinned
 		// buffer before the write's turn: the sockets of a connection then
 		// read (the CPU copy out of the kernel, most of a byte's cost) in
@@ -609,23 +598,22 @@ func (t *tcpConnection) receiver(k int) {
 		// the operations numbered before it. The host backend without
 		// staging reads straight into the destination, so it must wait
 		// first (an earlier write may cover the same bytes).
-		var staged *tcpStaged
-		if op == tcpOpWrite && t.stage {
+		if m.op == tcpOpWrite && t.stage {
 			var err error
-			if staged, err = t.readStaged(conn, k, &which, val); err != nil {
+			if m.staged, err = t.readStaged(conn, k, &which, m.val); err != nil {
 				t.receiverFailed(err)
 				return
 			}
-			tr.rec(StageRecv, top, seq, int64(val), arrived)
+			tr.rec(StageRecv, top, m.seq, int64(m.val), arrived)
 		} else {
-			tr.rec(StageRecv, top, seq, 0, arrived)
+			tr.rec(StageRecv, top, m.seq, 0, arrived)
 		}
 		waited := traceStart()
-		if !t.turn(seq) {
+		if !t.turn(m.seq) {
 			return
 		}
-		tr.rec(StageTurn, top, seq, 0, waited)
-		if err := t.apply(&tcpRxMsg{op: op, key: key, seq: seq, off: off, val: val, k: k, staged: staged}); err != nil {
+		tr.rec(StageTurn, top, m.seq, 0, waited)
+		if err := t.apply(m); err != nil {
 			t.receiverFailed(err)
 			return
 		}
@@ -634,6 +622,26 @@ func (t *tcpConnection) receiver(k int) {
 		t.rxCond.Broadcast()
 		t.rxMu.Unlock()
 	}
+}
+
+// readHeader reads socket k's next message header. ok is false when the
+// reader should end: the peer said goodbye, or the socket failed (then
+// reported). arrived is the trace's start of the message's receive, once
+// its header is in (before that the reader just waits for the peer).
+func (t *tcpConnection) readHeader(k int) (m *tcpRxMsg, arrived int64, ok bool) {
+	var h [tcpHeader]byte
+	if _, err := io.ReadFull(t.links.in[k], h[:]); err != nil {
+		t.receiverFailed(t.peerGone("receive", k, err))
+		return nil, 0, false
+	}
+	arrived = traceStart()
+	le := binary.LittleEndian
+	m = &tcpRxMsg{op: h[0], key: le.Uint32(h[4:]), seq: le.Uint64(h[8:]), off: le.Uint64(h[16:]), val: le.Uint64(h[24:]), k: k}
+	if m.op == tcpOpBye {
+		t.peerBye.Store(true)
+		return nil, 0, false
+	}
+	return m, arrived, true
 }
 
 // tcpRxMsg is an operation read from socket k (a staged write's payload
@@ -695,19 +703,11 @@ func (t *tcpConnection) apply(m *tcpRxMsg) error {
 func (t *tcpConnection) receiverAhead(k int) {
 	defer t.readers.Done()
 	conn := t.links.in[k]
-	le := binary.LittleEndian
-	var h [tcpHeader]byte
 	next := 0 // this socket's next receive buffer
 	tr := t.trRx[k]
 	for {
-		if _, err := io.ReadFull(conn, h[:]); err != nil {
-			t.receiverFailed(t.peerGone("receive", k, err))
-			return
-		}
-		arrived := traceStart()
-		m := &tcpRxMsg{op: h[0], key: le.Uint32(h[4:]), seq: le.Uint64(h[8:]), off: le.Uint64(h[16:]), val: le.Uint64(h[24:]), k: k}
-		if m.op == tcpOpBye {
-			t.peerBye.Store(true)
+		m, arrived, ok := t.readHeader(k)
+		if !ok {
 			return
 		}
 		var n int64

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/device"
 )
 
@@ -18,6 +19,7 @@ import (
 // link, and its bad flags.
 func TestInternodeOnHost(t *testing.T) {
 	t.Setenv("GOEP_TCP_RECEIVE_AHEAD", "") // the report names it off
+	t.Setenv("GOEP_TCP_ASSIGN", "")        // and the stripe assignment
 	js := filepath.Join(t.TempDir(), "inter.json")
 	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "0,40", "--fp8", "--masked", "5", "--json", js},
 		quickIntranode...)
@@ -25,7 +27,7 @@ func TestInternodeOnHost(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	for _, want := range []string{"internode: 4 ranks (goroutines, 2 virtual nodes), host backend", "T=40 bf16", "byte-exact",
 		"combine (BF16 partials) bit-exact", "T=40 fp8", "TIMINGS", "network GB/s", "NVLink GB/s", "internode: all checks passed",
-		"network between the nodes: TCP, ", " sockets a connection, ", "receive read-ahead off"} {
+		"network between the nodes: TCP, ", " sockets a connection (chunks assigned: stripe), ", "receive read-ahead off"} {
 		assert.Contains(t, stdout, want)
 	}
 	var rep interReport
@@ -134,4 +136,34 @@ func TestInternodeOnGPU(t *testing.T) {
 			t.Logf("\n%s", stdout)
 		})
 	}
+}
+
+// The proxy trace's timeline bins each stage's bytes by time from the
+// issue: puts by when the proxy took them, sends and copy-ins and each
+// receiving socket's reads by when they ended.
+func TestTraceTimeline(t *testing.T) {
+	const us = int64(1000)
+	ev := func(stage channels.TraceStage, op channels.TraceOp, role channels.TraceRole, sock int16, start, end, mb int64) channels.TraceEvent {
+		return channels.TraceEvent{Start: start * us, End: end * us, Bytes: mb * 1_000_000, Stage: stage, Op: op, Role: role, Socket: sock}
+	}
+	pt := &channels.ProxyTrace{Events: []channels.TraceEvent{
+		ev(channels.StageTrigger, channels.OpPut, channels.RoleProxy, -1, 5, 6, 4),
+		ev(channels.StageSend, channels.OpWrite, channels.RoleSender, 0, 10, 150, 2),
+		ev(channels.StageCopyIn, channels.OpWrite, channels.RoleReceiver, 1, 250, 260, 3),
+		ev(channels.StageRecv, channels.OpWrite, channels.RoleReceiver, 1, 100, 380, 3),
+		ev(channels.StageRecv, channels.OpWrite, channels.RoleReceiver, 0, 20, 40, 1),
+		ev(channels.StageRecv, channels.OpFlush, channels.RoleReceiver, 2, 20, 40, 0), // no payload: no row
+	}}
+	got := traceTimeline(pt, 0, 400*us, 4)
+	for _, want := range []string{
+		"timeline, MB per 100 us bin from the issue:",
+		"puts popped    4.0   0.0   0.0   0.0",
+		"sent           0.0   2.0   0.0   0.0",
+		"copied in      0.0   0.0   3.0   0.0",
+		"read sock 0    1.0   0.0   0.0   0.0",
+		"read sock 1    0.0   0.0   0.0   3.0",
+	} {
+		assert.Contains(t, got, want)
+	}
+	assert.NotContains(t, got, "read sock 2")
 }

@@ -143,6 +143,9 @@ func traceTimeline(pt *channels.ProxyTrace, from, to int64, bins int) string {
 	}
 	width := (to - from + int64(bins) - 1) / int64(bins)
 	rows := [3][]int64{make([]int64, bins), make([]int64, bins), make([]int64, bins)}
+	// Per receiving socket, the bytes it finished reading: a socket that
+	// lags behind the others holds every later message's apply.
+	var perSocket [][]int64
 	bin := func(t int64) int {
 		return min(bins-1, max(0, int((t-from)/width)))
 	}
@@ -154,15 +157,26 @@ func traceTimeline(pt *channels.ProxyTrace, from, to int64, bins int) string {
 			rows[1][bin(e.End)] += e.Bytes
 		case e.Stage == channels.StageCopyIn:
 			rows[2][bin(e.End)] += e.Bytes
+		case e.Stage == channels.StageRecv && e.Role == channels.RoleReceiver && e.Socket >= 0 && e.Bytes > 0:
+			for int(e.Socket) >= len(perSocket) {
+				perSocket = append(perSocket, make([]int64, bins))
+			}
+			perSocket[e.Socket][bin(e.End)] += e.Bytes
 		}
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "timeline, MB per %.0f us bin from the issue:", float64(width)/1e3)
-	for i, name := range []string{"puts popped", "sent", "copied in"} {
+	line := func(name string, row []int64) {
 		fmt.Fprintf(&b, "\n    %-12s", name)
-		for _, v := range rows[i] {
+		for _, v := range row {
 			fmt.Fprintf(&b, " %5.1f", float64(v)/1e6)
 		}
+	}
+	for i, name := range []string{"puts popped", "sent", "copied in"} {
+		line(name, rows[i])
+	}
+	for k, row := range perSocket {
+		line(fmt.Sprintf("read sock %d", k), row)
 	}
 	return b.String()
 }

@@ -18,8 +18,9 @@ import (
 
 // tcpConnection carries a port channel's work to a peer on another node
 // over TCP, as NCCL's socket transport does: several sockets per
-// connection, each operation numbered, writes cut into chunks striped over
-// the sockets (chunk s on socket s mod Sockets), GPU data staged through
+// connection, each operation numbered, writes cut into chunks spread over
+// the sockets (NetworkConfig.Assign: chunk s on socket s mod Sockets, or
+// whichever socket's sender is free takes the next), GPU data staged through
 // pinned host buffers in a pipeline (copy out on the sender while the
 // previous chunk is on the wire; read into a pinned buffer and copy in on
 // the receiver while the next is read).
@@ -167,9 +168,16 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 			return nil, err
 		}
 	}
-	t.queues = make([]chan tcpMsg, n)
-	for k := range n {
-		t.queues[k] = make(chan tcpMsg, tcpQueue)
+	// Stripe: a queue per socket, chunk s on queue s mod n. Free: one
+	// queue that every socket's sender takes from (each sender still sees
+	// increasing sequence numbers, which the receivers' order relies on).
+	if c.net.cfg.Assign == AssignFree {
+		t.queues = []chan tcpMsg{make(chan tcpMsg, tcpQueue*n)}
+	} else {
+		t.queues = make([]chan tcpMsg, n)
+		for k := range n {
+			t.queues[k] = make(chan tcpMsg, tcpQueue)
+		}
 	}
 	t.trCall = newTraceTrack(c.rank, base.peer, RoleConn, -1)
 	for k := range n {
@@ -321,6 +329,13 @@ func (t *tcpConnection) enqueue(m tcpMsg) error {
 		defer t.trCall.rec(StageEnqueue, tcpTraceOp(m.hdr[0]), seq, int64(m.n), start)
 	}
 	binary.LittleEndian.PutUint64(m.hdr[8:], seq)
+	// release closes the queues after stopCh, under sendMu: a send on a
+	// closed queue must not be tried.
+	select {
+	case <-t.stopCh:
+		return fmt.Errorf("%w", ErrClosed)
+	default:
+	}
 	q := t.queues[seq%uint64(len(t.queues))]
 	// Counted before the sender can see it, so the count never goes
 	// below what is really queued.
@@ -428,12 +443,14 @@ func (t *tcpConnection) peerGone(dir string, k int, err error) error {
 	return &PeerGoneError{Peer: t.peer, Err: err}
 }
 
-// sender writes socket k's queue in order. With staging it copies the
-// next chunk out of the GPU while the current one is written.
+// sender writes socket k's queue in order (AssignFree: the connection's
+// one queue, shared with the other sockets' senders). With staging it
+// copies the next chunk out of the GPU while the current one is written.
+// Once the queue is closed and empty it says goodbye and ends.
 func (t *tcpConnection) sender(k int) {
 	defer t.senders.Done()
 	conn := t.links.out[k]
-	q := t.queues[k]
+	q := t.queues[k%len(t.queues)]
 	type staged struct {
 		m      tcpMsg
 		buf    []byte
@@ -491,7 +508,11 @@ func (t *tcpConnection) sender(k int) {
 			m, ok = <-q
 		}
 		if !ok {
-			if err := flushCur(); err != nil {
+			err := flushCur()
+			if err == nil {
+				err = send(tcpHeaderFor(tcpOpBye, 0, 0, 0), nil)
+			}
+			if err != nil {
 				t.senderFailed(k, err)
 			}
 			return
@@ -519,9 +540,6 @@ func (t *tcpConnection) sender(k int) {
 		}
 		if err != nil {
 			t.senderFailed(k, err)
-			return
-		}
-		if m.hdr[0] == tcpOpBye {
 			return
 		}
 	}
@@ -950,21 +968,19 @@ func (t *tcpConnection) receiverFailed(err error) {
 }
 
 // release closes the connection (c.mu held): what is queued is still
-// delivered, then a goodbye, within tcpCloseGrace; then the sockets close
-// and every goroutine is waited for.
+// delivered, then each sender's goodbye, within tcpCloseGrace (the
+// sockets' write deadline); then the sockets close and every goroutine is
+// waited for.
 func (t *tcpConnection) release() error {
 	dropTraceTracks(append(append([]*traceTrack{t.trCall}, t.trSend...), t.trRx...)...)
 	t.closing.Store(true)
 	t.stopOnce.Do(func() { close(t.stopCh) })
 	t.sendMu.Lock()
 	grace := time.Now().Add(tcpCloseGrace)
-	for k, q := range t.queues {
-		_ = t.links.out[k].SetWriteDeadline(grace)
-		select {
-		case q <- tcpHeaderFor(tcpOpBye, 0, 0, 0):
-		case <-t.dead:
-		case <-time.After(time.Until(grace)):
-		}
+	for _, conn := range t.links.out {
+		_ = conn.SetWriteDeadline(grace)
+	}
+	for _, q := range t.queues {
 		close(q)
 	}
 	t.sendMu.Unlock()

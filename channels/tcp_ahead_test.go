@@ -20,24 +20,40 @@ import (
 // socket's buffers not a power of two); then on the GPUs present.
 func TestTCPReceiveAhead(t *testing.T) {
 	for _, ahead := range []int{2, 3} {
-		for _, w := range tcpWorlds(t) {
-			t.Run(w.String()+"/ahead="+strconv.Itoa(ahead), func(t *testing.T) {
-				if !w.gpu() {
-					t.Setenv("GOEP_TCP_STAGE", "always")
+		checkTCPVariant(t, ahead, channels.AssignStripe)
+	}
+}
+
+// The free socket assignment (NetworkConfig.Assign = AssignFree: any
+// socket's sender takes the next chunk), under both receivers: the same
+// random operations, byte-exact and in order.
+func TestTCPAssignFree(t *testing.T) {
+	for _, ahead := range []int{0, 2} {
+		checkTCPVariant(t, ahead, channels.AssignFree)
+	}
+}
+
+// checkTCPVariant runs the random operations over TCP with 4 KiB chunks
+// and the given receiver and socket assignment, on the host backend
+// (staging as GPUs do) and on the GPUs present.
+func checkTCPVariant(t *testing.T, ahead int, assign channels.TCPAssign) {
+	for _, w := range tcpWorlds(t) {
+		t.Run(w.String()+"/ahead="+strconv.Itoa(ahead)+"/"+assign.String(), func(t *testing.T) {
+			if !w.gpu() {
+				t.Setenv("GOEP_TCP_STAGE", "always")
+			}
+			nc := tcpNet(w.ranks)
+			nc.ReceiveAhead, nc.ChunkBytes, nc.Assign = ahead, 4<<10, assign
+			ops := tcpOpsCount() / 4
+			runRaw(t, w, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
+				c, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: testWait}, Network: nc})
+				if err != nil {
+					return err
 				}
-				nc := tcpNet(w.ranks)
-				nc.ReceiveAhead, nc.ChunkBytes = ahead, 4<<10
-				ops := tcpOpsCount() / 4
-				runRaw(t, w, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
-					c, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: testWait}, Network: nc})
-					if err != nil {
-						return err
-					}
-					err = checkTCPRandomOps(ctx, c, seed+uint64(ahead), ops)
-					return errors.Join(err, c.Close())
-				})
+				err = checkTCPRandomOps(ctx, c, seed+uint64(ahead)+uint64(assign)<<8, ops)
+				return errors.Join(err, c.Close())
 			})
-		}
+		})
 	}
 }
 
@@ -60,5 +76,26 @@ func TestTCPReceiveAheadRefused(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// An unknown socket assignment, from the environment or the Config, is
+// refused naming it.
+func TestTCPAssignRefused(t *testing.T) {
+	t.Setenv(channels.TCPAssignEnv, "round-robin")
+	_, err := channels.NetworkConfig{}.Resolve(2)
+	if err == nil || !strings.Contains(err.Error(), channels.TCPAssignEnv) || !strings.Contains(err.Error(), "round-robin") {
+		t.Fatalf("$%s=round-robin: got %v, want a refusal naming it", channels.TCPAssignEnv, err)
+	}
+	t.Setenv(channels.TCPAssignEnv, " FREE ")
+	if nc, err := (channels.NetworkConfig{}).Resolve(2); err != nil || nc.Assign != channels.AssignFree {
+		t.Fatalf("$%s=' FREE ': got %v, %v; want AssignFree", channels.TCPAssignEnv, nc.Assign, err)
+	}
+	t.Setenv(channels.TCPAssignEnv, "")
+	if nc, err := (channels.NetworkConfig{}).Resolve(2); err != nil || nc.Assign != channels.AssignStripe {
+		t.Fatalf("default: got %v, %v; want AssignStripe", nc.Assign, err)
+	}
+	if _, err := (channels.NetworkConfig{Assign: 7}).Resolve(2); err == nil || !strings.Contains(err.Error(), "Assign") {
+		t.Fatalf("Assign 7: got %v, want a refusal", err)
 	}
 }

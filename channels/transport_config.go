@@ -53,6 +53,14 @@ type NetworkConfig struct {
 	// message and waits for its turn to apply it itself. Receive side
 	// only: ranks may differ.
 	ReceiveAhead int
+	// Assign is how a connection's chunks are given to its sockets
+	// ($GOEP_TCP_ASSIGN, "stripe" or "free"): AssignStripe puts chunk s on
+	// socket s mod Sockets; AssignFree lets whichever socket's sender is
+	// free take the next chunk, so a socket that runs slower for a while
+	// carries fewer chunks instead of every Sockets-th one (the receiver
+	// applies in sequence order either way). Zero means the environment,
+	// else AssignStripe. Send side only: ranks may differ.
+	Assign TCPAssign
 	// ListenHost is the address this rank listens on for its peers' TCP
 	// sockets and advertises to them ($GOEP_NET_LISTEN_HOST). Empty means
 	// every interface, advertising loopback to ranks of this host and this
@@ -67,6 +75,7 @@ const (
 	TCPSocketsEnv   = "GOEP_TCP_SOCKETS"
 	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
 	TCPAheadEnv     = "GOEP_TCP_RECEIVE_AHEAD"
+	TCPAssignEnv    = "GOEP_TCP_ASSIGN"
 	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
 	// tcpStageEnv=always makes the host backend stage its TCP traffic
 	// through host-mapped buffers as GPUs do, so CI runs the staging
@@ -101,6 +110,37 @@ func defaultSockets(cpus int) int {
 		return 4
 	}
 	return 2
+}
+
+// TCPAssign is how a TCP connection gives its chunks to its sockets
+// (NetworkConfig.Assign).
+type TCPAssign uint8
+
+const (
+	AssignStripe TCPAssign = iota + 1 // chunk s on socket s mod Sockets
+	AssignFree                        // the next free socket's sender takes the next chunk
+)
+
+func (a TCPAssign) String() string {
+	switch a {
+	case AssignStripe:
+		return "stripe"
+	case AssignFree:
+		return "free"
+	}
+	return fmt.Sprintf("TCPAssign(%d)", uint8(a))
+}
+
+// ParseTCPAssign accepts the socket assignments' names, "stripe" and
+// "free".
+func ParseTCPAssign(s string) (TCPAssign, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "stripe":
+		return AssignStripe, nil
+	case "free":
+		return AssignFree, nil
+	}
+	return 0, fmt.Errorf("TCP socket assignment %q: want stripe or free", s)
 }
 
 // ParseTransport accepts the network transports' names: "tcp" (or
@@ -158,6 +198,16 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 			return fail("%v", err)
 		}
 	}
+	if n.Assign == 0 {
+		n.Assign = AssignStripe
+		if s := os.Getenv(TCPAssignEnv); strings.TrimSpace(s) != "" {
+			a, err := ParseTCPAssign(s)
+			if err != nil {
+				return fail("%s: %v", TCPAssignEnv, err)
+			}
+			n.Assign = a
+		}
+	}
 	if n.ListenHost == "" {
 		n.ListenHost = strings.TrimSpace(os.Getenv(NetListenEnv))
 	}
@@ -182,6 +232,8 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
 	case n.ReceiveAhead != 0 && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
 		return fail("ReceiveAhead %d: want 0 (off) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
+	case n.Assign != AssignStripe && n.Assign != AssignFree:
+		return fail("Assign %s: want AssignStripe or AssignFree", n.Assign)
 	}
 	return n, nil
 }

@@ -18,8 +18,7 @@ import (
 // nodes, checks (against internode's reference) and timings with bytes per
 // link, and its bad flags.
 func TestInternodeOnHost(t *testing.T) {
-	t.Setenv("GOEP_TCP_RECEIVE_AHEAD", "") // the report names it off
-	t.Setenv("GOEP_TCP_ASSIGN", "")        // and the stripe assignment
+	t.Setenv("GOEP_TCP_RECEIVE_AHEAD", "") // the report names the default
 	js := filepath.Join(t.TempDir(), "inter.json")
 	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "0,40", "--fp8", "--masked", "5", "--json", js},
 		quickIntranode...)
@@ -27,7 +26,7 @@ func TestInternodeOnHost(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	for _, want := range []string{"internode: 4 ranks (goroutines, 2 virtual nodes), host backend", "T=40 bf16", "byte-exact",
 		"combine (BF16 partials) bit-exact", "T=40 fp8", "TIMINGS", "network GB/s", "NVLink GB/s", "internode: all checks passed",
-		"network between the nodes: TCP, ", " sockets a connection (chunks assigned: stripe), ", "receive read-ahead off"} {
+		"network between the nodes: TCP, ", " sockets a connection, ", "receive read-ahead 4 buffers a socket (GPUs)"} {
 		assert.Contains(t, stdout, want)
 	}
 	var rep interReport

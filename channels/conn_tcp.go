@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,8 +21,7 @@ import (
 // tcpConnection carries a port channel's work to a peer on another node
 // over TCP, as NCCL's socket transport does: several sockets per
 // connection, each operation numbered, writes cut into chunks spread over
-// the sockets (NetworkConfig.Assign: chunk s on socket s mod Sockets, or
-// whichever socket's sender is free takes the next), GPU data staged through
+// the sockets (chunk s on socket s mod Sockets), GPU data staged through
 // pinned host buffers in a pipeline (copy out on the sender while the
 // previous chunk is on the wire; read into a pinned buffer and copy in on
 // the receiver while the next is read).
@@ -76,8 +77,11 @@ type tcpConnection struct {
 	// buffers per socket; under rxMu: the messages read and not yet
 	// applied by sequence number, whether a reader is applying now, and
 	// per socket how many of its buffers hold a write not yet applied.
-	ahead      bool
-	rxBufs     int
+	ahead  bool
+	rxBufs int
+	// txBufs is the send buffers per socket: a sender copies up to
+	// txBufs - 1 chunks out ahead of the one it writes.
+	txBufs     int
 	rxPending  map[uint64]*tcpRxMsg
 	rxApplying bool
 	rxHeld     []int
@@ -86,6 +90,7 @@ type tcpConnection struct {
 	// (rx), and the view of rx for stream memory operations.
 	tx, rx       device.Stream
 	txOwn, rxOwn bool
+	txSock       []device.Stream // a copy-out stream per socket (else tx for all)
 	rxOps        *cuda.Stream
 	staging      []device.HostMapped
 	events       []device.Event
@@ -151,7 +156,7 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, links: links,
 		wait: c.timeouts.Wait, ackCh: make(chan struct{}, 1), stopCh: make(chan struct{}), dead: make(chan struct{})}
 	t.rxCond = sync.NewCond(&t.rxMu)
-	t.rxBufs = 2
+	t.rxBufs, t.txBufs = 2, tcpTxBufs()
 	if ahead := c.net.cfg.ReceiveAhead; ahead > 0 && t.stage {
 		t.ahead, t.rxBufs = true, ahead
 		t.rxPending = make(map[uint64]*tcpRxMsg)
@@ -168,16 +173,9 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 			return nil, err
 		}
 	}
-	// Stripe: a queue per socket, chunk s on queue s mod n. Free: one
-	// queue that every socket's sender takes from (each sender still sees
-	// increasing sequence numbers, which the receivers' order relies on).
-	if c.net.cfg.Assign == AssignFree {
-		t.queues = []chan tcpMsg{make(chan tcpMsg, tcpQueue*n)}
-	} else {
-		t.queues = make([]chan tcpMsg, n)
-		for k := range n {
-			t.queues[k] = make(chan tcpMsg, tcpQueue)
-		}
+	t.queues = make([]chan tcpMsg, n)
+	for k := range n {
+		t.queues[k] = make(chan tcpMsg, tcpQueue)
 	}
 	t.trCall = newTraceTrack(c.rank, base.peer, RoleConn, -1)
 	for k := range n {
@@ -224,7 +222,16 @@ func (t *tcpConnection) allocStaging(n int) error {
 		t.cudaCtx = cd.Context()
 		t.rxOps = cuda.WrapStream(t.cudaCtx, t.rx.Handle())
 	}
-	for range (2 + t.rxBufs) * n {
+	if os.Getenv(tcpTxStreamsEnv) == "socket" && t.txOwn {
+		for range n {
+			st, err := t.dev.NewStream()
+			if err != nil {
+				return t.errorf("stream: %w", err)
+			}
+			t.txSock = append(t.txSock, st)
+		}
+	}
+	for range (t.txBufs + t.rxBufs) * n {
 		h, err := t.dev.AllocHostMapped(t.chunk)
 		if err != nil {
 			return t.errorf("staging buffer: %w", err)
@@ -255,14 +262,27 @@ func (t *tcpConnection) freeStaging() error {
 			errs = append(errs, s.s.Close())
 		}
 	}
-	t.events, t.staging, t.tx, t.rx, t.rxOps = nil, nil, nil, nil, nil
+	for _, st := range t.txSock {
+		errs = append(errs, st.Close())
+	}
+	t.events, t.staging, t.tx, t.rx, t.rxOps, t.txSock = nil, nil, nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
-// slot is staging buffer j of socket k (tx 0-1, rx 2 to 2 + rxBufs - 1).
+// slot is staging buffer j of socket k (tx 0 to txBufs - 1, rx txBufs
+// to txBufs + rxBufs - 1).
 func (t *tcpConnection) slot(k, j int) (device.HostMapped, device.Event) {
-	i := (2+t.rxBufs)*k + j
+	i := (t.txBufs+t.rxBufs)*k + j
 	return t.staging[i], t.events[i]
+}
+
+// tcpTxBufs is the send buffers per socket: 2, or $GOEP_TCP_TX_BUFS (2 to
+// 8; a measurement knob, not part of NetworkConfig).
+func tcpTxBufs() int {
+	if v, err := strconv.Atoi(os.Getenv(tcpTxBufsEnv)); err == nil && v >= 2 && v <= 8 {
+		return v
+	}
+	return 2
 }
 
 // ---------------------------------------------------------------------------
@@ -443,21 +463,23 @@ func (t *tcpConnection) peerGone(dir string, k int, err error) error {
 	return &PeerGoneError{Peer: t.peer, Err: err}
 }
 
-// sender writes socket k's queue in order (AssignFree: the connection's
-// one queue, shared with the other sockets' senders). With staging it
-// copies the next chunk out of the GPU while the current one is written.
-// Once the queue is closed and empty it says goodbye and ends.
+// sender writes socket k's queue in order. With staging it copies the
+// next chunk out of the GPU while the current one is written. Once the
+// queue is closed and empty it says goodbye and ends.
 func (t *tcpConnection) sender(k int) {
 	defer t.senders.Done()
 	conn := t.links.out[k]
-	q := t.queues[k%len(t.queues)]
+	q := t.queues[k]
 	type staged struct {
 		m      tcpMsg
 		buf    []byte
 		ev     device.Event
 		issued int64 // trace: when its copy-out was queued (0: off)
 	}
-	var cur *staged
+	// inflight: chunks copied out (or being copied) and not yet written,
+	// oldest first; they use the txBufs slots round robin, at most
+	// txBufs - 1 of them ahead of the one being written.
+	var inflight []*staged
 	which := 0
 	tr := t.trSend[k]
 	send := func(m tcpMsg, payload []byte) error {
@@ -473,12 +495,9 @@ func (t *tcpConnection) sender(k int) {
 		tr.rec(StageSend, tcpTraceOp(m.hdr[0]), tcpSeq(m.hdr[:]), int64(m.n), start)
 		return err
 	}
-	flushCur := func() error {
-		if cur == nil {
-			return nil
-		}
-		s := cur
-		cur = nil
+	sendOldest := func() error {
+		s := inflight[0]
+		inflight = inflight[1:]
 		wait := traceStart()
 		if err := s.ev.Synchronize(); err != nil {
 			return fmt.Errorf("staging copy: %w", err)
@@ -490,15 +509,23 @@ func (t *tcpConnection) sender(k int) {
 		}
 		return send(s.m, s.buf)
 	}
+	sendAll := func() error {
+		for len(inflight) > 0 {
+			if err := sendOldest(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for {
 		var m tcpMsg
 		var ok bool
-		if cur != nil {
+		if len(inflight) > 0 {
 			select {
 			case m, ok = <-q:
 			default:
-				// Nothing behind it: put the staged chunk on the wire now.
-				if err := flushCur(); err != nil {
+				// Nothing behind them: put the oldest staged chunk on the wire now.
+				if err := sendOldest(); err != nil {
 					t.senderFailed(k, err)
 					return
 				}
@@ -508,7 +535,7 @@ func (t *tcpConnection) sender(k int) {
 			m, ok = <-q
 		}
 		if !ok {
-			err := flushCur()
+			err := sendAll()
 			if err == nil {
 				err = send(tcpHeaderFor(tcpOpBye, 0, 0, 0), nil)
 			}
@@ -521,16 +548,18 @@ func (t *tcpConnection) sender(k int) {
 		switch {
 		case m.n > 0 && t.stage:
 			h, ev := t.slot(k, which)
-			which ^= 1
+			which = (which + 1) % t.txBufs
 			next := &staged{m: m, buf: h.Host[:m.n], ev: ev, issued: traceStart()}
-			if err = t.copyOut(h, m.src, m.n); err == nil {
-				if err = ev.Record(t.tx); err == nil {
-					err = flushCur()
-					cur = next
+			if err = t.copyOut(k, h, m.src, m.n); err == nil {
+				if err = ev.Record(t.txOf(k)); err == nil {
+					inflight = append(inflight, next)
+					for err == nil && len(inflight) > t.txBufs-1 {
+						err = sendOldest()
+					}
 				}
 			}
 		default:
-			if err = flushCur(); err == nil {
+			if err = sendAll(); err == nil {
 				var payload []byte
 				if m.n > 0 {
 					payload = devapi.Bytes(m.src, uint64(m.n))
@@ -551,13 +580,22 @@ func (t *tcpConnection) senderFailed(k int, err error) {
 	}
 }
 
-// copyOut queues the copy of n bytes at src (device memory) into the
-// staging buffer h on the tx stream.
-func (t *tcpConnection) copyOut(h device.HostMapped, src uintptr, n int) error {
-	if t.cudaCtx != nil {
-		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, t.tx.Handle()))
+// txOf is socket k's copy-out stream.
+func (t *tcpConnection) txOf(k int) device.Stream {
+	if t.txSock != nil {
+		return t.txSock[k]
 	}
-	return t.dev.CopyAsync(h.Dev, src, n, t.tx)
+	return t.tx
+}
+
+// copyOut queues the copy of n bytes at src (device memory) into the
+// staging buffer h on socket k's copy-out stream.
+func (t *tcpConnection) copyOut(k int, h device.HostMapped, src uintptr, n int) error {
+	tx := t.txOf(k)
+	if t.cudaCtx != nil {
+		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, tx.Handle()))
+	}
+	return t.dev.CopyAsync(h.Dev, src, n, tx)
 }
 
 // ackReader reads the peer's acknowledgements on socket k.
@@ -733,7 +771,7 @@ func (t *tcpConnection) receiverAhead(k int) {
 			if !t.takeRxBuffer(k) {
 				return
 			}
-			st, err := t.readStagedInto(conn, k, 2+next, m.val)
+			st, err := t.readStagedInto(conn, k, t.txBufs+next, m.val)
 			if err != nil {
 				t.receiverFailed(err)
 				return
@@ -833,7 +871,7 @@ type tcpStaged struct {
 // readStaged reads a write's n payload bytes into the next of socket k's
 // two receive buffers, once that buffer's previous copy-in is done.
 func (t *tcpConnection) readStaged(conn net.Conn, k int, which *int, n uint64) (*tcpStaged, error) {
-	j := 2 + *which
+	j := t.txBufs + *which
 	*which ^= 1
 	return t.readStagedInto(conn, k, j, n)
 }

@@ -21,7 +21,7 @@ import (
 var apiTable = []any{(*channels.Communicator)(nil), (*channels.Proxy)(nil), (*channels.PacketBuffer)(nil),
 	(*channels.DeviceArray)(nil), (*channels.MemoryChannel)(nil), (*channels.PortChannel)(nil),
 	(*channels.Mesh)(nil), (*channels.PortMesh)(nil), (*channels.MemorySemaphore)(nil), (*channels.HostSemaphore)(nil),
-	(*channels.TimeoutError)(nil), (*channels.PeerGoneError)(nil), new(channels.PeerGoneError), channels.RegisteredMemory{}, channels.Topology{}, channels.NetworkConfig{}, channels.Transport(0), channels.TCPAssign(0),
+	(*channels.TimeoutError)(nil), (*channels.PeerGoneError)(nil), new(channels.PeerGoneError), channels.RegisteredMemory{}, channels.Topology{}, channels.NetworkConfig{}, channels.Transport(0),
 	channels.Transport(255), channels.TransportSet(0), channels.TransportSet(255),
 	(*channels.ProxyTrace)(nil), channels.TraceSummary{}, channels.TraceOp(0), channels.TraceOp(255),
 	channels.TraceStage(0), channels.TraceStage(255)}

@@ -19,47 +19,39 @@ import (
 // staging as GPUs do, and with 2 and 3 buffers a socket (3: the ring of a
 // socket's buffers not a power of two); then on the GPUs present.
 func TestTCPReceiveAhead(t *testing.T) {
-	for _, ahead := range []int{2, 3} {
-		checkTCPVariant(t, ahead, channels.AssignStripe)
-	}
-}
-
-// The free socket assignment (NetworkConfig.Assign = AssignFree: any
-// socket's sender takes the next chunk), under both receivers: the same
-// random operations, byte-exact and in order.
-func TestTCPAssignFree(t *testing.T) {
-	for _, ahead := range []int{0, 2} {
-		checkTCPVariant(t, ahead, channels.AssignFree)
+	for _, ahead := range []int{channels.ReceiveAheadOff, 2, 3} {
+		checkTCPVariant(t, ahead)
 	}
 }
 
 // checkTCPVariant runs the random operations over TCP with 4 KiB chunks
-// and the given receiver and socket assignment, on the host backend
-// (staging as GPUs do) and on the GPUs present.
-func checkTCPVariant(t *testing.T, ahead int, assign channels.TCPAssign) {
+// and the given receiver, on the host backend (staging as GPUs do) and on
+// the GPUs present.
+func checkTCPVariant(t *testing.T, ahead int) {
 	for _, w := range tcpWorlds(t) {
-		t.Run(w.String()+"/ahead="+strconv.Itoa(ahead)+"/"+assign.String(), func(t *testing.T) {
+		t.Run(w.String()+"/ahead="+strconv.Itoa(ahead), func(t *testing.T) {
 			if !w.gpu() {
 				t.Setenv("GOEP_TCP_STAGE", "always")
 			}
 			nc := tcpNet(w.ranks)
-			nc.ReceiveAhead, nc.ChunkBytes, nc.Assign = ahead, 4<<10, assign
+			nc.ReceiveAhead, nc.ChunkBytes = ahead, 4<<10
 			ops := tcpOpsCount() / 4
 			runRaw(t, w, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
 				c, err := channels.NewCommunicator(bs, dev, channels.Config{Timeouts: channels.Timeouts{Wait: testWait}, Network: nc})
 				if err != nil {
 					return err
 				}
-				err = checkTCPRandomOps(ctx, c, seed+uint64(ahead)+uint64(assign)<<8, ops)
+				err = checkTCPRandomOps(ctx, c, seed+uint64(ahead), ops)
 				return errors.Join(err, c.Close())
 			})
 		})
 	}
 }
 
-// ReceiveAhead outside 0 and 2..16 is refused, naming the variable.
+// ReceiveAhead outside ReceiveAheadOff and 2..16 is refused, naming the
+// variable.
 func TestTCPReceiveAheadRefused(t *testing.T) {
-	for _, bad := range []int{1, 17, -1} {
+	for _, bad := range []int{1, 17, -2} {
 		w := world{device.Host, 2}
 		runRaw(t, w, func(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device) error {
 			nc := tcpNet(2)
@@ -79,23 +71,29 @@ func TestTCPReceiveAheadRefused(t *testing.T) {
 	}
 }
 
-// An unknown socket assignment, from the environment or the Config, is
-// refused naming it.
-func TestTCPAssignRefused(t *testing.T) {
-	t.Setenv(channels.TCPAssignEnv, "round-robin")
-	_, err := channels.NetworkConfig{}.Resolve(2)
-	if err == nil || !strings.Contains(err.Error(), channels.TCPAssignEnv) || !strings.Contains(err.Error(), "round-robin") {
-		t.Fatalf("$%s=round-robin: got %v, want a refusal naming it", channels.TCPAssignEnv, err)
+// $GOEP_TCP_RECEIVE_AHEAD: unset is 4 buffers a socket, "off" and 0 the
+// original receiver, a number that many buffers; anything else is refused
+// naming the variable. A Config value wins over it.
+func TestTCPReceiveAheadEnv(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		want int
+	}{{"", 4}, {"off", channels.ReceiveAheadOff}, {" OFF ", channels.ReceiveAheadOff}, {"0", channels.ReceiveAheadOff},
+		{"2", 2}, {"16", 16}} {
+		t.Setenv(channels.TCPAheadEnv, c.env)
+		nc, err := channels.NetworkConfig{}.Resolve(2)
+		if err != nil || nc.ReceiveAhead != c.want {
+			t.Errorf("$%s=%q: got %d, %v; want %d", channels.TCPAheadEnv, c.env, nc.ReceiveAhead, err, c.want)
+		}
 	}
-	t.Setenv(channels.TCPAssignEnv, " FREE ")
-	if nc, err := (channels.NetworkConfig{}).Resolve(2); err != nil || nc.Assign != channels.AssignFree {
-		t.Fatalf("$%s=' FREE ': got %v, %v; want AssignFree", channels.TCPAssignEnv, nc.Assign, err)
+	for _, bad := range []string{"four", "1", "17"} {
+		t.Setenv(channels.TCPAheadEnv, bad)
+		if _, err := (channels.NetworkConfig{}).Resolve(2); err == nil || !strings.Contains(err.Error(), channels.TCPAheadEnv) {
+			t.Errorf("$%s=%q: got %v, want a refusal naming the variable", channels.TCPAheadEnv, bad, err)
+		}
 	}
-	t.Setenv(channels.TCPAssignEnv, "")
-	if nc, err := (channels.NetworkConfig{}).Resolve(2); err != nil || nc.Assign != channels.AssignStripe {
-		t.Fatalf("default: got %v, %v; want AssignStripe", nc.Assign, err)
-	}
-	if _, err := (channels.NetworkConfig{Assign: 7}).Resolve(2); err == nil || !strings.Contains(err.Error(), "Assign") {
-		t.Fatalf("Assign 7: got %v, want a refusal", err)
+	t.Setenv(channels.TCPAheadEnv, "off")
+	if nc, err := (channels.NetworkConfig{ReceiveAhead: 3}).Resolve(2); err != nil || nc.ReceiveAhead != 3 {
+		t.Errorf("Config 3 under $%s=off: got %d, %v; want 3", channels.TCPAheadEnv, nc.ReceiveAhead, err)
 	}
 }

@@ -43,24 +43,17 @@ type NetworkConfig struct {
 	// 4 KiB to 64 MiB).
 	ChunkBytes int
 	// ReceiveAhead, where traffic is staged (GPUs), is how many pinned
-	// receive buffers each socket has and how far its reader may read
-	// ahead of the order operations are applied in
-	// ($GOEP_TCP_RECEIVE_AHEAD; 2 to 16): a socket whose message is not
-	// next stages it and goes on reading while an earlier one is still on
-	// another socket, and whichever reader completes the next message in
-	// sequence applies every consecutive one already staged. 0 (the
-	// default) is the original receiver: each socket's reader stages one
-	// message and waits for its turn to apply it itself. Receive side
-	// only: ranks may differ.
+	// receive buffers of ChunkBytes each socket has and how far its reader
+	// may read ahead of the order operations are applied in (2 to 16): a
+	// socket whose message is not next stages it and goes on reading while
+	// an earlier one is still on another socket, and whichever reader
+	// completes the next message in sequence applies every consecutive one
+	// already staged. Zero means $GOEP_TCP_RECEIVE_AHEAD, else 4
+	// (defaultTCPAhead). ReceiveAheadOff (-1, or "off" or 0 in the
+	// environment) is the original receiver: each socket's reader stages
+	// one message (2 buffers) and waits for its turn to apply it itself.
+	// Receive side only: ranks may differ.
 	ReceiveAhead int
-	// Assign is how a connection's chunks are given to its sockets
-	// ($GOEP_TCP_ASSIGN, "stripe" or "free"): AssignStripe puts chunk s on
-	// socket s mod Sockets; AssignFree lets whichever socket's sender is
-	// free take the next chunk, so a socket that runs slower for a while
-	// carries fewer chunks instead of every Sockets-th one (the receiver
-	// applies in sequence order either way). Zero means the environment,
-	// else AssignStripe. Send side only: ranks may differ.
-	Assign TCPAssign
 	// ListenHost is the address this rank listens on for its peers' TCP
 	// sockets and advertises to them ($GOEP_NET_LISTEN_HOST). Empty means
 	// every interface, advertising loopback to ranks of this host and this
@@ -75,13 +68,22 @@ const (
 	TCPSocketsEnv   = "GOEP_TCP_SOCKETS"
 	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
 	TCPAheadEnv     = "GOEP_TCP_RECEIVE_AHEAD"
-	TCPAssignEnv    = "GOEP_TCP_ASSIGN"
 	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
 	// tcpStageEnv=always makes the host backend stage its TCP traffic
 	// through host-mapped buffers as GPUs do, so CI runs the staging
 	// pipeline too.
 	tcpStageEnv = "GOEP_TCP_STAGE"
+	// Measurement knobs of the GPU send path (not part of NetworkConfig):
+	// tcpTxBufsEnv is the send buffers per socket (2 to 8, default 2);
+	// tcpTxStreamsEnv=socket gives each socket a copy-out stream of its
+	// own instead of one per connection.
+	tcpTxBufsEnv    = "GOEP_TCP_TX_BUFS"
+	tcpTxStreamsEnv = "GOEP_TCP_TX_STREAMS"
 )
+
+// ReceiveAheadOff in NetworkConfig.ReceiveAhead turns the read-ahead
+// receiver off.
+const ReceiveAheadOff = -1
 
 const (
 	maxTCPSockets   = 16
@@ -89,7 +91,17 @@ const (
 	minTCPChunk     = 4 << 10
 	maxTCPChunk     = 64 << 20
 	maxTCPAhead     = 16
+	defaultTCPAhead = 4
 )
+
+// defaultTCPAhead: measured in session 14 (docs/PERFORMANCE.md) with 8
+// sockets and 1 MiB chunks, internode at 4096 tokens, cached dispatch /
+// combine: on 4 H200s of a 64-CPU host (EP4) off 11.21 / 9.27 and 8.52 /
+// 7.27 ms, 4 buffers 7.83 / 6.69 and 8.03 / 6.82, 8 buffers 8.00 / 6.63 and
+// 8.61 / 7.43; with 4 ranks on 2 H200s off 9.83 / 9.46 and 10.79 / 10.06,
+// 4 buffers 9.72 / 8.02 and 8.90 / 8.28; at EP2 (one rank a GPU) the same
+// dispatch and a 5-8% faster combine. 4 buffers cost 4 MiB of pinned
+// memory a socket against 2 with the original receiver.
 
 // defaultSockets is the TCP socket count per connection when neither the
 // Config nor $GOEP_TCP_SOCKETS sets one, for a host of cpus CPUs. Measured
@@ -110,37 +122,6 @@ func defaultSockets(cpus int) int {
 		return 4
 	}
 	return 2
-}
-
-// TCPAssign is how a TCP connection gives its chunks to its sockets
-// (NetworkConfig.Assign).
-type TCPAssign uint8
-
-const (
-	AssignStripe TCPAssign = iota + 1 // chunk s on socket s mod Sockets
-	AssignFree                        // the next free socket's sender takes the next chunk
-)
-
-func (a TCPAssign) String() string {
-	switch a {
-	case AssignStripe:
-		return "stripe"
-	case AssignFree:
-		return "free"
-	}
-	return fmt.Sprintf("TCPAssign(%d)", uint8(a))
-}
-
-// ParseTCPAssign accepts the socket assignments' names, "stripe" and
-// "free".
-func ParseTCPAssign(s string) (TCPAssign, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "stripe":
-		return AssignStripe, nil
-	case "free":
-		return AssignFree, nil
-	}
-	return 0, fmt.Errorf("TCP socket assignment %q: want stripe or free", s)
 }
 
 // ParseTransport accepts the network transports' names: "tcp" (or
@@ -192,20 +173,23 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	for _, e := range []struct {
 		name string
 		v    *int
-	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes},
-		{TCPAheadEnv, &n.ReceiveAhead}} {
+	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes}} {
 		if err := envInt(e.name, e.v); err != nil {
 			return fail("%v", err)
 		}
 	}
-	if n.Assign == 0 {
-		n.Assign = AssignStripe
-		if s := os.Getenv(TCPAssignEnv); strings.TrimSpace(s) != "" {
-			a, err := ParseTCPAssign(s)
+	if n.ReceiveAhead == 0 {
+		switch s := strings.ToLower(strings.TrimSpace(os.Getenv(TCPAheadEnv))); s {
+		case "":
+			n.ReceiveAhead = defaultTCPAhead
+		case "off", "0", "-1":
+			n.ReceiveAhead = ReceiveAheadOff
+		default:
+			x, err := strconv.Atoi(s)
 			if err != nil {
-				return fail("%s: %v", TCPAssignEnv, err)
+				return fail("%s=%q: want off or 2 to %d", TCPAheadEnv, s, maxTCPAhead)
 			}
-			n.Assign = a
+			n.ReceiveAhead = x
 		}
 	}
 	if n.ListenHost == "" {
@@ -230,10 +214,8 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		return fail("Sockets %d: want 1 to %d", n.Sockets, maxTCPSockets)
 	case n.ChunkBytes < minTCPChunk || n.ChunkBytes > maxTCPChunk:
 		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
-	case n.ReceiveAhead != 0 && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
-		return fail("ReceiveAhead %d: want 0 (off) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
-	case n.Assign != AssignStripe && n.Assign != AssignFree:
-		return fail("Assign %s: want AssignStripe or AssignFree", n.Assign)
+	case n.ReceiveAhead != ReceiveAheadOff && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
+		return fail("ReceiveAhead %d: want ReceiveAheadOff (-1) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
 	}
 	return n, nil
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -22,22 +20,23 @@ import (
 // over TCP, as NCCL's socket transport does: several sockets per
 // connection, each operation numbered, writes cut into chunks spread over
 // the sockets (chunk s on socket s mod Sockets), GPU data staged through
-// pinned host buffers in a pipeline (copy out on the sender while the
-// previous chunk is on the wire; read into a pinned buffer and copy in on
-// the receiver while the next is read).
+// pinned host buffers in a pipeline (copy the next chunks out on the
+// sender while one is on the wire; read into a pinned buffer and copy in
+// on the receiver while the next is read).
 //
-// Order: the receiver applies operations strictly in sequence order
-// (each socket's reader waits for its turn; with staging it reads a
-// write's payload into its socket's own buffer first, so the sockets'
-// reads run in parallel and only the applying is serial; with
-// NetworkConfig.ReceiveAhead a reader stages up to that many writes
-// without waiting for its turn and whichever reader completes the next
-// operation applies every consecutive staged one), and on GPUs
-// issues every copy-in, token update (a stream write) and atomic add (a
-// one-thread kernel: device atomics on the target word) on one stream, so
-// a signal or a counter never overtakes the data written before it. A flush is a
-// numbered request the receiver answers once everything before it has
-// landed (its stream synchronised).
+// Order: the receiver applies operations strictly in sequence order. With
+// staging a socket's reader reads a write's payload into one of its own
+// buffers first, so the sockets' reads run in parallel and only the
+// applying is serial; by default (NetworkConfig.ReceiveAhead) it stages
+// up to that many writes without waiting for their turn and whichever
+// reader completes the next operation applies every consecutive staged
+// one, while with ReceiveAheadOff (and without staging) each reader waits
+// for its message's turn. On GPUs it issues every copy-in, token update (a
+// stream write) and atomic add (a one-thread kernel: device atomics on
+// the target word) on one stream, so a signal or a counter never
+// overtakes the data written before it. A flush is a numbered request the
+// receiver answers once everything before it has landed (its stream
+// synchronised).
 //
 // Failure: a socket that breaks without the peer's goodbye is an error
 // naming the peer: on the sending side every later call (and a waiting
@@ -77,11 +76,8 @@ type tcpConnection struct {
 	// buffers per socket; under rxMu: the messages read and not yet
 	// applied by sequence number, whether a reader is applying now, and
 	// per socket how many of its buffers hold a write not yet applied.
-	ahead  bool
-	rxBufs int
-	// txBufs is the send buffers per socket: a sender copies up to
-	// txBufs - 1 chunks out ahead of the one it writes.
-	txBufs     int
+	ahead      bool
+	rxBufs     int
 	rxPending  map[uint64]*tcpRxMsg
 	rxApplying bool
 	rxHeld     []int
@@ -90,7 +86,6 @@ type tcpConnection struct {
 	// (rx), and the view of rx for stream memory operations.
 	tx, rx       device.Stream
 	txOwn, rxOwn bool
-	txSock       []device.Stream // a copy-out stream per socket (else tx for all)
 	rxOps        *cuda.Stream
 	staging      []device.HostMapped
 	events       []device.Event
@@ -121,6 +116,17 @@ const (
 	tcpOpAck    = 6 // receiver to sender: the flush with this sequence number landed
 
 	tcpHeader = 32
+	// tcpTxBufs is the pinned send buffers per socket (staging): a sender
+	// copies up to two chunks out ahead of the one it writes. The copies
+	// of a connection's sockets share one stream, and with one chunk
+	// ahead its senders waited for their copy-out 22-38% of a dispatch
+	// (session 14's traces, 8 sockets). Against 2 buffers, same lease,
+	// internode at 4096 tokens (docs/PERFORMANCE.md, session 14): EP2 on
+	// 2 H200s dispatch / combine 6.06 / 5.85 -> 5.31 / 4.90 ms (3 pairs),
+	// 4 ranks on them 9.91 / 8.79 -> 10.22 / 8.34, EP4 on 4 H200s 7.57 /
+	// 5.98 -> 7.01 / 6.08, EP2 there 4.65 / 4.44 -> 4.73 / 4.10. A copy-out
+	// stream per socket instead was no faster.
+	tcpTxBufs = 3
 	// tcpQueue bounds the operations queued per socket before Write waits.
 	tcpQueue = 256
 	// tcpCloseGrace bounds how long Close spends delivering what is
@@ -156,7 +162,7 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, links: links,
 		wait: c.timeouts.Wait, ackCh: make(chan struct{}, 1), stopCh: make(chan struct{}), dead: make(chan struct{})}
 	t.rxCond = sync.NewCond(&t.rxMu)
-	t.rxBufs, t.txBufs = 2, tcpTxBufs()
+	t.rxBufs = 2
 	if ahead := c.net.cfg.ReceiveAhead; ahead > 0 && t.stage {
 		t.ahead, t.rxBufs = true, ahead
 		t.rxPending = make(map[uint64]*tcpRxMsg)
@@ -198,9 +204,9 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	return t, nil
 }
 
-// allocStaging makes the streams and the pinned buffers: per socket two
-// to send (a chunk is copied out while the previous one is on the wire)
-// and rxBufs to receive.
+// allocStaging makes the streams and the pinned buffers: per socket
+// tcpTxBufs to send (chunks are copied out while an earlier one is on the
+// wire) and rxBufs to receive.
 func (t *tcpConnection) allocStaging(n int) error {
 	c := t.c
 	// Loaded now: the first atomic add must not wait for the kernel cache
@@ -222,16 +228,7 @@ func (t *tcpConnection) allocStaging(n int) error {
 		t.cudaCtx = cd.Context()
 		t.rxOps = cuda.WrapStream(t.cudaCtx, t.rx.Handle())
 	}
-	if os.Getenv(tcpTxStreamsEnv) == "socket" && t.txOwn {
-		for range n {
-			st, err := t.dev.NewStream()
-			if err != nil {
-				return t.errorf("stream: %w", err)
-			}
-			t.txSock = append(t.txSock, st)
-		}
-	}
-	for range (t.txBufs + t.rxBufs) * n {
+	for range (tcpTxBufs + t.rxBufs) * n {
 		h, err := t.dev.AllocHostMapped(t.chunk)
 		if err != nil {
 			return t.errorf("staging buffer: %w", err)
@@ -262,27 +259,15 @@ func (t *tcpConnection) freeStaging() error {
 			errs = append(errs, s.s.Close())
 		}
 	}
-	for _, st := range t.txSock {
-		errs = append(errs, st.Close())
-	}
-	t.events, t.staging, t.tx, t.rx, t.rxOps, t.txSock = nil, nil, nil, nil, nil, nil
+	t.events, t.staging, t.tx, t.rx, t.rxOps = nil, nil, nil, nil, nil
 	return errors.Join(errs...)
 }
 
-// slot is staging buffer j of socket k (tx 0 to txBufs - 1, rx txBufs
-// to txBufs + rxBufs - 1).
+// slot is staging buffer j of socket k (tx 0 to tcpTxBufs - 1, rx
+// tcpTxBufs to tcpTxBufs + rxBufs - 1).
 func (t *tcpConnection) slot(k, j int) (device.HostMapped, device.Event) {
-	i := (t.txBufs+t.rxBufs)*k + j
+	i := (tcpTxBufs+t.rxBufs)*k + j
 	return t.staging[i], t.events[i]
-}
-
-// tcpTxBufs is the send buffers per socket: 2, or $GOEP_TCP_TX_BUFS (2 to
-// 8; a measurement knob, not part of NetworkConfig).
-func tcpTxBufs() int {
-	if v, err := strconv.Atoi(os.Getenv(tcpTxBufsEnv)); err == nil && v >= 2 && v <= 8 {
-		return v
-	}
-	return 2
 }
 
 // ---------------------------------------------------------------------------
@@ -463,9 +448,9 @@ func (t *tcpConnection) peerGone(dir string, k int, err error) error {
 	return &PeerGoneError{Peer: t.peer, Err: err}
 }
 
-// sender writes socket k's queue in order. With staging it copies the
-// next chunk out of the GPU while the current one is written. Once the
-// queue is closed and empty it says goodbye and ends.
+// sender writes socket k's queue in order. With staging it copies up to
+// the next tcpTxBufs - 1 chunks out of the GPU while the current one is
+// written. Once the queue is closed and empty it says goodbye and ends.
 func (t *tcpConnection) sender(k int) {
 	defer t.senders.Done()
 	conn := t.links.out[k]
@@ -477,8 +462,8 @@ func (t *tcpConnection) sender(k int) {
 		issued int64 // trace: when its copy-out was queued (0: off)
 	}
 	// inflight: chunks copied out (or being copied) and not yet written,
-	// oldest first; they use the txBufs slots round robin, at most
-	// txBufs - 1 of them ahead of the one being written.
+	// oldest first; they use the tcpTxBufs slots round robin, at most
+	// tcpTxBufs - 1 of them ahead of the one being written.
 	var inflight []*staged
 	which := 0
 	tr := t.trSend[k]
@@ -548,12 +533,12 @@ func (t *tcpConnection) sender(k int) {
 		switch {
 		case m.n > 0 && t.stage:
 			h, ev := t.slot(k, which)
-			which = (which + 1) % t.txBufs
+			which = (which + 1) % tcpTxBufs
 			next := &staged{m: m, buf: h.Host[:m.n], ev: ev, issued: traceStart()}
-			if err = t.copyOut(k, h, m.src, m.n); err == nil {
-				if err = ev.Record(t.txOf(k)); err == nil {
+			if err = t.copyOut(h, m.src, m.n); err == nil {
+				if err = ev.Record(t.tx); err == nil {
 					inflight = append(inflight, next)
-					for err == nil && len(inflight) > t.txBufs-1 {
+					for err == nil && len(inflight) > tcpTxBufs-1 {
 						err = sendOldest()
 					}
 				}
@@ -580,22 +565,13 @@ func (t *tcpConnection) senderFailed(k int, err error) {
 	}
 }
 
-// txOf is socket k's copy-out stream.
-func (t *tcpConnection) txOf(k int) device.Stream {
-	if t.txSock != nil {
-		return t.txSock[k]
-	}
-	return t.tx
-}
-
 // copyOut queues the copy of n bytes at src (device memory) into the
-// staging buffer h on socket k's copy-out stream.
-func (t *tcpConnection) copyOut(k int, h device.HostMapped, src uintptr, n int) error {
-	tx := t.txOf(k)
+// staging buffer h on the tx stream.
+func (t *tcpConnection) copyOut(h device.HostMapped, src uintptr, n int) error {
 	if t.cudaCtx != nil {
-		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, tx.Handle()))
+		return cuda.MemcpyDtoHAsync(h.Host[:n], cuda.DevicePtr(src), cuda.WrapStream(t.cudaCtx, t.tx.Handle()))
 	}
-	return t.dev.CopyAsync(h.Dev, src, n, tx)
+	return t.dev.CopyAsync(h.Dev, src, n, t.tx)
 }
 
 // ackReader reads the peer's acknowledgements on socket k.
@@ -771,7 +747,7 @@ func (t *tcpConnection) receiverAhead(k int) {
 			if !t.takeRxBuffer(k) {
 				return
 			}
-			st, err := t.readStagedInto(conn, k, t.txBufs+next, m.val)
+			st, err := t.readStagedInto(conn, k, tcpTxBufs+next, m.val)
 			if err != nil {
 				t.receiverFailed(err)
 				return
@@ -871,7 +847,7 @@ type tcpStaged struct {
 // readStaged reads a write's n payload bytes into the next of socket k's
 // two receive buffers, once that buffer's previous copy-in is done.
 func (t *tcpConnection) readStaged(conn net.Conn, k int, which *int, n uint64) (*tcpStaged, error) {
-	j := t.txBufs + *which
+	j := tcpTxBufs + *which
 	*which ^= 1
 	return t.readStagedInto(conn, k, j, n)
 }

@@ -73,12 +73,6 @@ const (
 	// through host-mapped buffers as GPUs do, so CI runs the staging
 	// pipeline too.
 	tcpStageEnv = "GOEP_TCP_STAGE"
-	// Measurement knobs of the GPU send path (not part of NetworkConfig):
-	// tcpTxBufsEnv is the send buffers per socket (2 to 8, default 2);
-	// tcpTxStreamsEnv=socket gives each socket a copy-out stream of its
-	// own instead of one per connection.
-	tcpTxBufsEnv    = "GOEP_TCP_TX_BUFS"
-	tcpTxStreamsEnv = "GOEP_TCP_TX_STREAMS"
 )
 
 // ReceiveAheadOff in NetworkConfig.ReceiveAhead turns the read-ahead

@@ -92,9 +92,10 @@ const (
 // sockets and 1 MiB chunks, internode at 4096 tokens, cached dispatch /
 // combine: on 4 H200s of a 64-CPU host (EP4) off 11.21 / 9.27 and 8.52 /
 // 7.27 ms, 4 buffers 7.83 / 6.69 and 8.03 / 6.82, 8 buffers 8.00 / 6.63 and
-// 8.61 / 7.43; with 4 ranks on 2 H200s off 9.83 / 9.46 and 10.79 / 10.06,
-// 4 buffers 9.72 / 8.02 and 8.90 / 8.28; at EP2 (one rank a GPU) the same
-// dispatch and a 5-8% faster combine. 4 buffers cost 4 MiB of pinned
+// 8.61 / 7.43 (another host: off 7.51 / 7.02 and 7.42 / 6.66, 4 buffers
+// 8.02 / 6.16 and 7.13 / 5.79); with 4 ranks on 2 H200s off 9.83 / 9.46
+// and 10.79 / 10.06, 4 buffers 9.72 / 8.02 and 8.90 / 8.28; at EP2 (one
+// rank a GPU) the same within the spread. 4 buffers cost 4 MiB of pinned
 // memory a socket against 2 with the original receiver.
 
 // defaultSockets is the TCP socket count per connection when neither the

@@ -40,7 +40,9 @@ type NetworkConfig struct {
 	Sockets int
 	// ChunkBytes is the largest piece a write is cut into, and the size of
 	// each pinned staging buffer (default 1 MiB, $GOEP_TCP_CHUNK_BYTES;
-	// 4 KiB to 64 MiB).
+	// 4 KiB to 64 MiB). Where traffic is staged (GPUs) a connection pins
+	// 3 + ReceiveAhead of them a socket (3 + 2 with ReceiveAheadOff): 56
+	// MiB a connection with the defaults and 8 sockets.
 	ChunkBytes int
 	// ReceiveAhead, where traffic is staged (GPUs), is how many pinned
 	// receive buffers of ChunkBytes each socket has and how far its reader

@@ -746,6 +746,9 @@ type interRow struct {
 	// (interPut.AllGBps): what the transport gives under the network leg's
 	// load.
 	NetOfPutAll float64 `json:"network_of_put_all_pct,omitempty"`
+	// The same against one put of the count at a time with every rank
+	// putting (interPut.OnceGBps): a single transfer, as a call is.
+	NetOfPutOnce float64 `json:"network_of_put_once_pct,omitempty"`
 }
 
 type interReport struct {
@@ -820,6 +823,9 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		if f.Put.AllGBps > 0 {
 			row.NetOfPutAll = 100 * row.NetGBps / f.Put.AllGBps
 		}
+		if f.Put.OnceGBps > 0 {
+			row.NetOfPutOnce = 100 * row.NetGBps / f.Put.OnceGBps
+		}
 		for _, oc := range outs[1:] {
 			if i < len(oc.Figures) && oc.Figures[i].Key == f.Key {
 				row.MaxUS = max(row.MaxUS, oc.Figures[i].US)
@@ -856,14 +862,18 @@ func tcpSettings(ranks int) string {
 	if nc.ReceiveAhead > 0 {
 		ahead = strconv.Itoa(nc.ReceiveAhead) + " buffers a socket (GPUs)"
 	}
-	return fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead)
+	stripe := "off"
+	if nc.StripeBytes > 0 {
+		stripe = fmt.Sprintf("%d KiB", nc.StripeBytes>>10)
+	}
+	return fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s, stripe %s", nc.Sockets, nc.ChunkBytes>>10, ahead, stripe)
 }
 
 func printInternode(w io.Writer, o inOpts, rep interReport) {
 	fmt.Fprintf(w, "internode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
 		rep.Ranks, rep.As, rep.Backend, rep.Device, o.hidden, o.topk, o.experts, o.seed, o.masked)
 	if rep.TCP != "" {
-		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv)
+		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv, channels.TCPStripeEnv)
 	}
 	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",
@@ -878,7 +888,7 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 	if len(rep.Rows) > 0 {
 		fmt.Fprintln(w, "TIMINGS (rank 0)")
 		tw := newTable(w)
-		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tport put GB/s\tnet/put\tput all GB/s\tnet/put all\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
+		fmt.Fprintln(tw, "tokens\top\tdtype\tmode\tus\tmax us\tnetwork MB\tnetwork GB/s\tport put GB/s\tnet/put\tput all GB/s\tnet/put all\tput once GB/s\tnet/put once\tNVLink MB\tNVLink GB/s\tDeepEP RDMA GB/s\tDeepEP NVL GB/s\t")
 		for _, r := range rep.Rows {
 			put, ratio := "-", "-"
 			if r.Put.GBps > 0 {
@@ -888,8 +898,12 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 			if r.Put.AllGBps > 0 {
 				putAll, ratioAll = fmt.Sprintf("%.2f", r.Put.AllGBps), fmt.Sprintf("%.0f%%", r.NetOfPutAll)
 			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
-				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, putAll, ratioAll, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
+			putOnce, ratioOnce := "-", "-"
+			if r.Put.OnceGBps > 0 {
+				putOnce, ratioOnce = fmt.Sprintf("%.2f", r.Put.OnceGBps), fmt.Sprintf("%.0f%%", r.NetOfPutOnce)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.3f\t%.2f\t%s\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Tokens, r.Op, r.Dtype, r.Mode, r.US, r.MaxUS,
+				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, putAll, ratioAll, putOnce, ratioOnce, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
 		}
 		tw.Flush()
 		if rep.PutBytes != "" {
@@ -901,7 +915,7 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		if rep.ReduceSMs != "" {
 			fmt.Fprintf(w, "the combine's final reduce: $%s=%s (-1: inside the combine kernel)\n", internode.ReduceSMsEnv, rep.ReduceSMs)
 		}
-		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that\n", rep.Split)
+		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that; put once = every rank at once again, one put of the count and its flush per launch (a single transfer paying its own pipeline fill and drain, as a call does; put all streams its puts back to back), net/put once = network GB/s / that\n", rep.Split)
 	}
 	if len(rep.Sweep) > 0 {
 		fmt.Fprintln(w, "SPLIT SWEEP (rank 0, cached dispatch and combine, BF16; senders,forwarders,receivers)")

@@ -38,6 +38,13 @@ type interPut struct {
 	GBps    float64 `json:"gbps"`
 	AllUS   float64 `json:"all_us_per_put,omitempty"`
 	AllGBps float64 `json:"all_gbps,omitempty"`
+	// Once*: every rank at once again, but each put of the count alone
+	// with its flush (one launch each, timed in the kernel from the push
+	// to the flush's completion, the mean of iters): one transfer paying
+	// its own pipeline fill and drain, the shape of a dispatch or combine,
+	// where All* streams iters puts back to back before one flush.
+	OnceUS   float64 `json:"once_us,omitempty"`
+	OnceGBps float64 `json:"once_gbps,omitempty"`
 }
 
 // measureInterPuts times puts of each byte count (0: skipped) from rank 0
@@ -145,6 +152,19 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 		}
 		if bs.Rank() == 0 {
 			out[j].AllUS, out[j].AllGBps = rate(size, ns)
+		}
+		var once uint64
+		for range iters {
+			if err := comm.Barrier(ctx); err != nil {
+				return nil, nil, err
+			}
+			if ns, err = put(peer, size, 1); err != nil {
+				return nil, nil, fmt.Errorf("rank %d: %w", bs.Rank(), err)
+			}
+			once += ns
+		}
+		if bs.Rank() == 0 {
+			out[j].OnceUS, out[j].OnceGBps = rate(size, once)
 		}
 		if trace {
 			// One put of the count by every rank at once, traced.

@@ -862,18 +862,14 @@ func tcpSettings(ranks int) string {
 	if nc.ReceiveAhead > 0 {
 		ahead = strconv.Itoa(nc.ReceiveAhead) + " buffers a socket (GPUs)"
 	}
-	stripe := "off"
-	if nc.StripeBytes > 0 {
-		stripe = fmt.Sprintf("%d KiB", nc.StripeBytes>>10)
-	}
-	return fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s, stripe %s", nc.Sockets, nc.ChunkBytes>>10, ahead, stripe)
+	return fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead)
 }
 
 func printInternode(w io.Writer, o inOpts, rep interReport) {
 	fmt.Fprintf(w, "internode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
 		rep.Ranks, rep.As, rep.Backend, rep.Device, o.hidden, o.topk, o.experts, o.seed, o.masked)
 	if rep.TCP != "" {
-		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv, channels.TCPStripeEnv)
+		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv)
 	}
 	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",

@@ -66,8 +66,16 @@ func TestInternodeOnHost(t *testing.T) {
 		require.Equal(t, tr.Network, r.Put.Bytes, "%+v: the put moves rank 0's network bytes", r)
 		require.Positive(t, r.Put.GBps, "%+v", r)
 		require.InDelta(t, 100*r.NetGBps/r.Put.GBps, r.NetOfPut, 1e-9)
+		// Every rank at once: streamed puts and single puts of the count,
+		// each rate from its own time per put.
+		require.Positive(t, r.Put.AllGBps, "%+v", r)
+		require.Positive(t, r.Put.OnceGBps, "%+v", r)
+		require.InDelta(t, float64(r.Put.Bytes)/r.Put.OnceUS/1e3, r.Put.OnceGBps, 1e-9)
+		require.InDelta(t, float64(r.Put.Bytes)/r.Put.AllUS/1e3, r.Put.AllGBps, 1e-9)
+		require.InDelta(t, 100*r.NetGBps/r.Put.OnceGBps, r.NetOfPutOnce, 1e-9)
 	}
 	require.Contains(t, stdout, "port put GB/s")
+	require.Contains(t, stdout, "net/put once")
 	require.Empty(t, rep.Sweep)
 
 	// --sweep: every split of an 8-block grid runs its own Buffer, checked

@@ -48,11 +48,8 @@ type tcpConnection struct {
 	dev   device.Device
 	stage bool
 	chunk int
-	// stripe: the smallest piece of a write spread over every socket
-	// (NetworkConfig.StripeBytes; <= 0: whole chunks).
-	stripe int
-	links  *tcpLinks
-	wait   time.Duration // bound of a flush's wait for its acknowledgement
+	links *tcpLinks
+	wait  time.Duration // bound of a flush's wait for its acknowledgement
 
 	// Sending side. seq numbers operations; acked is one past the last
 	// flush the peer acknowledged (everything below it has landed).
@@ -162,7 +159,7 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 		return nil, base.errorf("no sockets")
 	}
 	n := len(links.out)
-	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, stripe: c.net.cfg.StripeBytes, links: links,
+	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, links: links,
 		wait: c.timeouts.Wait, ackCh: make(chan struct{}, 1), stopCh: make(chan struct{}), dead: make(chan struct{})}
 	t.rxCond = sync.NewCond(&t.rxMu)
 	t.rxBufs = 2
@@ -295,9 +292,8 @@ func (t *tcpConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMe
 	defer t.sendMu.Unlock()
 	off := uint64(dst.off) + uint64(dstOff)
 	p := src.Ptr() + uintptr(srcOff)
-	piece := t.pieceBytes(size)
 	for done := 0; done < size; {
-		n := min(piece, size-done)
+		n := min(t.chunk, size-done)
 		m := tcpHeaderFor(tcpOpWrite, dst.r.key, off+uint64(done), uint64(n))
 		m.src, m.n = p+uintptr(done), n
 		if err := t.enqueue(m); err != nil {
@@ -306,19 +302,6 @@ func (t *tcpConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMe
 		done += n
 	}
 	return nil
-}
-
-// pieceBytes is what a write of size bytes is cut into: whole chunks, or
-// with striping an even share a socket rounded up to 4 KiB, at least the
-// stripe and at most a chunk (a write of Sockets chunks or more is cut
-// into chunks either way).
-func (t *tcpConnection) pieceBytes(size int) int {
-	if t.stripe <= 0 || size <= t.stripe {
-		return t.chunk
-	}
-	share := (size + len(t.queues) - 1) / len(t.queues)
-	share = (share + 4095) &^ 4095
-	return min(t.chunk, max(t.stripe, share))
 }
 
 func (t *tcpConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, value uint64) error {

@@ -31,10 +31,3 @@ func TCPBacklogForTest(conn Connection) (int64, error) {
 	}
 	return t.backlog(), nil
 }
-
-// TCPPieceBytesForTest is the piece a write of size bytes is cut into by
-// a connection of sockets sockets with the given chunk and stripe.
-func TCPPieceBytesForTest(sockets, chunk, stripe, size int) int {
-	t := &tcpConnection{chunk: chunk, stripe: stripe, queues: make([]chan tcpMsg, sockets)}
-	return t.pieceBytes(size)
-}

@@ -56,13 +56,6 @@ type NetworkConfig struct {
 	// one message (2 buffers) and waits for its turn to apply it itself.
 	// Receive side only: ranks may differ.
 	ReceiveAhead int
-	// StripeBytes spreads a write shorter than Sockets chunks over every
-	// socket: it is cut into one piece a socket (rounded up to 4 KiB),
-	// each at least StripeBytes, instead of whole chunks that queue on a
-	// few sockets while the others idle (4 KiB to ChunkBytes). Zero means
-	// $GOEP_TCP_STRIPE_BYTES, else off (StripeOff: -1, or "off" or 0 in
-	// the environment): whole chunks. Send side only: ranks may differ.
-	StripeBytes int
 	// ListenHost is the address this rank listens on for its peers' TCP
 	// sockets and advertises to them ($GOEP_NET_LISTEN_HOST). Empty means
 	// every interface, advertising loopback to ranks of this host and this
@@ -77,7 +70,6 @@ const (
 	TCPSocketsEnv   = "GOEP_TCP_SOCKETS"
 	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
 	TCPAheadEnv     = "GOEP_TCP_RECEIVE_AHEAD"
-	TCPStripeEnv    = "GOEP_TCP_STRIPE_BYTES"
 	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
 	// tcpStageEnv=always makes the host backend stage its TCP traffic
 	// through host-mapped buffers as GPUs do, so CI runs the staging
@@ -88,10 +80,6 @@ const (
 // ReceiveAheadOff in NetworkConfig.ReceiveAhead turns the read-ahead
 // receiver off.
 const ReceiveAheadOff = -1
-
-// StripeOff in NetworkConfig.StripeBytes cuts writes into whole chunks
-// only.
-const StripeOff = -1
 
 const (
 	maxTCPSockets   = 16
@@ -201,18 +189,6 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 			n.ReceiveAhead = x
 		}
 	}
-	if n.StripeBytes == 0 {
-		switch s := strings.ToLower(strings.TrimSpace(os.Getenv(TCPStripeEnv))); s {
-		case "", "off", "0", "-1":
-			n.StripeBytes = StripeOff
-		default:
-			x, err := strconv.Atoi(s)
-			if err != nil {
-				return fail("%s=%q: want off or a byte count", TCPStripeEnv, s)
-			}
-			n.StripeBytes = x
-		}
-	}
 	if n.ListenHost == "" {
 		n.ListenHost = strings.TrimSpace(os.Getenv(NetListenEnv))
 	}
@@ -237,8 +213,6 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
 	case n.ReceiveAhead != ReceiveAheadOff && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
 		return fail("ReceiveAhead %d: want ReceiveAheadOff (-1) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
-	case n.StripeBytes != StripeOff && (n.StripeBytes < minTCPChunk || n.StripeBytes > n.ChunkBytes):
-		return fail("StripeBytes %d: want StripeOff (-1) or %d to ChunkBytes (%d) (set by Config or $%s)", n.StripeBytes, minTCPChunk, n.ChunkBytes, TCPStripeEnv)
 	}
 	return n, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -88,6 +89,7 @@ type tcpConnection struct {
 	txOwn, rxOwn bool
 	rxOps        *cuda.Stream
 	staging      []device.HostMapped
+	pool         *device.HostMapped // the one pinned allocation staging slices
 	events       []device.Event
 	cudaCtx      *cuda.Context
 
@@ -228,12 +230,22 @@ func (t *tcpConnection) allocStaging(n int) error {
 		t.cudaCtx = cd.Context()
 		t.rxOps = cuda.WrapStream(t.cudaCtx, t.rx.Handle())
 	}
-	for range (tcpTxBufs + t.rxBufs) * n {
-		h, err := t.dev.AllocHostMapped(t.chunk)
-		if err != nil {
-			return t.errorf("staging buffer: %w", err)
-		}
-		t.staging = append(t.staging, h)
+	// Every buffer is a slice of one pinned allocation: one driver call
+	// instead of 3 + ReceiveAhead a socket, and on GPUs no slower than
+	// separate ones (session 15, 2 H200s, EP2 at 4096 tokens, alternated:
+	// cached dispatch 4.71 -> 4.46 ms, combine 3.99 -> 4.05 ms).
+	slots := (tcpTxBufs + t.rxBufs) * n
+	if slots <= 0 || t.chunk <= 0 || t.chunk > math.MaxInt/slots {
+		return t.errorf("staging buffers: %d of %d bytes overflow", slots, t.chunk)
+	}
+	h, err := t.dev.AllocHostMapped(slots * t.chunk)
+	if err != nil {
+		return t.errorf("staging buffers (%d of %d bytes): %w", slots, t.chunk, err)
+	}
+	t.pool = &h
+	for i := range slots {
+		lo, hi := i*t.chunk, (i+1)*t.chunk
+		t.staging = append(t.staging, device.HostMapped{Host: h.Host[lo:hi:hi], Dev: h.Dev + uintptr(lo)})
 		e, err := t.dev.NewEvent()
 		if err != nil {
 			return t.errorf("staging event: %w", err)
@@ -248,8 +260,9 @@ func (t *tcpConnection) freeStaging() error {
 	for _, e := range t.events {
 		errs = append(errs, e.Close())
 	}
-	for _, h := range t.staging {
-		errs = append(errs, t.dev.FreeHostMapped(h))
+	if t.pool != nil {
+		errs = append(errs, t.dev.FreeHostMapped(*t.pool))
+		t.pool = nil
 	}
 	for _, s := range []struct {
 		s   device.Stream

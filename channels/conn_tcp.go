@@ -232,8 +232,9 @@ func (t *tcpConnection) allocStaging(n int) error {
 	}
 	// Every buffer is a slice of one pinned allocation: one driver call
 	// instead of 3 + ReceiveAhead a socket, and on GPUs no slower than
-	// separate ones (session 15, 2 H200s, EP2 at 4096 tokens, alternated:
-	// cached dispatch 4.71 -> 4.46 ms, combine 3.99 -> 4.05 ms).
+	// separate ones (session 15, alternated: EP2 on 2 H200s at 4096
+	// tokens, cached dispatch 4.71 -> 4.46 ms and combine 3.99 -> 4.05 ms;
+	// EP4 and 4 ranks on 2 GPUs the same within the spread).
 	slots := (tcpTxBufs + t.rxBufs) * n
 	if slots <= 0 || t.chunk <= 0 || t.chunk > math.MaxInt/slots {
 		return t.errorf("staging buffers: %d of %d bytes overflow", slots, t.chunk)

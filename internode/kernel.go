@@ -757,8 +757,13 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	relayOff, prefixOff := s.notifyOffsets()
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	sp := nt.splitFor(tokens)
+	// Shared by the combine kernel and its final reduce: the dispatch
+	// layout of the round's rows (FP8 rows when the dispatch was FP8) and
+	// the flags.
+	dlay := ks.dlayFor(nt.dispXBytes != 2*s.Hidden)
+	withWeights, fp32 := b2i(weights), b2i(a.Partial == PartialFP32)
 	args := device.NewArgs(28).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
-		I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.epochs).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
+		I32Int(withWeights).I32Int(fp32).Ptr(ks.epochs).Ptr(dlay).
 		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
 		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders).
@@ -775,7 +780,7 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 		// The final reduce on its own grid, in stream order after the
 		// combine kernel (it reads the status word that kernel wrote).
 		ra := device.NewArgs(15).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(node).
-			I32Int(b2i(weights)).I32Int(b2i(a.Partial == PartialFP32)).Ptr(ks.dlayFor(nt.dispXBytes != 2*s.Hidden)).
+			I32Int(withWeights).I32Int(fp32).Ptr(dlay).
 			Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).Ptr(nt.rdma.Ptr).Ptr(ks.dout())
 		if err := nt.dev.Launch(KernelCombineReduce, device.Dim3{X: ks.reduceBlocks}, device.Dim3{X: ks.threads}, 0, st, ra); err != nil {
 			return err

@@ -517,7 +517,11 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 		if err = r.agree("topology", terr); err != nil {
 			return out
 		}
-		ps, traces, perr := measureInterPuts(ctx, bs, dev, topo, o.timeout, sizes, max(3, o.iters/5), xo.traceProxy)
+		from, serr := internode.ParseSendMemory(os.Getenv(internode.SendMemoryEnv))
+		if err = r.agree("send memory", serr); err != nil {
+			return out
+		}
+		ps, traces, perr := measureInterPuts(ctx, bs, dev, topo, o.timeout, sizes, max(3, o.iters/5), from, xo.traceProxy)
 		r.traces = append(r.traces, traces...)
 		if err = r.agree("port puts", perr); err != nil {
 			return out
@@ -774,6 +778,8 @@ type interReport struct {
 	// ReduceSMs is $GOEP_INTERNODE_REDUCE_SMS as the Buffer read it
 	// (empty: the combine's final reduce on every SM, after its kernel).
 	ReduceSMs string `json:"reduce_sms,omitempty"`
+	// SendMemory is $GOEP_INTERNODE_SEND_MEMORY (empty: auto).
+	SendMemory string `json:"send_memory,omitempty"`
 	// TCP is the TCP transport's settings between the nodes (sockets a
 	// connection, chunk bytes, receive read-ahead) as channels resolves
 	// them from the environment and the host (NetworkConfig.Resolve).
@@ -790,7 +796,8 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
 		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks,
 		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
-		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), TCP: tcpSettings(n), Sweep: sweep}
+		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), SendMemory: os.Getenv(internode.SendMemoryEnv),
+		TCP: tcpSettings(n), Sweep: sweep}
 	if rep.Split == "" {
 		rep.Split = "default"
 	}
@@ -911,7 +918,10 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		if rep.ReduceSMs != "" {
 			fmt.Fprintf(w, "the combine's final reduce: $%s=%s (-1: inside the combine kernel)\n", internode.ReduceSMsEnv, rep.ReduceSMs)
 		}
-		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that; put once = every rank at once again, one put of the count and its flush per launch (a single transfer paying its own pipeline fill and drain, as a call does; put all streams its puts back to back), net/put once = network GB/s / that\n", rep.Split)
+		if rep.SendMemory != "" {
+			fmt.Fprintf(w, "rows for other nodes (and the port puts' source) in $%s=%s memory\n", internode.SendMemoryEnv, rep.SendMemory)
+		}
+		fmt.Fprintf(w, "split %s; port put = the transport's own put of rank 0's network bytes to its forwarder on node 1 (one thread, whole count per put, timed in the kernel to the flush); net/put = network GB/s / port put GB/s (goal >= 90%%); put all = the same put with every rank putting to its forwarder on the next node at once (the network leg's load: on virtual nodes of one host every connection shares its CPUs), net/put all = network GB/s / that; put once = every rank at once again, one put of the count and its flush per launch (a single transfer paying its own pipeline fill and drain, as a call does; put all streams its puts back to back), net/put once = network GB/s / that; every port put comes from the memory the network leg sends from (pinned host memory under TCP on GPUs unless $GOEP_INTERNODE_SEND_MEMORY says otherwise)\n", rep.Split)
 	}
 	if len(rep.Sweep) > 0 {
 		fmt.Fprintln(w, "SPLIT SWEEP (rank 0, cached dispatch and combine, BF16; senders,forwarders,receivers)")

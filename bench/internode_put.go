@@ -22,8 +22,10 @@ import (
 // the Buffer's node split, hence the same transport between the same
 // ranks. One thread pushes iters puts of the whole count and a flush
 // (channels' port put benchmark kernel, timed inside the kernel from the
-// first push to the flush's completion). Collective: every rank builds the
-// communicator and port channels; only rank 0 times.
+// first push to the flush's completion). The puts' source is the memory
+// the network leg sends from (internode.SendsFromHost: pinned host memory
+// under TCP on GPUs by default, else device memory). Collective: every
+// rank builds the communicator and port channels; only rank 0 times.
 
 // interPut is rank 0's put timing of one byte count: alone (every other
 // rank idle, the transport's best case) and with every rank putting the
@@ -51,7 +53,7 @@ type interPut struct {
 // to its forwarder on node 1, then from every rank to its forwarder on the
 // next node at once; other ranks return zeros.
 func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.Device, topo internode.Topology, timeout time.Duration,
-	sizes []int64, iters int, trace bool) (_ []interPut, traces []interTrace, err error) {
+	sizes []int64, iters int, from internode.SendMemory, trace bool) (_ []interPut, traces []interTrace, err error) {
 	maxBytes := int64(1)
 	for _, s := range sizes {
 		maxBytes = max(maxBytes, s)
@@ -74,6 +76,19 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 	if err := r.EnsurePort(ctx); err != nil {
 		return nil, nil, fmt.Errorf("port put: port channels: %w", err)
 	}
+	handles := r.PortHandles
+	var transports []channels.Transport
+	for _, c := range r.PortMesh.Connections {
+		transports = append(transports, c.Transport())
+	}
+	if internode.SendsFromHost(from, dev.Info().Kind, transports) {
+		hs, free, err := hostSourcePorts(r, int(maxBytes))
+		if err != nil {
+			return nil, nil, fmt.Errorf("port put: %w", err)
+		}
+		defer func() { err = errors.Join(err, free()) }()
+		handles = hs
+	}
 	buf, err := dev.Alloc(16)
 	if err != nil {
 		return nil, nil, err
@@ -93,7 +108,7 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 		if err := dev.CopyIn(buf.Ptr, make([]byte, 16)); err != nil {
 			return 0, err
 		}
-		args := device.NewArgs(8).Ptr(r.PortHandles.Ptr()).U32(uint32(peer)).U64(dst).U64(0).U64(uint64(size)).
+		args := device.NewArgs(8).Ptr(handles.Ptr()).U32(uint32(peer)).U64(dst).U64(0).U64(uint64(size)).
 			U32(uint32(n)).U32(23).Ptr(buf.Ptr)
 		if err := dev.Launch(devapi.KernelPortPutBench, device.Dim3{X: 1}, device.Dim3{X: 32}, 0, st, args); err != nil {
 			return 0, err
@@ -180,4 +195,50 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 		return nil, nil, err
 	}
 	return out, traces, nil
+}
+
+// hostSourcePorts gives r's peers port channels on r's proxy and
+// semaphores whose puts come from size bytes of pinned host memory
+// (channels.RegisterHostMemory) instead of r's device memory, and uploads
+// their handles in rank order. free releases the memory; the caller calls
+// it once every put it issued was flushed.
+func hostSourcePorts(r *channeltest.Rank, size int) (_ *channels.DeviceArray, free func() error, err error) {
+	dev := r.Dev
+	h, err := dev.AllocHostMapped(size)
+	if err != nil {
+		return nil, nil, fmt.Errorf("host source of %d bytes: %w", size, err)
+	}
+	mem, err := r.Comm.RegisterHostMemory(h)
+	if err != nil {
+		return nil, nil, errors.Join(err, dev.FreeHostMapped(h))
+	}
+	var handles *channels.DeviceArray
+	free = func() error {
+		var errs []error
+		if handles != nil {
+			errs = append(errs, handles.Close())
+		}
+		return errors.Join(append(errs, r.Comm.DeregisterMemory(mem), dev.FreeHostMapped(h))...)
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, free())
+		}
+	}()
+	id, err := r.Proxy.AddMemory(mem)
+	if err != nil {
+		return nil, nil, err
+	}
+	m := r.PortMesh
+	chs := make([]*channels.PortChannel, len(m.Peers))
+	for j := range m.Peers {
+		if chs[j], err = r.Proxy.NewPortChannel(m.Semaphores[j], m.RemoteIDs[j], id); err != nil {
+			return nil, nil, err
+		}
+	}
+	byRank := (&channels.PortMesh{Peers: m.Peers, Channels: chs}).ByRank(r.Comm.Size())
+	if handles, err = r.Comm.UploadPortChannels(byRank); err != nil {
+		return nil, nil, err
+	}
+	return handles, free, nil
 }

@@ -217,8 +217,16 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	if err != nil {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.ReduceSMsEnv, err)
 	}
+	// $GOEP_INTERNODE_SEND_MEMORY likewise (internode.ParseSendMemory;
+	// unset: pinned host memory under TCP on a GPU, device memory
+	// otherwise).
+	sendMem, err := internode.ParseSendMemory(os.Getenv(internode.SendMemoryEnv))
+	if err != nil {
+		return b.errorf("internode mode (%v): $%s: %w", t, internode.SendMemoryEnv, err)
+	}
 	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs,
-		Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs})
+		Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs,
+		SendMemory: sendMem})
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/goep-dev/goep/internal/device"
 )
@@ -43,6 +44,10 @@ type region struct {
 	// applying counts network operations being applied into the region
 	// (netRegion to netDone): DeregisterMemory waits for them.
 	applying sync.WaitGroup
+	// host is the CPU's view of pinned host memory registered with
+	// RegisterHostMemory (nil otherwise): a source of this rank's puts that
+	// a network transport sends straight from, without a staging copy.
+	host []byte
 }
 
 // Valid reports whether m refers to memory.
@@ -137,6 +142,42 @@ func (c *Communicator) registerLocked(b device.Buffer) (RegisteredMemory, error)
 		shared: h, base: b.Ptr, size: b.Size, locality: c.net.locality}
 	c.netKeyLocked(r)
 	return RegisteredMemory{r: r, size: b.Size}, nil
+}
+
+// RegisterHostMemory makes h, pinned host memory of this communicator's
+// Device mapped into its kernels (AllocHostMapped; its whole span), a
+// source of this rank's puts. Kernels write it through h.Dev; a TCP
+// connection sends a write from it straight from h.Host, with no copy out
+// of the GPU and no staging buffer (the write's bytes must be in place,
+// and system-wide visible, when the put is issued: a kernel fences before
+// its trigger, as the FIFO push does); a CUDA IPC connection's copy engine
+// reads it over PCIe. It is never a destination: peers cannot map it, so
+// it is not sent to them (MarshalBinary refuses) and has no network key.
+func (c *Communicator) RegisterHostMemory(h device.HostMapped) (RegisteredMemory, error) {
+	if c == nil {
+		var r0 RegisteredMemory
+		return r0, ErrNil
+	}
+	if h.Dev == 0 || len(h.Host) == 0 {
+		return RegisteredMemory{}, c.errorf("register host memory: empty buffer")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.usableLocked(); err != nil {
+		return RegisteredMemory{}, err
+	}
+	r := &region{comm: c, owner: c.rank, kind: c.kind, hostID: c.hostID, base: h.Dev, size: len(h.Host),
+		locality: c.net.locality, host: h.Host}
+	return RegisteredMemory{r: r, size: len(h.Host)}, nil
+}
+
+// IsHost reports whether m is host memory registered with
+// RegisterHostMemory.
+func (m RegisteredMemory) IsHost() bool { return m.r != nil && m.r.host != nil }
+
+// hostAddr is the CPU's address of [off, ...) of host memory m (IsHost).
+func (m RegisteredMemory) hostAddr(off int) uintptr {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(m.r.host))) + uintptr(m.off+off)
 }
 
 // DeregisterMemory withdraws m, memory this rank registered, from the
@@ -242,6 +283,9 @@ func (m RegisteredMemory) MarshalBinary() ([]byte, error) {
 		return nil, fmt.Errorf("channels: marshal of unregistered memory")
 	}
 	r := m.r
+	if r.host != nil {
+		return nil, fmt.Errorf("channels: %v is host memory, a source of rank %d's own puts: peers cannot map it", m, r.owner)
+	}
 	b := make([]byte, memHeader, memHeader+len(r.shared))
 	copy(b, memMagic)
 	b[8] = kindCode(r.kind)

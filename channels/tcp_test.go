@@ -183,8 +183,11 @@ func tcpRecord(sender, j int) []byte {
 // rank over one connection while the previous rank sends to it, then
 // checks its memory byte-exact against a model of the sequence, and, on
 // the host backend, watches while they arrive that no update of U nor add
-// to C1 is seen before the records written ahead of it. Collective; every
-// peer must be on another node.
+// to C1 is seen before the records written ahead of it. Every other write
+// comes from a copy of the pattern in host memory (RegisterHostMemory),
+// which goes on the wire without staging, interleaved on the same sockets
+// with staged writes from device memory. Collective; every peer must be on
+// another node.
 func checkTCPRandomOps(ctx context.Context, c *channels.Communicator, seed uint64, ops int) (err error) {
 	me, n := c.Rank(), c.Size()
 	to, from := (me+1)%n, (me+n-1)%n
@@ -218,6 +221,23 @@ func checkTCPRandomOps(ctx context.Context, c *channels.Communicator, seed uint6
 	if err != nil {
 		return err
 	}
+	hostSrc, err := dev.AllocHostMapped(tcpData)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, dev.FreeHostMapped(hostSrc)) }()
+	copy(hostSrc.Host, src[:tcpData])
+	hostMem, err := c.RegisterHostMemory(hostSrc)
+	if err != nil {
+		return err
+	}
+	if !hostMem.IsHost() || srcMem.IsHost() {
+		return fmt.Errorf("rank %d: IsHost is %v for host memory and %v for device memory", me, hostMem.IsHost(), srcMem.IsHost())
+	}
+	if _, err := hostMem.MarshalBinary(); err == nil || !strings.Contains(err.Error(), "peers cannot map it") {
+		return fmt.Errorf("rank %d: serialising host memory for a peer: %v, want a refusal", me, err)
+	}
+	defer func() { err = errors.Join(err, c.DeregisterMemory(hostMem)) }()
 	const tag = 77
 	remote, err := c.ExchangeMemory(ctx, mem, []int{to, from}, tag)
 	if err != nil {
@@ -259,7 +279,11 @@ func checkTCPRandomOps(ctx context.Context, c *channels.Communicator, seed uint6
 		var err error
 		switch op.kind {
 		case 0:
-			err = out.Write(dst, op.dstOff, srcMem, op.srcOff, op.size)
+			from := srcMem
+			if i%2 == 1 {
+				from = hostMem
+			}
+			err = out.Write(dst, op.dstOff, from, op.srcOff, op.size)
 		case 1:
 			if err = out.Write(dst, tcpLog+16*op.dstOff, srcMem, tcpData+16*op.dstOff, 16); err == nil {
 				if err = out.UpdateAndSync(dst, tcpWords, uint64(op.dstOff+1)); err == nil {

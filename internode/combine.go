@@ -21,7 +21,8 @@ import (
 //	  combine counters [N]   counter n: combine rounds landed from node n
 //	  partials [N][M] rows   node n, slot: partial of the token with that
 //	                         relay slot at forwarder (n, i)
-//	  send [N][M] rows       staging per source node
+//	send memory (after dispatch's send rows):
+//	  send [N][M] rows       the partials packed per source node
 //	NVLink workspace:
 //	  combine ready counter  this rank's expert outputs are in place
 //	  (the outputs themselves overwrite its receive region: y BF16 [H],
@@ -171,9 +172,11 @@ func (nt *Notify) combineTwin(in CombineInput, opt CombineOptions, tokens int, c
 		if cnt < 0 || cnt > dl.maxTokens {
 			return nil, false, fmt.Errorf("%d tokens relayed from rank %d, the relay region holds %d", cnt, srcRank, dl.maxTokens)
 		}
-		region := dl.combSend + src*dl.maxTokens*dl.partialRow
+		// The partials' memory: the send memory, or for the own node the
+		// RDMA buffer's partials[a] (no put).
+		base, region := dl.sendBase, dl.combSend+src*dl.maxTokens*dl.partialRow
 		if src == a {
-			region = dl.combRecv + a*dl.maxTokens*dl.partialRow
+			base, region = rdma, dl.combRecv+a*dl.maxTokens*dl.partialRow
 		}
 		for j := 0; j < cnt; j++ {
 			row := devapi.Bytes(rdma+uintptr(dl.relay+(src*dl.maxTokens+j)*dl.relayRow), uint64(dl.relayRow))
@@ -201,7 +204,7 @@ func (nt *Notify) combineTwin(in CombineInput, opt CombineOptions, tokens int, c
 					}
 				}
 			}
-			pr := devapi.Bytes(rdma+uintptr(region+j*stride(src)), uint64(stride(src)))
+			pr := devapi.Bytes(base+uintptr(region+j*stride(src)), uint64(stride(src)))
 			if xBytes(src) == 4*h {
 				for jj, v := range xs {
 					le32.PutUint32(pr[4*jj:], math.Float32bits(v))
@@ -220,8 +223,8 @@ func (nt *Notify) combineTwin(in CombineInput, opt CombineOptions, tokens int, c
 			continue
 		}
 		ch := nt.port[src]
-		if cnt > 0 && !devapi.PortPut(ch, uint64(dl.combRecv+a*dl.maxTokens*dl.partialRow), uint64(region),
-			uint64(cnt*stride(src)), 0, stageCombinePut) {
+		if cnt > 0 && !devapi.PortPutIDs(ch, ch.Dst, uint64(dl.combRecv+a*dl.maxTokens*dl.partialRow), dl.sendID,
+			uint64(region), uint64(cnt*stride(src)), 0, stageCombinePut) {
 			return nil, false, nil
 		}
 		if !devapi.PortAtomicAdd(ch, ch.Dst, uint64(dl.combCounters+8*a), 1, stageCombinePut) {

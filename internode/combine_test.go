@@ -37,6 +37,14 @@ func TestCombineOverTCP(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
 		t.Run(topo.String(), func(t *testing.T) { checkCombineRounds(t, hostBackend, topo, int64(200+topo.World())) })
 	}
+	// The rows for other nodes in host memory (channels.RegisterHostMemory),
+	// with the TCP transport staging device memory as on GPUs: the puts
+	// from host memory go out unstaged, interleaved with staged ones.
+	t.Run("send=host/staged", func(t *testing.T) {
+		withSendMemory(t, internode.SendHost)
+		t.Setenv("GOEP_TCP_STAGE", "always")
+		checkCombineRounds(t, hostBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 205)
+	})
 }
 
 func checkCombineRounds(t *testing.T, b backend, topo internode.Topology, seed int64) {
@@ -105,7 +113,7 @@ func checkCombineRounds(t *testing.T, b backend, topo internode.Topology, seed i
 		gotDisp[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 41, MaxTokens: maxTokens, PutBytes: testPutBytes, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: testSplit, ReduceSMs: testReduceSMs})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 41, MaxTokens: maxTokens, PutBytes: testPutBytes, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: testSplit, ReduceSMs: testReduceSMs, SendMemory: testSendMemory})
 		if err != nil {
 			return nil, err
 		}

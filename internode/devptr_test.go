@@ -268,7 +268,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 				return nil, nil, err
 			}
 		}
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs, SendMemory: testSendMemory})
 		if err != nil {
 			if st != nil {
 				_ = st.Close()

@@ -19,7 +19,10 @@ import (
 //	RDMA buffer:
 //	  dispatch counters [N]  counter a: dispatch rounds landed from node a
 //	  relay [N][M] rows      source node a, slot: rows of source (a, i)
-//	  send  [N][M] rows      staging per destination node
+//	send memory (an allocation of its own, NotifyConfig.SendMemory: pinned
+//	host memory under TCP on GPUs, device memory otherwise):
+//	  send  [N][M] rows      the rows packed per destination node, the
+//	                         source of the puts
 //	  relay row: x (BF16 2H, or FP8 H + scales 4H/128), top-k ids int64
 //	  [K], weights float32 [K], source token int32, target mask uint32,
 //	  per target local rank its slot at that receiver int32 [P]
@@ -55,23 +58,31 @@ import (
 type dispatchLayout struct {
 	maxTokens, relayRow, recvRow int
 	// offsets in the RDMA buffer
-	netCounters, relay, send int
+	netCounters, relay int
+	// offsets in the send memory (the puts' source: NewNotify's sendMem)
+	send int
 	// offsets in the NVLink workspace
 	nvlCounters, ready, bases, recv int
 	// combine (combine.go): partial rows fp32 x [H] + weights [K], padded;
 	// counters and regions in the RDMA buffer, a ready counter in the
 	// NVLink workspace (combine input lives in the receive region).
-	partialRow                       int
-	combCounters, combRecv, combSend int
-	combReady                        int
+	partialRow             int
+	combCounters, combRecv int // RDMA buffer
+	combSend               int // send memory
+	combReady              int
 	// Step completion counters (the kernels only: a dispatch with no
 	// notify round before it waits on them, devptr.go's cached dispatch):
 	// doneNet[n] in the RDMA buffer counts the dispatch and combine
 	// kernels finished by forwarder (n, own local index), added over the
 	// port channel; doneNVL[l] in the NVLink workspace those of local rank
 	// l, added over NVLink.
-	doneNet, doneNVL    int
-	rdmaBytes, nvlBytes int
+	doneNet, doneNVL               int
+	rdmaBytes, nvlBytes, sendBytes int
+	// The send memory's base, where kernels and twins write the rows, and
+	// its id in the Notify's proxy (the puts' source id): set by NewNotify
+	// once the memory is allocated (0 without network peers).
+	sendBase uintptr
+	sendID   uint32
 }
 
 func align16(n int64) int64 { return (n + 15) &^ 15 }
@@ -93,16 +104,18 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	r := align16(int64(s.rdmaBytes()))
 	netCounters := r
 	relay := align16(r + 8*n)
-	send := relay + n*mt*relayRow
 	partialRow := align16(4*h + 4*k)
 	if partialRow > limit/(2*n*mt) {
 		return dl, fmt.Errorf("combine buffers for %d tokens of %d bytes: too large", m, partialRow)
 	}
-	combCounters := send + n*mt*relayRow
+	combCounters := relay + n*mt*relayRow
 	combRecv := align16(combCounters + 8*n)
-	combSend := combRecv + n*mt*partialRow
-	doneNet := combSend + n*mt*partialRow
+	doneNet := combRecv + n*mt*partialRow
 	rdmaBytes := doneNet + 8*n
+	// The send memory: dispatch's rows, then combine's partials.
+	send := int64(0)
+	combSend := send + n*mt*relayRow
+	sendBytes := combSend + n*mt*partialRow
 	v := align16(int64(s.nvlBytes()))
 	nvlCounters := v
 	ready := v + 8*p
@@ -111,9 +124,10 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	combReady := recv + w*mt*recvRow
 	doneNVL := combReady + 8
 	nvlBytes := doneNVL + 8*p
-	if rdmaBytes > math.MaxInt || nvlBytes > math.MaxInt {
-		return dl, fmt.Errorf("dispatch buffers of %d and %d bytes do not fit an int", rdmaBytes, nvlBytes)
+	if rdmaBytes > math.MaxInt || nvlBytes > math.MaxInt || sendBytes > math.MaxInt {
+		return dl, fmt.Errorf("dispatch buffers of %d, %d and %d bytes do not fit an int", rdmaBytes, nvlBytes, sendBytes)
 	}
+	dl.sendBytes = int(sendBytes)
 	dl.relayRow, dl.recvRow = int(relayRow), int(recvRow)
 	dl.netCounters, dl.relay, dl.send, dl.rdmaBytes = int(netCounters), int(relay), int(send), int(rdmaBytes)
 	dl.nvlCounters, dl.ready, dl.bases, dl.recv, dl.nvlBytes = int(nvlCounters), int(ready), int(bases), int(recv), int(nvlBytes)
@@ -235,7 +249,7 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 	// 2. Pack and send, one chunk per destination node.
 	slotOf := make([]int32, w) // next slot per target rank
 	for n := 0; n < nodes; n++ {
-		region := rdma + uintptr(dl.send+n*dl.maxTokens*dl.relayRow)
+		region := dl.sendBase + uintptr(dl.send+n*dl.maxTokens*dl.relayRow)
 		if n == a {
 			region = rdma + uintptr(dl.relay+a*dl.maxTokens*dl.relayRow)
 		}
@@ -293,8 +307,8 @@ func (nt *Notify) dispatchTwin(in RankInput, tokens int, fp8 bool, d uint64) (ou
 			continue
 		}
 		ch := nt.port[n]
-		if cnt > 0 && !devapi.PortPut(ch, uint64(dl.relay+a*dl.maxTokens*dl.relayRow), uint64(dl.send+n*dl.maxTokens*dl.relayRow),
-			uint64(cnt*dl.relayRow), 0, stageDispatchPut) {
+		if cnt > 0 && !devapi.PortPutIDs(ch, ch.Dst, uint64(dl.relay+a*dl.maxTokens*dl.relayRow), dl.sendID,
+			uint64(dl.send+n*dl.maxTokens*dl.relayRow), uint64(cnt*dl.relayRow), 0, stageDispatchPut) {
 			return nil, false, nil
 		}
 		if !devapi.PortAtomicAdd(ch, ch.Dst, uint64(dl.netCounters+8*a), 1, stageDispatchPut) {

@@ -122,7 +122,7 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 		got[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: testSplit})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: testSplit, SendMemory: testSendMemory})
 		if err != nil {
 			return nil, err
 		}
@@ -202,6 +202,11 @@ func TestDispatchBadInput(t *testing.T) {
 		for _, rs := range []int{-2, internode.MaxReduceSMs + 1} {
 			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, ReduceSMs: rs}); err == nil || !strings.Contains(err.Error(), "reduce SMs") {
 				return nil, fmt.Errorf("rank %d: reduce SMs %d: %v, want a refusal naming it", me, rs, err)
+			}
+		}
+		for _, sm := range []internode.SendMemory{-1, internode.SendHost + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, SendMemory: sm}); err == nil || !strings.Contains(err.Error(), "SendMemory(") {
+				return nil, fmt.Errorf("rank %d: send memory %d: %v, want a refusal naming it", me, int(sm), err)
 			}
 		}
 		for _, pb := range []int{-1, internode.MaxPutBytes + 1} {

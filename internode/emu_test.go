@@ -66,6 +66,13 @@ func TestEmulatedCombine(t *testing.T) {
 			}
 		})
 	}
+	// The kernels' rows for other nodes in host memory
+	// (channels.RegisterHostMemory) with the transport staging as on GPUs.
+	t.Run("send=host/staged", func(t *testing.T) {
+		withSendMemory(t, internode.SendHost)
+		t.Setenv("GOEP_TCP_STAGE", "always")
+		checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 505)
+	})
 }
 
 // A rank that never launches its notify, dispatch or combine: the kernels'

@@ -610,7 +610,7 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 128
+const dlayBytes = 144
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -647,6 +647,8 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, putBytes int) []byte {
 	le.PutUint32(lay[108:], uint32(putBytes))
 	le.PutUint64(lay[112:], uint64(dl.doneNet))
 	le.PutUint64(lay[120:], uint64(dl.doneNVL))
+	le.PutUint64(lay[128:], uint64(dl.sendBase))
+	le.PutUint32(lay[136:], dl.sendID)
 	return lay
 }
 

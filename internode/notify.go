@@ -121,6 +121,12 @@ type NotifyConfig struct {
 	// (the SMs budget strictly); at most MaxReduceSMs. The Buffer reads it
 	// from $GOEP_INTERNODE_REDUCE_SMS (ReduceSMsEnv, ParseReduceSMs).
 	ReduceSMs int
+	// SendMemory is where the rows this rank packs for other nodes live,
+	// the source of the kernels' network puts (SendMemory: auto puts them
+	// in pinned host memory under TCP on a GPU, so the transport sends
+	// them without a copy out of the GPU). The Buffer reads it from
+	// $GOEP_INTERNODE_SEND_MEMORY (SendMemoryEnv, ParseSendMemory).
+	SendMemory SendMemory
 }
 
 // NotifyResult is what one rank holds after a notify round.
@@ -195,7 +201,12 @@ type Notify struct {
 	// rdmaMem, nvlMem: their registrations, withdrawn from the network
 	// transport before the memory is freed (Close).
 	rdmaMem, nvlMem channels.RegisteredMemory
-	proxy           *channels.Proxy
+	// The send memory (sendmem.go): send in device memory, or sendHost in
+	// pinned host memory; sendMem its registration (a source of puts only).
+	send     device.Buffer
+	sendHost *device.HostMapped
+	sendMem  channels.RegisteredMemory
+	proxy    *channels.Proxy
 	// kern is the kernels' state on a device that runs them (a GPU or the
 	// CPU emulation: kernel.go); nil on the host backend (Go twins).
 	kern *kernelState
@@ -310,6 +321,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
 		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)
 	}
+	if cfg.SendMemory < SendAuto || cfg.SendMemory > SendHost {
+		return nil, fail("%v: want SendAuto, SendDevice or SendHost", cfg.SendMemory)
+	}
 	if cfg.ReduceSMs < -1 || cfg.ReduceSMs > MaxReduceSMs {
 		return nil, fail("reduce SMs %d: want -1 (inside the combine kernel), 0 (every SM) or 1..%d", cfg.ReduceSMs, MaxReduceSMs)
 	}
@@ -402,6 +416,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 			nt.netPeers = append(nt.netPeers, net[j])
 			nt.transports = append(nt.transports, mesh.Connections[j].Transport())
 		}
+		if err := nt.allocSend(comm); err != nil {
+			return nil, err
+		}
 		if err := nt.proxy.Start(); err != nil {
 			return nil, err
 		}
@@ -444,7 +461,7 @@ func (nt *Notify) alloc(n int) (device.Buffer, error) {
 		return b, err
 	}
 	if err := nt.dev.CopyIn(b.Ptr, make([]byte, n)); err != nil {
-		return b, errors.Join(err, nt.dev.Free(b))
+		return device.Buffer{}, errors.Join(err, nt.dev.Free(b))
 	}
 	return b, nil
 }
@@ -485,6 +502,7 @@ func (nt *Notify) free(meet bool) error {
 		errs = append(errs, nt.kern.free(nt.dev))
 		nt.kern = nil
 	}
+	errs = append(errs, nt.freeSend())
 	for _, x := range []struct {
 		b *device.Buffer
 		m *channels.RegisteredMemory

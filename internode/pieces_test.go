@@ -2,6 +2,7 @@ package internode_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,6 +24,18 @@ var testProxyPending int
 // checkDeviceRounds (0: the final reduce on a grid of its own, the
 // default), set likewise (withReduceSMs).
 var testReduceSMs int
+
+// testSendMemory is the NotifyConfig.SendMemory of checkDispatchRounds,
+// checkCombineRounds and checkDeviceRounds (zero: auto), set likewise
+// (withSendMemory).
+var testSendMemory internode.SendMemory
+
+func withSendMemory(t *testing.T, m internode.SendMemory) {
+	t.Helper()
+	prev := testSendMemory
+	testSendMemory = m
+	t.Cleanup(func() { testSendMemory = prev })
+}
 
 func withReduceSMs(t *testing.T, n int) {
 	t.Helper()
@@ -131,6 +144,22 @@ func TestEmulatedReduceSMs(t *testing.T) {
 }
 
 // ParsePutBytes's forms and refusals, and NewNotify's bound.
+func TestParseSendMemory(t *testing.T) {
+	for in, want := range map[string]internode.SendMemory{"": internode.SendAuto, " auto": internode.SendAuto,
+		"device": internode.SendDevice, "HOST ": internode.SendHost} {
+		got, err := internode.ParseSendMemory(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+		if in != "" {
+			require.Equal(t, strings.ToLower(strings.TrimSpace(in)), got.String())
+		}
+	}
+	for _, bad := range []string{"gpu", "1", "hostx"} {
+		_, err := internode.ParseSendMemory(bad)
+		require.ErrorContains(t, err, "want auto, device or host", bad)
+	}
+}
+
 func TestParsePutBytes(t *testing.T) {
 	for in, want := range map[string]int{"": internode.DefaultPutBytes, "0": 0, " 4096 ": 4096, "256k": 256 << 10, "1M": 1 << 20, "1024m": internode.MaxPutBytes} {
 		got, err := internode.ParsePutBytes(in)

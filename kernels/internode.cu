@@ -290,10 +290,12 @@ extern "C" __global__ void goep_internode_notify(const i64* ids, int num_tokens,
 // The regions' offsets, written by the host at setup (internode's
 // dispatchLayout; xb is the round's x bytes, written before each launch).
 struct goep_inn_dispatch_layout {
-  u64 net_counters, relay, send;         // RDMA buffer
+  u64 net_counters, relay;  // RDMA buffer
+  u64 send;                 // send memory (below)
   u64 nvl_counters, ready, bases, recv;  // NVLink workspace
   i32 relay_row, recv_row, max_tokens, xb;
-  u64 comb_counters, comb_recv, comb_send;  // RDMA buffer (combine)
+  u64 comb_counters, comb_recv;  // RDMA buffer (combine)
+  u64 comb_send;                 // send memory (combine)
   u64 comb_ready;                           // NVLink workspace (combine)
   // put_bytes: each block cuts its run of rows to a node into puts of
   // about this many bytes, pushed as each piece is packed (dispatch) or
@@ -302,8 +304,15 @@ struct goep_inn_dispatch_layout {
   i32 partial_row, put_bytes;
   u64 done_net;  // RDMA buffer: u64 [N], steps finished by forwarder (n, local)
   u64 done_nvl;  // NVLink workspace: u64 [P], steps finished by local rank l
+  // The send memory: the rows packed for other nodes (send, comb_send),
+  // the source of every network put, memory send_id of the proxy. Pinned
+  // host memory under TCP on a GPU (the transport sends from it without a
+  // copy engine; the FIFO push fences system-wide, so the rows a put moves
+  // are visible to the host before its trigger), device memory otherwise.
+  u8* send_base;
+  u32 send_id, pad;
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 128, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 144, "goep: goep_inn_dispatch_layout layout");
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
@@ -965,8 +974,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       __shared__ int wsum[32 * (1 + GOEP_INN_MAX_P)];
       const u32 lane_lt = (1u << lane) - 1u;
       for (int n = 0; n < nodes; ++n) {
-        u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
-                                       : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+        u8* region = n == node ? rdma + dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                               : dl.send_base + dl.send + (u64)n * dl.max_tokens * dl.relay_row;
         int* bn = base + n * (1 + GOEP_INN_MAX_P);
         int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         for (int tt = t0; tt < t1; tt += nt) {
@@ -1047,8 +1056,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         if (row < 0 || row >= dl.max_tokens) {
           continue;
         }
-        u8* region = rdma + (n == node ? dl.relay + (u64)node * dl.max_tokens * dl.relay_row
-                                       : dl.send + (u64)n * dl.max_tokens * dl.relay_row);
+        u8* region = n == node ? rdma + dl.relay + (u64)node * dl.max_tokens * dl.relay_row
+                               : dl.send_base + dl.send + (u64)n * dl.max_tokens * dl.relay_row;
         u32* dst = (u32*)(region + (u64)row * dl.relay_row);
         if (x == nullptr) {
           // Route only (a replay for combine): the rows' payload is not read.
@@ -1080,9 +1089,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         const int lo = min(prow[pc], dl.max_tokens), hi = min(prow[pc + 1], dl.max_tokens);
         if (n != node && hi > lo && !relay_in_place) {
-          ok &= goep_pc_put(ports[n], dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
-                            dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row, (u64)(hi - lo) * dl.relay_row,
-                            GOEP_INN_STAGE_DISPATCH_PUT);
+          ok &= goep_pc_put_ids(ports[n], ports[n].dst, dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
+                                dl.send_id, dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row,
+                                (u64)(hi - lo) * dl.relay_row, GOEP_INN_STAGE_DISPATCH_PUT);
           GOEP_INN_TR_FIRST(GOEP_INN_EV_D_FIRST_PUT);
           GOEP_INN_TR_THIS(GOEP_INN_EV_D_LAST_PUT);
         }
@@ -1537,8 +1546,8 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       goep_inn_chunk(rows, blk, red_cnt, lo, hi);
       const u64 stride = goep_inn_partial_stride(src, node, fp32, h, k);
       const int pxb = goep_inn_partial_xb(src, node, fp32, h);
-      u8* region = rdma + (src == node ? dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row
-                                       : dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row);
+      u8* region = src == node ? rdma + dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row
+                               : dl.send_base + dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row;
       // The run in pieces (goep_inn_plan_pieces; one piece unless put_bytes
       // asks for more), each put once reduced.
       const goep_inn_pieces pl = goep_inn_plan_pieces(hi - lo, src == node ? 0 : dl.put_bytes, stride);
@@ -1600,9 +1609,10 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
         // FIFO push fences after the barrier).
         __syncthreads();
         if (src != node && tid == 0) {
-          ok &= goep_pc_put(ports[src], dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride,
-                           dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
-                           (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
+          ok &= goep_pc_put_ids(ports[src], ports[src].dst,
+                               dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride, dl.send_id,
+                               dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
+                               (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
           GOEP_INN_TR_FIRST(GOEP_INN_EV_C_FIRST_PUT);
           GOEP_INN_TR_THIS(GOEP_INN_EV_C_LAST_PUT);
         }

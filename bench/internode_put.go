@@ -22,10 +22,10 @@ import (
 // the Buffer's node split, hence the same transport between the same
 // ranks. One thread pushes iters puts of the whole count and a flush
 // (channels' port put benchmark kernel, timed inside the kernel from the
-// first push to the flush's completion). The puts' source is the memory
-// the network leg sends from (internode.SendsFromHost: pinned host memory
-// under TCP on GPUs by default, else device memory). Collective: every
-// rank builds the communicator and port channels; only rank 0 times.
+// first push to the flush's completion). The puts come from the kind of
+// memory the network leg sends from (device memory, or pinned host memory
+// with $GOEP_INTERNODE_SEND_MEMORY=host). Collective: every rank builds
+// the communicator and port channels; only rank 0 times.
 
 // interPut is rank 0's put timing of one byte count: alone (every other
 // rank idle, the transport's best case) and with every rank putting the
@@ -77,11 +77,7 @@ func measureInterPuts(ctx context.Context, bs bootstrap.Bootstrap, dev device.De
 		return nil, nil, fmt.Errorf("port put: port channels: %w", err)
 	}
 	handles := r.PortHandles
-	var transports []channels.Transport
-	for _, c := range r.PortMesh.Connections {
-		transports = append(transports, c.Transport())
-	}
-	if internode.SendsFromHost(from, dev.Info().Kind, transports) {
+	if from == internode.SendHost {
 		hs, free, err := hostSourcePorts(r, int(maxBytes))
 		if err != nil {
 			return nil, nil, fmt.Errorf("port put: %w", err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internode"
 )
 
 // `ep-bench internode` on the host backend: 4 goroutine ranks in 2 virtual
@@ -77,6 +78,37 @@ func TestInternodeOnHost(t *testing.T) {
 	require.Contains(t, stdout, "port put GB/s")
 	require.Contains(t, stdout, "net/put once")
 	require.Empty(t, rep.Sweep)
+	require.Empty(t, rep.SendMemory)
+
+	// The rows for other nodes in host memory, with the TCP transport
+	// staging device memory as on GPUs: checked, and the port puts come
+	// from host memory too (their own channels on the put proxy).
+	t.Run("send=host", func(t *testing.T) {
+		t.Setenv(internode.SendMemoryEnv, "host")
+		t.Setenv("GOEP_TCP_STAGE", "always")
+		js := filepath.Join(t.TempDir(), "host.json")
+		code, stdout, stderr := run(t, append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "40", "--json", js},
+			quickIntranode...)...)
+		require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+		require.Contains(t, stdout, "internode: all checks passed")
+		require.Contains(t, stdout, "$GOEP_INTERNODE_SEND_MEMORY=host memory")
+		var rep interReport
+		b, err := os.ReadFile(js)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(b, &rep))
+		require.Equal(t, "host", rep.SendMemory)
+		require.NotEmpty(t, rep.Rows)
+		for _, r := range rep.Rows {
+			require.Positive(t, r.Put.GBps, "%+v", r)
+			require.Positive(t, r.Put.OnceGBps, "%+v", r)
+		}
+	})
+	t.Run("send=bad", func(t *testing.T) {
+		t.Setenv(internode.SendMemoryEnv, "gpu")
+		code, _, stderr := run(t, append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "8"}, quickIntranode...)...)
+		require.Equal(t, 1, code)
+		require.Contains(t, stderr, "want device or host")
+	})
 
 	// --sweep: every split of an 8-block grid runs its own Buffer, checked
 	// and timed; the best is named. --split and its bad forms.

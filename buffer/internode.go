@@ -218,8 +218,7 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.ReduceSMsEnv, err)
 	}
 	// $GOEP_INTERNODE_SEND_MEMORY likewise (internode.ParseSendMemory;
-	// unset: pinned host memory under TCP on a GPU, device memory
-	// otherwise).
+	// unset: device memory).
 	sendMem, err := internode.ParseSendMemory(os.Getenv(internode.SendMemoryEnv))
 	if err != nil {
 		return b.errorf("internode mode (%v): $%s: %w", t, internode.SendMemoryEnv, err)

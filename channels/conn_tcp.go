@@ -24,10 +24,8 @@ import (
 // pinned host buffers in a pipeline (copy the next chunks out on the
 // sender while one is on the wire; read into a pinned buffer and copy in
 // on the receiver while the next is read). A write whose source is host
-// memory (RegisterHostMemory) goes on the wire straight from it: each
-// staged copy costs about 12 us on the connection's copy stream beyond its
-// bytes (session 15's traces), which kernels writing their rows into host
-// memory avoid.
+// memory (RegisterHostMemory) goes on the wire straight from it, with no
+// copy engine and no staging buffer.
 //
 // Order: the receiver applies operations strictly in sequence order. With
 // staging a socket's reader reads a write's payload into one of its own
@@ -233,7 +231,9 @@ func (t *tcpConnection) allocStaging(n int) error {
 		return t.errorf("stream: %w", err)
 	}
 	t.rxOwn = !shared
-	if cd, ok := t.dev.(interface{ Context() *cuda.Context }); ok {
+	// A wrapper of a host device (the Buffer's accounting one) may have
+	// the method and no context.
+	if cd, ok := t.dev.(interface{ Context() *cuda.Context }); ok && cd.Context() != nil {
 		t.cudaCtx = cd.Context()
 		t.rxOps = cuda.WrapStream(t.cudaCtx, t.rx.Handle())
 	}

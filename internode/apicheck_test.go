@@ -18,7 +18,7 @@ func TestAPITable(t *testing.T) {
 		internode.Shape{}, internode.Shape{Topology: internode.Topology{Nodes: -1, RanksPerNode: -3}, Experts: -5, Hidden: -1},
 		internode.Topology{}, internode.Topology{Nodes: -1, RanksPerNode: -1},
 		internode.Split{}, internode.Split{Senders: -1, Forwarders: 1 << 40, Receivers: -7, Shared: true},
-		internode.SendAuto, internode.SendHost, internode.SendMemory(-3), internode.SendMemory(99),
+		internode.SendDevice, internode.SendHost, internode.SendMemory(-3), internode.SendMemory(99),
 		internode.KernelTrace{}, internode.KernelTrace{Events: []string{"entry", "exit"}, Blocks: []internode.BlockTrace{{Round: 3}, {Round: 3, Stamps: []uint64{5}}}},
 	}, apicheck.Options{})
 }

@@ -19,8 +19,8 @@ import (
 //	RDMA buffer:
 //	  dispatch counters [N]  counter a: dispatch rounds landed from node a
 //	  relay [N][M] rows      source node a, slot: rows of source (a, i)
-//	send memory (an allocation of its own, NotifyConfig.SendMemory: pinned
-//	host memory under TCP on GPUs, device memory otherwise):
+//	send memory (an allocation of its own, NotifyConfig.SendMemory: device
+//	memory, or pinned host memory):
 //	  send  [N][M] rows      the rows packed per destination node, the
 //	                         source of the puts
 //	  relay row: x (BF16 2H, or FP8 H + scales 4H/128), top-k ids int64

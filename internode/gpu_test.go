@@ -51,10 +51,10 @@ func TestCombineGPU(t *testing.T) {
 	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 2, RanksPerNode: 4}} {
 		t.Run(topo.String(), func(t *testing.T) { checkCombineRounds(t, cudaBackend, topo, 600+int64(topo.World())) })
 	}
-	// The default puts the rows for other nodes in pinned host memory
-	// under TCP; device memory (staged by the transport) too.
-	t.Run("send=device", func(t *testing.T) {
-		withSendMemory(t, internode.SendDevice)
+	// The rows for other nodes in pinned host memory, which the TCP
+	// transport sends from unstaged (the default is device memory).
+	t.Run("send=host", func(t *testing.T) {
+		withSendMemory(t, internode.SendHost)
 		checkCombineRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 605)
 	})
 }

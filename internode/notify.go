@@ -122,10 +122,11 @@ type NotifyConfig struct {
 	// from $GOEP_INTERNODE_REDUCE_SMS (ReduceSMsEnv, ParseReduceSMs).
 	ReduceSMs int
 	// SendMemory is where the rows this rank packs for other nodes live,
-	// the source of the kernels' network puts (SendMemory: auto puts them
-	// in pinned host memory under TCP on a GPU, so the transport sends
-	// them without a copy out of the GPU). The Buffer reads it from
-	// $GOEP_INTERNODE_SEND_MEMORY (SendMemoryEnv, ParseSendMemory).
+	// the source of the kernels' network puts: device memory (the zero
+	// value), or pinned host memory that the TCP transport sends from
+	// without a copy out of the GPU (SendMemory says what each measured).
+	// The Buffer reads it from $GOEP_INTERNODE_SEND_MEMORY (SendMemoryEnv,
+	// ParseSendMemory).
 	SendMemory SendMemory
 }
 
@@ -321,8 +322,8 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
 		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)
 	}
-	if cfg.SendMemory < SendAuto || cfg.SendMemory > SendHost {
-		return nil, fail("%v: want SendAuto, SendDevice or SendHost", cfg.SendMemory)
+	if cfg.SendMemory < SendDevice || cfg.SendMemory > SendHost {
+		return nil, fail("%v: want SendDevice or SendHost", cfg.SendMemory)
 	}
 	if cfg.ReduceSMs < -1 || cfg.ReduceSMs > MaxReduceSMs {
 		return nil, fail("reduce SMs %d: want -1 (inside the combine kernel), 0 (every SM) or 1..%d", cfg.ReduceSMs, MaxReduceSMs)

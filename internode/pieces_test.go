@@ -26,7 +26,7 @@ var testProxyPending int
 var testReduceSMs int
 
 // testSendMemory is the NotifyConfig.SendMemory of checkDispatchRounds,
-// checkCombineRounds and checkDeviceRounds (zero: auto), set likewise
+// checkCombineRounds and checkDeviceRounds (zero: device memory), set likewise
 // (withSendMemory).
 var testSendMemory internode.SendMemory
 
@@ -145,8 +145,8 @@ func TestEmulatedReduceSMs(t *testing.T) {
 
 // ParsePutBytes's forms and refusals, and NewNotify's bound.
 func TestParseSendMemory(t *testing.T) {
-	for in, want := range map[string]internode.SendMemory{"": internode.SendAuto, " auto": internode.SendAuto,
-		"device": internode.SendDevice, "HOST ": internode.SendHost} {
+	for in, want := range map[string]internode.SendMemory{"": internode.SendDevice, " device": internode.SendDevice,
+		"HOST ": internode.SendHost} {
 		got, err := internode.ParseSendMemory(in)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
@@ -154,9 +154,9 @@ func TestParseSendMemory(t *testing.T) {
 			require.Equal(t, strings.ToLower(strings.TrimSpace(in)), got.String())
 		}
 	}
-	for _, bad := range []string{"gpu", "1", "hostx"} {
+	for _, bad := range []string{"gpu", "1", "hostx", "auto"} {
 		_, err := internode.ParseSendMemory(bad)
-		require.ErrorContains(t, err, "want auto, device or host", bad)
+		require.ErrorContains(t, err, "want device or host", bad)
 	}
 }
 

@@ -12,28 +12,31 @@ import (
 // SendMemory says where the rows a rank packs for other nodes live:
 // dispatch's relay rows and combine's partials, the source of every
 // network put of the two kernels (NotifyConfig.SendMemory).
+//
+// Device memory is the default. Pinned host memory takes the copy engine
+// off the TCP transport's sending side, but it was no faster: alternated
+// against device memory at 4096 tokens (session 16, docs/PERFORMANCE.md),
+// EP2 on 2 H100s ran dispatch / combine at 5.28 / 4.66 ms against 5.11 /
+// 4.61, and EP4 on 4 H100s at 14.4 / 12.2 ms against 10.8 / 8.7 (the
+// kernels write every row over PCIe and the transport reads it back from
+// DRAM, where a staged chunk stays in the CPU's cache; the socket reads
+// on the receiving side stay the pacing stage either way).
 type SendMemory int
 
 const (
-	// SendAuto is SendHost where a GPU runs the kernels and every network
-	// connection of the rank is TCP, SendDevice otherwise.
-	SendAuto SendMemory = iota
 	// SendDevice: device memory. The TCP transport copies each put out of
-	// the GPU into a pinned staging buffer before it sends it (a copy
-	// engine, about 12 us a copy beyond its bytes: session 15's traces);
-	// the CUDA IPC port transport copies device to device.
-	SendDevice
+	// the GPU into a pinned staging buffer before it sends it; the CUDA IPC
+	// port transport copies device to device.
+	SendDevice SendMemory = iota
 	// SendHost: pinned host memory mapped into the GPU
 	// (channels.RegisterHostMemory). The kernels write the rows over PCIe
 	// and the TCP transport sends them straight from there; a CUDA IPC
-	// port's copy engine would read them back over PCIe.
+	// port's copy engine reads them back over PCIe.
 	SendHost
 )
 
 func (m SendMemory) String() string {
 	switch m {
-	case SendAuto:
-		return "auto"
 	case SendDevice:
 		return "device"
 	case SendHost:
@@ -46,45 +49,20 @@ func (m SendMemory) String() string {
 // NotifyConfig.SendMemory from (ParseSendMemory).
 const SendMemoryEnv = "GOEP_INTERNODE_SEND_MEMORY"
 
-// ParseSendMemory reads a NotifyConfig.SendMemory: "" or "auto", "device"
-// or "host".
+// ParseSendMemory reads a NotifyConfig.SendMemory: "" or "device", or
+// "host".
 func ParseSendMemory(v string) (SendMemory, error) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
-	case "", "auto":
-		return SendAuto, nil
-	case "device":
+	case "", "device":
 		return SendDevice, nil
 	case "host":
 		return SendHost, nil
 	}
-	return 0, fmt.Errorf("send memory %q: want auto, device or host", v)
-}
-
-// SendsFromHost resolves m for a rank of a kind device whose network
-// connections use transports: whether its send memory is host memory.
-// ep-bench puts from the same memory when it times the transport's own
-// put beside the network leg.
-func SendsFromHost(m SendMemory, kind device.Kind, transports []channels.Transport) bool {
-	switch m {
-	case SendHost:
-		return true
-	case SendDevice:
-		return false
-	}
-	if kind != device.CUDA || len(transports) == 0 {
-		return false
-	}
-	for _, t := range transports {
-		if t != channels.TransportEthernet {
-			return false
-		}
-	}
-	return true
+	return 0, fmt.Errorf("send memory %q: want device or host", v)
 }
 
 // allocSend makes the send memory (dl.sendBytes, zeroed) where
-// cfg.SendMemory and the transports put it, registers it and adds it to
-// the proxy, whose id is the source of the kernels' puts. NewNotify calls
+// cfg.SendMemory puts it, registers it and adds it to the proxy, whose id is the source of the kernels' puts. NewNotify calls
 // it once the connections exist; free releases it.
 func (nt *Notify) allocSend(comm *channels.Communicator) error {
 	n := nt.dl.sendBytes
@@ -92,7 +70,7 @@ func (nt *Notify) allocSend(comm *channels.Communicator) error {
 		return nil
 	}
 	var base uintptr
-	if SendsFromHost(nt.cfg.SendMemory, nt.dev.Info().Kind, nt.transports) {
+	if nt.cfg.SendMemory == SendHost {
 		h, err := nt.dev.AllocHostMapped(n)
 		if err != nil {
 			return fmt.Errorf("send memory: %d bytes of pinned host memory: %w", n, err)

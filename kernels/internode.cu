@@ -305,10 +305,10 @@ struct goep_inn_dispatch_layout {
   u64 done_net;  // RDMA buffer: u64 [N], steps finished by forwarder (n, local)
   u64 done_nvl;  // NVLink workspace: u64 [P], steps finished by local rank l
   // The send memory: the rows packed for other nodes (send, comb_send),
-  // the source of every network put, memory send_id of the proxy. Pinned
-  // host memory under TCP on a GPU (the transport sends from it without a
-  // copy engine; the FIFO push fences system-wide, so the rows a put moves
-  // are visible to the host before its trigger), device memory otherwise.
+  // the source of every network put, memory send_id of the proxy. Device
+  // memory, or pinned host memory (NotifyConfig.SendMemory) that the TCP
+  // transport sends from without a copy engine: the FIFO push fences
+  // system-wide, so the rows a put moves are visible to the host first.
   u8* send_base;
   u32 send_id, pad;
 };

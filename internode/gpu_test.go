@@ -71,13 +71,19 @@ func TestNotifyRepeatedGPU(t *testing.T) {
 
 // -internode.rounds N checked rounds of notify, dispatch and combine on
 // one setup (2 x 4 ranks), cycling through BF16 / FP8 dispatch, weights or
-// none, 0..2 biases and both partial formats.
+// none, 0..2 biases and both partial formats; with the rows for other
+// nodes in device memory (the default), then in pinned host memory.
 func TestRoundsRepeatedGPU(t *testing.T) {
 	skipNoGPU(t)
 	if *gpuRounds <= 0 {
 		t.Skip("set -internode.rounds N to run N checked rounds")
 	}
-	checkRepeatedRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, *gpuRounds, 700)
+	for _, m := range []internode.SendMemory{internode.SendDevice, internode.SendHost} {
+		t.Run("send="+m.String(), func(t *testing.T) {
+			withSendMemory(t, m)
+			checkRepeatedRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, *gpuRounds, 700)
+		})
+	}
 }
 
 // A rank that never launches: the kernels' waits give up within the

@@ -7,6 +7,9 @@
 //     across processes, peer access between goroutine ranks, an address on
 //     the host backend) that SendMemory / RecvMemory / ExchangeMemory carry
 //     and OpenMemory maps, once per allocation, until Close.
+//     RegisterHostMemory registers pinned host memory mapped into the GPU
+//     as a source of this rank's own puts (never sent to peers): TCP sends
+//     a write from it without staging.
 //   - Connections (Connect, ConnectAll): one interface (Write,
 //     UpdateAndSync, AtomicAdd, Flush) over transports: CUDA IPC (GPUs of
 //     one host, copy engines; updates are stream writes, atomic adds a

@@ -557,7 +557,7 @@ func (b *Buffer) closeInternode() error {
 	err := b.inter.notify.Close()
 	b.inter.notify = nil
 	if err != nil {
-		return b.errorf("close: internode: %w", err)
+		return b.errorf("close: %w", err) // the Notify names itself ("internode: rank N: ...")
 	}
 	return nil
 }

@@ -525,3 +525,136 @@ func TestInternodeAPIAfterClose(t *testing.T) {
 		require.Error(t, err)
 	}
 }
+
+// TestInternodeGraphReplay: in internode mode each rank captures a
+// worst-case dispatch and the combine of its handle into a graph (what an
+// engine does for decode steps) and replays it with new ids, rows and
+// weights loaded into the captured tensors; the combine's expert outputs
+// are the received rows themselves. Every replay equals the reference:
+// dispatch as in checkInterDispatch (worst-case views, counts on the
+// device), combine bit for bit. On the host backend and under the CPU
+// emulation a replay issues the calls again; on the GPUs present it
+// launches the captured kernels, 2 x 2 and 2 x 4 ranks.
+func TestInternodeGraphReplay(t *testing.T) {
+	type backend struct {
+		name string
+		kind ep.Kind
+		open func(i int) (ep.Device, error)
+		pers []int
+	}
+	backends := []backend{{name: "host", kind: ep.Host, pers: []int{2}},
+		{name: "emulated", kind: ep.Host, pers: []int{2}, open: func(i int) (ep.Device, error) {
+			return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
+		}}}
+	if gpuCount(t) > 0 {
+		backends = append(backends, backend{name: "cuda", kind: ep.CUDA, pers: []int{2, 4}})
+	}
+	for _, bk := range backends {
+		for _, per := range bk.pers {
+			t.Run(fmt.Sprintf("%s/2x%d", bk.name, per), func(t *testing.T) {
+				if bk.name == "emulated" {
+					cpuemu.SkipUnavailable(t)
+					// Built before any rank spins in a kernel.
+					for _, k := range []string{internode.KernelNotify, routing.KernelWidenIDs} {
+						_, err := cpuemu.Unknown(k)
+						require.NoError(t, err)
+					}
+				}
+				checkInterGraphReplay(t, bk.kind, bk.open, internode.Topology{Nodes: 2, RanksPerNode: per})
+			})
+		}
+	}
+}
+
+func checkInterGraphReplay(t *testing.T, kind ep.Kind, open func(i int) (ep.Device, error), topo internode.Topology) {
+	const replays = 4
+	w := topo.World()
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 3, Experts: 2 * w}
+	cfg := ep.Config{MaxTokens: 24, Hidden: s.Hidden, TopK: s.TopK, Experts: s.Experts, Handles: replays + 2,
+		Timeout: 20 * time.Second, VirtualNodes: topo.Nodes}
+	if kind == ep.CUDA {
+		s.Hidden, cfg.Hidden, cfg.MaxTokens = 2048, 2048, 512
+	}
+	var r *rig
+	if open != nil {
+		r = newRigOn(t, kind, w, cfg, open)
+	} else {
+		r = newRig(t, kind, w, cfg)
+	}
+	rng := rand.New(rand.NewPCG(11, uint64(w)))
+	tokens := make([]int, w)
+	for i := range tokens {
+		tokens[i] = 1 + rng.IntN(cfg.MaxTokens)
+	}
+	// The captured tensors, refilled before each replay.
+	ids, xs, wts := make([]uintptr, w), make([]uintptr, w), make([]uintptr, w)
+	for i, d := range r.devs {
+		n := tokens[i]
+		ids[i], xs[i], wts[i] = alloc(t, d, 8*n*s.TopK), alloc(t, d, 2*n*s.Hidden), alloc(t, d, 4*n*s.TopK)
+	}
+	load := func(seed uint64) interRound {
+		ir := newInterRound(rand.New(rand.NewPCG(seed, 5)), s, tokens, routeRandom, false, true, nil)
+		ir.worst = true
+		for i, d := range r.devs {
+			require.NoError(t, d.CopyIn(ids[i], bytesOf(ir.in[i].TopK)))
+			require.NoError(t, d.CopyIn(xs[i], bytesOf(ir.in[i].X)))
+			require.NoError(t, d.CopyIn(wts[i], bytesOf(ir.in[i].Weights)))
+		}
+		return ir
+	}
+	ir := load(0)
+	ctx := context.Background()
+	res := make([]ep.DispatchResult, w)
+	comb := make([]ep.CombineResult, w)
+	graphs := make([]interface{ Launch(ep.Stream) error }, w)
+	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+		st, n := r.streams[i], tokens[i]
+		g, err := r.devs[i].Capture(st, func() error {
+			var err error
+			res[i], err = b.Dispatch(ctx, ep.DispatchArgs{TopK: ep.NewTensor(ids[i], ep.I64, n, s.TopK),
+				X: ep.NewTensor(xs[i], ep.BF16, n, s.Hidden), Weights: ep.NewTensor(wts[i], ep.F32, n, s.TopK),
+				WorstCase: true, Stream: st})
+			if err != nil {
+				return err
+			}
+			comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Weights: res[i].RecvWeights, Handle: res[i].Handle, Stream: st})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		graphs[i] = g
+		return nil
+	}), "capture")
+	for rep := 1; rep <= replays; rep++ {
+		ir = load(uint64(rep))
+		require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+			if err := graphs[i].Launch(r.streams[i]); err != nil {
+				return err
+			}
+			if err := r.streams[i].Synchronize(); err != nil {
+				return err
+			}
+			return b.Check()
+		}), "replay %d", rep)
+		what := fmt.Sprintf("replay %d", rep)
+		want, err := internode.ReferenceDispatch(s, ir.in, 0)
+		require.NoError(t, err)
+		cin := make([]internode.CombineInput, w)
+		for i := range res {
+			checkInterDispatch(t, r, i, s, ir, res[i], want[i], false, what)
+			cin[i] = internode.CombineInput{Y: want[i].RecvX, Weights: want[i].RecvWeights}
+		}
+		wantC, err := internode.ReferenceCombine(s, tokens, want, cin, internode.CombineOptions{Partial: internode.PartialBF16})
+		require.NoError(t, err)
+		for i := range comb {
+			sameSlice(t, wantC[i].X, fromDev[uint16](t, r.devs[i], comb[i].X.Ptr, tokens[i]*s.Hidden), "%s: rank %d: combined rows", what, i)
+			sameFloats(t, wantC[i].Weights, fromDev[float32](t, r.devs[i], comb[i].Weights.Ptr, tokens[i]*s.TopK),
+				"%s: rank %d: combined weights", what, i)
+		}
+	}
+	for _, x := range res {
+		x.Handle.Release()
+	}
+}

@@ -137,11 +137,19 @@ type SizeHint struct {
 	// HostMapped is pinned host memory mapped into the device: received
 	// count, invalid-id counts and per-local-expert counts.
 	HostMapped int
-	// Device is the sum of the device allocations above. The communicator
-	// adds a little more (watchdog, semaphore tokens; see Buffer.Memory),
-	// and in the internode mode its notify, relay and staging regions
-	// (RDMA buffer and NVLink workspace, sized by package internode).
+	// Device is the sum of the device allocations above and Internode's.
+	// The communicator adds a little more (watchdog, semaphore tokens; see
+	// Buffer.Memory), and on GPUs a TCP connection pins staging buffers
+	// (channels.NetworkConfig: about (3 + ReceiveAhead) x Sockets x
+	// ChunkBytes, 56 MiB with the defaults, per peer on another node).
 	Device int
+	// Internode is what package internode allocates in the internode mode
+	// (zero in the intranode mode): the RDMA buffer, the NVLink workspace,
+	// the send memory and, where kernels run, their tables (the host
+	// backend's Go twins allocate none of Internode.Kernels). Device
+	// includes its device memory; HostMapped, the Buffer's own, does not
+	// include Internode.HostMapped().
+	Internode internode.Memory
 	// Nodes and RanksPerNode are the split the Buffer is sized for: one
 	// node (intranode) or several (internode).
 	Nodes, RanksPerNode int

@@ -119,7 +119,14 @@ func internodeSizeHints(c Config, t internode.Topology) (SizeHint, error) {
 	h.CombineOutputs = alignUp(2*c.MaxTokens*c.Hidden) + alignUp(4*c.MaxTokens*c.TopK)
 	h.IDScratch = 8 * c.MaxTokens * c.TopK
 	h.HostMapped = mappedExpertCounts + 4*ic.LocalExperts
-	h.Device = h.Workspace + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.IDScratch
+	ncfg, err := c.notifyConfig()
+	if err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: internode (%v): %w", t, err)
+	}
+	if h.Internode, err = internode.MemoryFor(internode.Shape{Topology: t, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts}, ncfg); err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: internode (%v): %w", t, err)
+	}
+	h.Device = h.Workspace + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.IDScratch + h.Internode.Device()
 	return h, nil
 }
 
@@ -190,47 +197,52 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 		return b.errorf("internode mode (%v): a %s device runs neither the host twins nor the CUDA kernels", t, k)
 	}
 	shape := internode.Shape{Topology: t, Hidden: c.Hidden, TopK: c.TopK, Experts: c.Experts}
-	// The internode kernels take one grid for dispatch and combine: the
-	// caller's Dispatch SMs and threads (0: internode's defaults, within
-	// the spin budget of ranks sharing a GPU), divided into roles by
-	// $GOEP_INTERNODE_SPLIT (internode.ParseSplit's forms; unset: the
-	// default split of the grid). The variable is read once, here.
-	split, err := internode.ParseSplit(os.Getenv(internode.SplitEnv))
+	ncfg, err := c.notifyConfig()
 	if err != nil {
-		return b.errorf("internode mode (%v): $%s: %w", t, internode.SplitEnv, err)
+		return b.errorf("internode mode (%v): %w", t, err)
 	}
-	// $GOEP_INTERNODE_PUT_BYTES likewise (internode.ParsePutBytes; unset:
-	// internode.DefaultPutBytes; 0: one put per node and block).
-	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
-	if err != nil {
-		return b.errorf("internode mode (%v): $%s: %w", t, internode.PutBytesEnv, err)
-	}
-	// $GOEP_INTERNODE_PROXY_PENDING likewise (internode.ParseProxyPending;
-	// unset: channels' default).
-	pending, err := internode.ParseProxyPending(os.Getenv(internode.ProxyPendingEnv))
-	if err != nil {
-		return b.errorf("internode mode (%v): $%s: %w", t, internode.ProxyPendingEnv, err)
-	}
-	// $GOEP_INTERNODE_REDUCE_SMS likewise (internode.ParseReduceSMs;
-	// unset: the combine's final reduce on every SM, after its kernel).
-	reduceSMs, err := internode.ParseReduceSMs(os.Getenv(internode.ReduceSMsEnv))
-	if err != nil {
-		return b.errorf("internode mode (%v): $%s: %w", t, internode.ReduceSMsEnv, err)
-	}
-	// $GOEP_INTERNODE_SEND_MEMORY likewise (internode.ParseSendMemory;
-	// unset: device memory).
-	sendMem, err := internode.ParseSendMemory(os.Getenv(internode.SendMemoryEnv))
-	if err != nil {
-		return b.errorf("internode mode (%v): $%s: %w", t, internode.SendMemoryEnv, err)
-	}
-	nt, err := internode.NewNotify(ctx, b.comm, shape, internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs,
-		Threads: c.Dispatch.Threads, Split: split, PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs,
-		SendMemory: sendMem})
+	nt, err := internode.NewNotify(ctx, b.comm, shape, ncfg)
 	if err != nil {
 		return b.errorf("internode mode (%v, %s device): %w", t, b.user.Info().Kind, err)
 	}
 	b.inter = &interState{topo: t, notify: nt, slots: make([]interSlot, c.handles()), device: nt.DevicePointers()}
 	return b.allocate()
+}
+
+// notifyConfig is package internode's configuration of the Buffer's
+// internode mode: the caller's Dispatch SMs and threads (0: internode's
+// defaults, within the spin budget of ranks sharing a GPU) for the one
+// grid of the dispatch and combine kernels, and from the environment,
+// read here only: $GOEP_INTERNODE_SPLIT (the grid's roles; unset: the
+// default split of the grid), $GOEP_INTERNODE_PUT_BYTES (unset:
+// internode.DefaultPutBytes; 0: one put per node and block),
+// $GOEP_INTERNODE_PROXY_PENDING (unset: channels' default),
+// $GOEP_INTERNODE_REDUCE_SMS (unset: the combine's final reduce on every
+// SM, after its kernel) and $GOEP_INTERNODE_SEND_MEMORY (unset: device
+// memory). SizeHints sizes what NewNotify allocates from the same.
+func (c Config) notifyConfig() (internode.NotifyConfig, error) {
+	split, err := internode.ParseSplit(os.Getenv(internode.SplitEnv))
+	if err != nil {
+		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.SplitEnv, err)
+	}
+	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
+	if err != nil {
+		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.PutBytesEnv, err)
+	}
+	pending, err := internode.ParseProxyPending(os.Getenv(internode.ProxyPendingEnv))
+	if err != nil {
+		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.ProxyPendingEnv, err)
+	}
+	reduceSMs, err := internode.ParseReduceSMs(os.Getenv(internode.ReduceSMsEnv))
+	if err != nil {
+		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.ReduceSMsEnv, err)
+	}
+	sendMem, err := internode.ParseSendMemory(os.Getenv(internode.SendMemoryEnv))
+	if err != nil {
+		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.SendMemoryEnv, err)
+	}
+	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split,
+		PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem}, nil
 }
 
 // readDev copies n bytes at p (a caller's tensor) to the host.

@@ -116,7 +116,9 @@ func (c Config) buffer() buffer.Config {
 
 // SizeHint is what a Buffer takes on each rank: the NVLink workspace and
 // its regions, handle slots, layout and combine outputs, host-mapped
-// counters.
+// counters, and in the internode mode package internode's buffers
+// (SizeHint.Internode: RDMA buffer, NVLink workspace, send memory, kernel
+// tables).
 type SizeHint = buffer.SizeHint
 
 // SizeHints computes what a Buffer of c takes on each of ranks ranks

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels/bootstrap"
+	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/apicheck"
 	"github.com/goep-dev/goep/internal/cpuemu"
@@ -656,5 +657,58 @@ func checkInterGraphReplay(t *testing.T, kind ep.Kind, open func(i int) (ep.Devi
 	}
 	for _, x := range res {
 		x.Handle.Release()
+	}
+}
+
+// TestInternodeMemory: what an internode Buffer holds is what SizeHints
+// says (the communicator adds under 256 KiB; the host backend's twins
+// allocate none of Internode.Kernels), with the send memory in device
+// memory and in pinned host memory; on the host backend and under the
+// CPU emulation, which runs the kernels.
+func TestInternodeMemory(t *testing.T) {
+	for _, emulated := range []bool{false, true} {
+		for _, send := range []string{"", "host"} {
+			t.Run(fmt.Sprintf("emulated=%v/send=%s", emulated, send), func(t *testing.T) {
+				var open func(i int) (ep.Device, error)
+				if emulated {
+					cpuemu.SkipUnavailable(t)
+					open = func(i int) (ep.Device, error) { return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute}) }
+				}
+				t.Setenv(internode.SendMemoryEnv, send)
+				topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
+				cfg := ep.Config{MaxTokens: 200, Hidden: 1024, TopK: 4, Experts: 8, FP8: true, VirtualNodes: topo.Nodes}
+				hint, err := ep.SizeHints(cfg, topo.World())
+				require.NoError(t, err)
+				im := hint.Internode
+				require.Positive(t, im.RDMA)
+				require.Positive(t, im.NVLink)
+				require.Positive(t, im.Send)
+				require.Positive(t, im.Kernels)
+				require.Equal(t, send == "host", im.SendHost)
+				var r *rig
+				if open != nil {
+					r = newRigOn(t, ep.Host, topo.World(), cfg, open)
+				} else {
+					r = newRig(t, ep.Host, topo.World(), cfg)
+				}
+				want := hint.Device
+				if !emulated {
+					want -= im.Kernels
+				}
+				for i, b := range r.bufs {
+					require.Equal(t, hint, b.SizeHint(), "rank %d", i)
+					m := b.Memory()
+					require.GreaterOrEqual(t, m.Device, int64(want), "rank %d", i)
+					// The communicator adds its watchdog, semaphores and
+					// proxy (128 KiB here); every internode region is larger.
+					require.Less(t, m.Device, int64(want)+1<<18, "rank %d: the communicator adds little", i)
+					// The Buffer's counters, the watchdog's record, the send
+					// memory in host memory, and the proxy's FIFO (a few KiB).
+					own := int64(hint.HostMapped + devapi.TimeoutRecordSize + im.HostMapped())
+					require.GreaterOrEqual(t, m.HostMapped, own, "rank %d", i)
+					require.Less(t, m.HostMapped, own+1<<16, "rank %d", i)
+				}
+			})
+		}
 	}
 }

@@ -254,6 +254,40 @@ func (s Shape) notifyOutInts() int {
 	return 2 + w + n + s.Experts + w + n + n*s.RanksPerNode + s.LocalExperts() + w
 }
 
+// kernelRegions places the kernels' tables in their one allocation:
+// channel handles, peer workspaces, wait ids, outputs, copies of the
+// caller's ids, rows, scales, weights and biases for MaxTokens tokens
+// (maxIDs = MaxTokens x top-k, overflow-checked by the caller; the larger
+// products were checked by newDispatchLayout), the row scratch and the
+// phase trace, the layouts and the step epochs.
+type kernelRegions struct {
+	ports, peers, waits, out, ids, dlay, x, scales, weights, scratch, dwaits, bias0, bias1, cwaits, epochs int
+	size                                                                                                   int
+}
+
+func (s Shape) kernelRegions(maxTokens, maxIDs int) kernelRegions {
+	n, p := s.Nodes, s.RanksPerNode
+	var o kernelRegions
+	take := func(b int) int { at := o.size; o.size += int(align16(int64(b))); return at }
+	m, h := maxTokens, s.Hidden
+	o.ports = take(n * devapi.PortChannelSize)
+	o.peers = take(8 * p)
+	o.waits = take(4 * (n + p))
+	o.out = take(4*s.notifyOutInts() + 4*outWords) // notify's output, then dispatch's and combine's words
+	o.ids = take(8 * maxIDs)
+	o.dlay = take(2 * dlayBytes) // the layout for BF16 rows, then for FP8 rows
+	o.x = take(m * 2 * h)        // BF16 rows are the larger
+	o.scales = take(m * 4 * (h / FP8Block))
+	o.weights = take(4 * maxIDs)
+	o.scratch = take(traceOffset(m, n) + TraceBytes) // the row scratch, then the phase trace's region
+	o.dwaits = take(4 * (2*n + 3*p))
+	o.bias0 = take(m * 2 * h)
+	o.bias1 = take(m * 2 * h)
+	o.cwaits = take(4 * (p + n))
+	o.epochs = take(8 * epochWords)
+	return o
+}
+
 // setupKernels allocates and fills the kernels' tables, preloads the
 // module (CUDA: loading code waits for every kernel in the context, so it
 // must happen before any rank can spin), checks the one-block launch
@@ -264,42 +298,23 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	if nt.cfg.MaxTokens <= 0 {
 		return errors.New("a GPU (or the CPU emulation) needs NotifyConfig.MaxTokens > 0: the top-k ids are staged in device memory sized by it at setup")
 	}
-	n, p := s.Nodes, s.RanksPerNode
 	maxIDs, ok := checked.Mul(nt.cfg.MaxTokens, s.TopK)
 	if !ok {
 		return fmt.Errorf("%d tokens x top-k %d overflow", nt.cfg.MaxTokens, s.TopK)
 	}
 	ks := &kernelState{maxIDs: maxIDs, outInts: s.notifyOutInts()}
-	portsBytes := n * devapi.PortChannelSize
-	off := 0
-	take := func(b int) int { o := off; off += int(align16(int64(b))); return o }
-	oPorts := take(portsBytes)
-	oPeers := take(8 * p)
-	oWaits := take(4 * (n + p))
-	oOut := take(4*ks.outInts + 4*outWords) // notify's output, then dispatch's and combine's words
-	oIDs := take(8 * maxIDs)
-	m, h := nt.cfg.MaxTokens, s.Hidden
-	oDlay := take(2 * dlayBytes) // the layout for BF16 rows, then for FP8 rows
-	oX := take(m * 2 * h)        // BF16 rows are the larger; sizes fit: newDispatchLayout checked larger products
-	oScales := take(m * 4 * (h / FP8Block))
-	oWeights := take(4 * maxIDs)
-	oScratch := take(traceOffset(m, n) + TraceBytes) // the row scratch, then the phase trace's region
-	oDwaits := take(4 * (2*n + 3*p))
-	oBias0 := take(m * 2 * h)
-	oBias1 := take(m * 2 * h)
-	oCwaits := take(4 * (p + n))
-	oEpochs := take(8 * epochWords)
+	o := s.kernelRegions(nt.cfg.MaxTokens, maxIDs)
 	var err error
-	if ks.buf, err = nt.alloc(off); err != nil {
+	if ks.buf, err = nt.alloc(o.size); err != nil {
 		return err
 	}
 	nt.kern = ks
 	base := ks.buf.Ptr
-	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(oPorts), base+uintptr(oPeers), base+uintptr(oWaits), base+uintptr(oOut), base+uintptr(oIDs)
-	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(oDlay), base+uintptr(oX), base+uintptr(oScales),
-		base+uintptr(oWeights), base+uintptr(oScratch), base+uintptr(oDwaits)
-	ks.bias0, ks.bias1, ks.cwaits = base+uintptr(oBias0), base+uintptr(oBias1), base+uintptr(oCwaits)
-	ks.epochs = base + uintptr(oEpochs)
+	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(o.ports), base+uintptr(o.peers), base+uintptr(o.waits), base+uintptr(o.out), base+uintptr(o.ids)
+	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(o.dlay), base+uintptr(o.x), base+uintptr(o.scales),
+		base+uintptr(o.weights), base+uintptr(o.scratch), base+uintptr(o.dwaits)
+	ks.bias0, ks.bias1, ks.cwaits = base+uintptr(o.bias0), base+uintptr(o.bias1), base+uintptr(o.cwaits)
+	ks.epochs = base + uintptr(o.epochs)
 	if err := nt.dev.CopyIn(ks.epochs, make([]byte, 8*epochWords)); err != nil {
 		return err
 	}
@@ -323,17 +338,17 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 			return err
 		}
 	}
-	tab := make([]byte, oOut)
+	tab := make([]byte, o.out)
 	for j, ch := range nt.port {
 		if j != s.Node(nt.rank) {
-			ch.Encode(tab[oPorts+j*devapi.PortChannelSize:])
+			ch.Encode(tab[o.ports+j*devapi.PortChannelSize:])
 		}
 	}
 	for l, v := range nt.peerNVL {
-		binary.LittleEndian.PutUint64(tab[oPeers+8*l:], uint64(v))
+		binary.LittleEndian.PutUint64(tab[o.peers+8*l:], uint64(v))
 	}
 	for j, id := range append(append([]uint32(nil), nt.netWait...), nt.nvlWait...) {
-		binary.LittleEndian.PutUint32(tab[oWaits+4*j:], id)
+		binary.LittleEndian.PutUint32(tab[o.waits+4*j:], id)
 	}
 	if err := nt.dev.CopyIn(base, tab); err != nil {
 		return err

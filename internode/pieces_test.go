@@ -160,6 +160,53 @@ func TestParseSendMemory(t *testing.T) {
 	}
 }
 
+// MemoryFor: the regions NewNotify allocates, by shape and config; sizes
+// grow with the tokens, the send memory moves between device and host
+// memory, one node has no send memory, MaxTokens 0 no dispatch regions
+// and no kernel tables; bad shapes and sizes are refused.
+func TestMemoryFor(t *testing.T) {
+	s := internode.Shape{Topology: internode.Topology{Nodes: 2, RanksPerNode: 2}, Hidden: 256, TopK: 4, Experts: 8}
+	small, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10})
+	require.NoError(t, err)
+	big, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 20})
+	require.NoError(t, err)
+	for _, m := range []internode.Memory{small, big} {
+		require.Positive(t, m.RDMA)
+		require.Positive(t, m.NVLink)
+		require.Positive(t, m.Send)
+		require.Positive(t, m.Kernels)
+		require.False(t, m.SendHost)
+		require.Equal(t, m.RDMA+m.NVLink+m.Send+m.Kernels, m.Device())
+		require.Zero(t, m.HostMapped())
+	}
+	require.Greater(t, big.RDMA, small.RDMA)
+	require.Greater(t, big.Send, small.Send)
+	// Twice the tokens, twice the rows: 2 nodes x 20 more rows of BF16
+	// relay rows (2H + 12K + 8 + 4P = 576) and fp32 partials (4H + 4K = 1040).
+	require.Equal(t, 2*10*(576+1040), big.Send-small.Send)
+	host, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10, SendMemory: internode.SendHost})
+	require.NoError(t, err)
+	require.True(t, host.SendHost)
+	require.Equal(t, small.Send, host.HostMapped())
+	require.Equal(t, small.Device()-small.Send, host.Device())
+	none, err := internode.MemoryFor(s, internode.NotifyConfig{})
+	require.NoError(t, err)
+	require.Zero(t, none.Send)
+	require.Zero(t, none.Kernels)
+	require.Less(t, none.RDMA, small.RDMA)
+	one := s
+	one.Topology = internode.Topology{Nodes: 1, RanksPerNode: 4}
+	m1, err := internode.MemoryFor(one, internode.NotifyConfig{MaxTokens: 10})
+	require.NoError(t, err)
+	require.Zero(t, m1.Send)
+	_, err = internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: -1})
+	require.Error(t, err)
+	_, err = internode.MemoryFor(internode.Shape{}, internode.NotifyConfig{})
+	require.Error(t, err)
+	_, err = internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 1 << 40})
+	require.Error(t, err)
+}
+
 func TestParsePutBytes(t *testing.T) {
 	for in, want := range map[string]int{"": internode.DefaultPutBytes, "0": 0, " 4096 ": 4096, "256k": 256 << 10, "1M": 1 << 20, "1024m": internode.MaxPutBytes} {
 		got, err := internode.ParsePutBytes(in)

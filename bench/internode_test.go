@@ -30,10 +30,7 @@ func TestInternodeOnHost(t *testing.T) {
 		"network between the nodes: TCP, ", " sockets a connection, ", "receive read-ahead 4 buffers a socket (GPUs)"} {
 		assert.Contains(t, stdout, want)
 	}
-	var rep interReport
-	b, err := os.ReadFile(js)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[interReport](t, js)
 	require.Empty(t, rep.Errors)
 	require.Equal(t, "internode", rep.Mode)
 	require.Contains(t, rep.TCP, "sockets a connection")
@@ -92,10 +89,7 @@ func TestInternodeOnHost(t *testing.T) {
 		require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 		require.Contains(t, stdout, "internode: all checks passed")
 		require.Contains(t, stdout, "$GOEP_INTERNODE_SEND_MEMORY=host memory")
-		var rep interReport
-		b, err := os.ReadFile(js)
-		require.NoError(t, err)
-		require.NoError(t, json.Unmarshal(b, &rep))
+		rep := readJSON[interReport](t, js)
 		require.Equal(t, "host", rep.SendMemory)
 		require.NotEmpty(t, rep.Rows)
 		for _, r := range rep.Rows {
@@ -116,10 +110,7 @@ func TestInternodeOnHost(t *testing.T) {
 	code, stdout, stderr = run(t, append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "24", "--sms", "8", "--sweep",
 		"--split", "shared", "--json", js2}, quickIntranode...)...)
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	var srep interReport
-	b, err = os.ReadFile(js2)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &srep))
+	srep := readJSON[interReport](t, js2)
 	require.Empty(t, srep.Errors)
 	require.Equal(t, "shared", srep.Split)
 	require.Len(t, srep.Sweep, len(sweepSplits(8)))
@@ -205,4 +196,14 @@ func TestTraceTimeline(t *testing.T) {
 		assert.Contains(t, got, want)
 	}
 	assert.NotContains(t, got, "read sock 2")
+}
+
+// readJSON decodes the JSON report at path.
+func readJSON[T any](t testing.TB, path string) T {
+	t.Helper()
+	var v T
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &v))
+	return v
 }

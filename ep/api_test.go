@@ -679,48 +679,30 @@ func TestGraphReplay(t *testing.T) {
 				}
 				res := make([]ep.DispatchResult, s.ranks)
 				comb := make([]ep.CombineResult, s.ranks)
-				graphs := make([]interface{ Launch(ep.Stream) error }, s.ranks)
-				require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-					st := r.streams[i]
-					g, err := r.devs[i].Capture(st, func() error {
-						if kind == ep.CUDA {
-							a := io[i].args(s, i)
-							a.WorstCase, a.Stream = false, st
-							if _, err := b.Dispatch(ctx, a); !errors.Is(err, ep.ErrInvalidArgument) {
-								return fmt.Errorf("a host-waiting dispatch during capture: want a refusal, got %v", err)
-							}
-						}
+				graphs := r.capture(t, func(i int, b *ep.Buffer, st ep.Stream) error {
+					if kind == ep.CUDA {
 						a := io[i].args(s, i)
-						a.Stream = st
-						var err error
-						if res[i], err = b.Dispatch(ctx, a); err != nil {
-							return err
+						a.WorstCase, a.Stream = false, st
+						if _, err := b.Dispatch(ctx, a); !errors.Is(err, ep.ErrInvalidArgument) {
+							return fmt.Errorf("a host-waiting dispatch during capture: want a refusal, got %v", err)
 						}
-						comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Handle: res[i].Handle, Weights: res[i].RecvWeights, Stream: st})
-						return err
-					})
-					if err != nil {
+					}
+					a := io[i].args(s, i)
+					a.Stream = st
+					var err error
+					if res[i], err = b.Dispatch(ctx, a); err != nil {
 						return err
 					}
-					t.Cleanup(func() { _ = g.Close() })
-					graphs[i] = g
-					return nil
-				}))
+					comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Handle: res[i].Handle, Weights: res[i].RecvWeights, Stream: st})
+					return err
+				})
 				for rep := 0; rep < 4; rep++ {
 					for i := range io {
 						io[i].in = s.newInputs(t, r, i, uint64(rep+1), io[i].in.TopK)
 						io[i].load(t, r.devs[i], s)
 						ins[i] = io[i].in
 					}
-					require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-						if err := graphs[i].Launch(r.streams[i]); err != nil {
-							return err
-						}
-						if err := r.streams[i].Synchronize(); err != nil {
-							return err
-						}
-						return b.Check()
-					}))
+					require.NoError(t, r.replay(graphs))
 					want, err := intranode.ReferenceDispatch(s.shape(), ins, 0)
 					require.NoError(t, err)
 					cins := make([]intranode.CombineInput, s.ranks)

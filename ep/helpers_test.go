@@ -246,6 +246,41 @@ func (r *rig) run(f func(i int, b *ep.Buffer) error) error {
 	return errors.Join(errs...)
 }
 
+// graph is a captured graph (ep.Device.Capture's result).
+type graph interface {
+	Launch(ep.Stream) error
+}
+
+// capture records issue(i, b, stream) of every rank into a graph on its
+// stream (a Cleanup closes them).
+func (r *rig) capture(t testing.TB, issue func(i int, b *ep.Buffer, st ep.Stream) error) []graph {
+	t.Helper()
+	graphs := make([]graph, len(r.bufs))
+	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
+		g, err := r.devs[i].Capture(r.streams[i], func() error { return issue(i, b, r.streams[i]) })
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { _ = g.Close() })
+		graphs[i] = g
+		return nil
+	}), "capture")
+	return graphs
+}
+
+// replay launches every rank's graph, waits for it and checks the Buffer.
+func (r *rig) replay(graphs []graph) error {
+	return r.run(func(i int, b *ep.Buffer) error {
+		if err := graphs[i].Launch(r.streams[i]); err != nil {
+			return err
+		}
+		if err := r.streams[i].Synchronize(); err != nil {
+			return err
+		}
+		return b.Check()
+	})
+}
+
 func (r *rig) close() error {
 	r.closed = true
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

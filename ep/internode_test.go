@@ -607,38 +607,21 @@ func checkInterGraphReplay(t *testing.T, kind ep.Kind, open func(i int) (ep.Devi
 	ctx := context.Background()
 	res := make([]ep.DispatchResult, w)
 	comb := make([]ep.CombineResult, w)
-	graphs := make([]interface{ Launch(ep.Stream) error }, w)
-	require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-		st, n := r.streams[i], tokens[i]
-		g, err := r.devs[i].Capture(st, func() error {
-			var err error
-			res[i], err = b.Dispatch(ctx, ep.DispatchArgs{TopK: ep.NewTensor(ids[i], ep.I64, n, s.TopK),
-				X: ep.NewTensor(xs[i], ep.BF16, n, s.Hidden), Weights: ep.NewTensor(wts[i], ep.F32, n, s.TopK),
-				WorstCase: true, Stream: st})
-			if err != nil {
-				return err
-			}
-			comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Weights: res[i].RecvWeights, Handle: res[i].Handle, Stream: st})
-			return err
-		})
+	graphs := r.capture(t, func(i int, b *ep.Buffer, st ep.Stream) error {
+		n := tokens[i]
+		var err error
+		res[i], err = b.Dispatch(ctx, ep.DispatchArgs{TopK: ep.NewTensor(ids[i], ep.I64, n, s.TopK),
+			X: ep.NewTensor(xs[i], ep.BF16, n, s.Hidden), Weights: ep.NewTensor(wts[i], ep.F32, n, s.TopK),
+			WorstCase: true, Stream: st})
 		if err != nil {
 			return err
 		}
-		t.Cleanup(func() { _ = g.Close() })
-		graphs[i] = g
-		return nil
-	}), "capture")
+		comb[i], err = b.Combine(ctx, ep.CombineArgs{X: res[i].RecvX, Weights: res[i].RecvWeights, Handle: res[i].Handle, Stream: st})
+		return err
+	})
 	for rep := 1; rep <= replays; rep++ {
 		ir = load(uint64(rep))
-		require.NoError(t, r.run(func(i int, b *ep.Buffer) error {
-			if err := graphs[i].Launch(r.streams[i]); err != nil {
-				return err
-			}
-			if err := r.streams[i].Synchronize(); err != nil {
-				return err
-			}
-			return b.Check()
-		}), "replay %d", rep)
+		require.NoError(t, r.replay(graphs), "replay %d", rep)
 		what := fmt.Sprintf("replay %d", rep)
 		want, err := internode.ReferenceDispatch(s, ir.in, 0)
 		require.NoError(t, err)

@@ -692,6 +692,21 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 			return nil, err
 		}
 	}
+	// A cached dispatch of a handle other than the last one dispatched (an
+	// engine alternating micro-batches, training's backward): before each
+	// call, untimed, a cached dispatch of a second handle of the same
+	// routing. On GPUs the Buffer resumes h's kept layout (no notify round).
+	other, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, TopK: in.ids, Weights: in.w, Stream: r.st})
+	if err = r.agree("second handle", err); err != nil {
+		return nil, err
+	}
+	defer other.Handle.Release()
+	if err := timeOne(inKey{Tokens: t, Op: "dispatch", Dtype: "bf16", Mode: "older-handle"}, bd, func() error {
+		_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: other.Handle, Stream: r.st})
+		return err
+	}, cachedDispatch); err != nil {
+		return nil, err
+	}
 	if !o.fp8 {
 		return figs, nil
 	}
@@ -878,7 +893,7 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 	if rep.TCP != "" {
 		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv)
 	}
-	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
+	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them; dispatch older-handle = a cached dispatch of a handle after an untimed cached dispatch of another); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",
 		o.warmup, o.iters-1, o.iters)
 	if o.kind == device.Host {

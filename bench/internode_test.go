@@ -35,8 +35,8 @@ func TestInternodeOnHost(t *testing.T) {
 	require.Equal(t, "internode", rep.Mode)
 	require.Contains(t, rep.TCP, "sockets a connection")
 	require.Len(t, rep.Checks, 2*2)
-	// Per token count: bf16 cached, combine, full; fp8 cached.
-	require.Len(t, rep.Rows, 2*4)
+	// Per token count: bf16 cached, combine, full, older-handle; fp8 cached.
+	require.Len(t, rep.Rows, 2*5)
 	for _, r := range rep.Rows {
 		require.Positive(t, r.US, "%+v", r)
 		require.GreaterOrEqual(t, r.MaxUS, r.US)

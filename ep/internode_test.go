@@ -307,7 +307,8 @@ func handlesOf(res []ep.DispatchResult) []*ep.Handle {
 // routings with -1 and out-of-range ids, a rank with T = 0, every token to
 // one expert, an expert and a rank that receive nothing, T = 0 everywhere;
 // BF16 with weights and FP8 with scales; non-cached (host wait and worst
-// case), cached, and combines of the last dispatch and of older ones.
+// case), cached (of the last handle and of an older one), and combines of
+// the last dispatch and of older ones.
 func TestInternodeHost(t *testing.T) { internodeSuite(t, ep.Host, nil, 2, 4) }
 
 // TestInternodeEmulated: the same on 2 virtual nodes x 2 ranks under the
@@ -329,14 +330,15 @@ func TestInternodeEmulated(t *testing.T) {
 	internodeSuite(t, ep.Host, func(i int) (ep.Device, error) {
 		return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
 	}, 2)
-	// The calls ran the kernels: 6 dispatches (2 cached, of the handle
-	// dispatched last: no notify round, internode.DeviceDispatch.Cached)
-	// and 5 combines per rank, of which 2 replay a route-only dispatch
-	// first: an older dispatch's with its notify round, a second combine
-	// of it cached, without one; each combine's final reduce on a grid of
-	// its own (the default).
-	for k, want := range map[string]int64{internode.KernelNotify: 4 * (4 + 1), internode.KernelDispatch: 4 * (6 + 2),
-		internode.KernelCombine: 4 * 5, internode.KernelCombineReduce: 4 * 5} {
+	// The calls ran the kernels: 7 dispatches (3 cached: no notify round,
+	// internode.DeviceDispatch.Cached; two of the handle dispatched last,
+	// one of an older handle after internode.Notify.Resume) and 6
+	// combines per rank, of which 2 replay a cached route-only dispatch
+	// first (an older dispatch's, resumed; a second combine of it), so 4
+	// notify rounds only; each combine's final reduce on a grid of its own
+	// (the default).
+	for k, want := range map[string]int64{internode.KernelNotify: 4 * 4, internode.KernelDispatch: 4 * (7 + 2),
+		internode.KernelCombine: 4 * 6, internode.KernelCombineReduce: 4 * 6} {
 		require.Equal(t, want, cpuemu.Launches(k)-before[k], "%s launches", k)
 	}
 	require.Len(t, internode.Kernels, 4, "a kernel without an expected launch count here")
@@ -403,6 +405,16 @@ func internodeSuite(t *testing.T, kind ep.Kind, open func(i int) (ep.Device, err
 			interCombine(t, r, s, rng, handlesOf(resF), wantF, tokens, false, 0, true, "combine of the last dispatch")
 			interCombine(t, r, s, rng, handlesOf(resA), wantA, tokens, true, 2, false, "combine of an older dispatch")
 			interCombine(t, r, s, rng, handlesOf(resA), wantA, tokens, true, 1, true, "second combine of one dispatch")
+			// A cached dispatch of the FP8 handle, no longer the last one
+			// (on devices that run the kernels it resumes the handle's kept
+			// layout: no notify round), new rows, then its combine.
+			idsF := make([][]int64, w)
+			for i := range idsF {
+				idsF[i] = f.in[i].TopK
+			}
+			f2 := newInterRound(rng, s, tokens, routeOneExpert, true, false, idsF)
+			interDispatch(t, r, s, f2, handlesOf(resF), "fp8 cached dispatch of an older handle")
+			interCombine(t, r, s, rng, handlesOf(resF), wantF, tokens, false, 1, false, "combine after a cached dispatch of an older handle")
 
 			// 3. Worst case, an expert and a rank that receive nothing.
 			e := newInterRound(rng, s, tokens, routeSkipExpert, false, true, nil)

@@ -44,6 +44,10 @@ type DeviceNotify struct {
 	// expert counts [LocalExperts], and the received count [1], written
 	// last (after a system fence), for the host to poll.
 	HostInvalid, HostExpertCounts, HostRecvCount uintptr
+	// Layout is the kept layout (0..NotifyConfig.Layouts-1) the round
+	// writes its layout into, replacing the round kept there; Resume makes
+	// it current again later.
+	Layout int
 }
 
 // DeviceDispatch is the device-pointer form's dispatch of the last
@@ -60,11 +64,12 @@ type DeviceDispatch struct {
 	// outputs zero, BF16). A combine of an earlier dispatch replays its
 	// notify round and a route-only dispatch first.
 	RouteOnly bool
-	// Cached dispatches the last notify round's tokens again without a
+	// Cached dispatches the current notify round's tokens again without a
 	// notify round before it (the layout is that round's, so the ids in
-	// DeviceNotify.TopK must be the same): DeepEP's cached mode. Allowed
-	// after that round's dispatch (or after another cached one, or a
-	// combine); the kernel waits, instead of the notify round, until each
+	// DeviceNotify.TopK must be the same): DeepEP's cached mode. The
+	// current round is the last RunAsync's, or the kept one Resume made
+	// current. Allowed after that round's dispatch (or after another
+	// cached one, or a combine), and required right after Resume; the kernel waits, instead of the notify round, until each
 	// rank whose relay or receive rows it writes has finished its earlier
 	// dispatch and combine kernels. It may carry other rows, weights,
 	// format or RouteOnly than the earlier dispatches.
@@ -96,14 +101,22 @@ type DeviceCombine struct {
 
 // asyncReady checks what every device-pointer call needs.
 func (nt *Notify) asyncReady(st device.Stream) error {
+	if err := nt.devicePointersReady(); err != nil {
+		return err
+	}
+	if st == nil {
+		return fmt.Errorf("internode: rank %d: nil stream", nt.rank)
+	}
+	return nil
+}
+
+// devicePointersReady: the Notify has not failed and kernels run here.
+func (nt *Notify) devicePointersReady() error {
 	if nt.err != nil {
 		return nt.err
 	}
 	if nt.kern == nil {
 		return fmt.Errorf("internode: rank %d: the device-pointer form needs a device that runs the kernels (a GPU or the CPU emulation); the host backend takes the slice form", nt.rank)
-	}
-	if st == nil {
-		return fmt.Errorf("internode: rank %d: nil stream", nt.rank)
 	}
 	return nil
 }
@@ -141,6 +154,9 @@ func (nt *Notify) RunAsync(st device.Stream, a DeviceNotify) error {
 	if a.TopK%8 != 0 {
 		return fail("top-k ids at %#x: want 8-byte aligned", a.TopK)
 	}
+	if a.Layout < 0 || a.Layout >= len(nt.kept) {
+		return fail("layout %d: want 0..%d (NotifyConfig.Layouts)", a.Layout, len(nt.kept)-1)
+	}
 	if !aligned4(a.NumRecv, a.RankPrefix, a.ExpertCounts, a.HostInvalid, a.HostExpertCounts, a.HostRecvCount) {
 		return fail("an int32 output is not 4-byte aligned")
 	}
@@ -157,15 +173,49 @@ func (nt *Notify) RunAsync(st device.Stream, a DeviceNotify) error {
 	// until the next Run.
 	nt.last, nt.lastIDs = nil, nt.lastIDs[:0]
 	nt.dev0 = devRound{ids: a.TopK, tokens: a.Tokens, ok: true}
+	nt.cur, nt.kept[a.Layout], nt.resumed = a.Layout, nt.dev0, false
 	nt.dispatched, nt.combined = false, false
 	return nil
 }
 
-// devRound is the last device-pointer notify round's ids.
+// devRound is a device-pointer notify round's ids.
 type devRound struct {
 	ids    uintptr
 	tokens int
-	ok     bool // a RunAsync round is the last round
+	ok     bool // a RunAsync round (dev0: the current round is one)
+	// dispatched: a dispatch of this round ran (kept layouts: Resume
+	// needs one).
+	dispatched bool
+}
+
+// Resume makes kept layout i's round the current one again, so that the
+// next call is a cached DispatchAsync of its tokens (the ids its RunAsync
+// was given, which must still hold them) with no notify round, and a
+// CombineAsync may follow that dispatch: what a later round replaced was
+// only which layout the kernels read, and every kept layout stays in
+// device memory until a round writes it again. It enqueues nothing. Like
+// every call it is collective: each rank resumes the same round (the
+// kernels would otherwise wait for rows that never come, until the
+// watchdog). The round must have been dispatched once.
+func (nt *Notify) Resume(i int) error {
+	if nt == nil {
+		return fmt.Errorf("internode: resume: nil notify")
+	}
+	if err := nt.devicePointersReady(); err != nil {
+		return err
+	}
+	if i < 0 || i >= len(nt.kept) {
+		return fmt.Errorf("internode: rank %d: resume layout %d: want 0..%d (NotifyConfig.Layouts)", nt.rank, i, len(nt.kept)-1)
+	}
+	k := nt.kept[i]
+	if !k.ok || !k.dispatched {
+		return fmt.Errorf("internode: rank %d: resume layout %d: it holds no dispatched device-pointer round", nt.rank, i)
+	}
+	// The relay rows in place are another round's: dispXBytes 0 keeps a
+	// route-only dispatch from skipping its puts.
+	nt.dev0, nt.cur, nt.resumed = k, i, true
+	nt.dispatched, nt.combined, nt.dispXBytes = false, false, 0
+	return nil
 }
 
 // DispatchAsync enqueues the dispatch of the last RunAsync round on st:
@@ -186,7 +236,9 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 		return fail("run a device-pointer notify round (RunAsync) first")
 	case nt.dispatched && !a.Cached:
 		return fail("one dispatch per notify round (pass Cached to dispatch its tokens again without one)")
-	case !nt.dispatched && a.Cached:
+	case nt.resumed && !a.Cached:
+		return fail("a resumed layout's round was dispatched already: pass Cached")
+	case !nt.dispatched && !nt.resumed && a.Cached:
 		return fail("a cached dispatch follows its notify round's dispatch")
 	}
 	t := nt.dev0.tokens
@@ -211,7 +263,8 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 		nt.err = fail("%w", err)
 		return nt.err
 	}
-	nt.dispatched, nt.combined = true, false
+	nt.dispatched, nt.combined, nt.resumed = true, false, false
+	nt.dev0.dispatched, nt.kept[nt.cur].dispatched = true, true
 	nt.dispRound++
 	if err := nt.launchDispatch(st, nt.dev0.ids, t, a); err != nil {
 		nt.err = fail("%w", err)

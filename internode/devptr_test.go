@@ -145,7 +145,7 @@ func TestDevicePointersHostRefused(t *testing.T) {
 		}
 		defer st.Close()
 		for _, err := range []error{nt.RunAsync(st, internode.DeviceNotify{}), nt.DispatchAsync(st, internode.DeviceDispatch{}),
-			nt.CombineAsync(st, internode.DeviceCombine{})} {
+			nt.CombineAsync(st, internode.DeviceCombine{}), nt.Resume(0)} {
 			if err == nil || !containsAll(err.Error(), "device-pointer form", "slice form") {
 				return nt, fmt.Errorf("want the host backend's refusal, got %v", err)
 			}
@@ -176,6 +176,13 @@ type devRoundSpec struct {
 	align, biases         int
 	partial               internode.Partial
 	replay                int // 1 + the round replayed, 0 for none
+	// resume is 1 + the round whose kept layout this one resumes
+	// (Notify.Resume; 0: none): that round's inputs dispatched again,
+	// cached, with no notify round, as the Buffer does for a cached
+	// dispatch of an older handle (with replay -1: the route only, then
+	// the combine, its combine of an older handle). Its spec must match
+	// the resumed round's formats.
+	resume int
 	// cached is how many cached dispatches (no notify round before them),
 	// each followed by its combine, follow the round's, all checked
 	// against the same reference.
@@ -200,6 +207,13 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 		{fp8: true, strided: true, biases: 1, partial: internode.PartialFP32},
 		{fp8: true, weights: true, partial: internode.PartialBF16, cached: 1, again: 1},
 		{weights: true, partial: internode.PartialBF16, replay: 1},
+		// Round 2's layout (FP8, no weights), then round 1's (BF16), then
+		// round 3's, the route only right after a BF16 dispatch of another
+		// routing's relay rows (it must put its own), none of them the
+		// latest.
+		{fp8: true, strided: true, biases: 1, partial: internode.PartialFP32, resume: 2, cached: 1, again: 1},
+		{weights: true, align: 4, biases: 2, partial: internode.PartialBF16, resume: 1},
+		{fp8: true, weights: true, partial: internode.PartialBF16, resume: 3, replay: -1},
 	}
 	const maxTokens = 9
 	in := make([][]internode.RankInput, len(rounds))
@@ -212,8 +226,8 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 		tokens[e] = make([]int, w)
 		zero := rng.Intn(w)
 		for r := range in[e] {
-			if rd.replay > 0 {
-				in[e][r] = in[rd.replay-1][r]
+			if from := max(rd.replay, rd.resume); from > 0 {
+				in[e][r] = in[from-1][r]
 			} else {
 				tk := 1 + rng.Intn(maxTokens)
 				if r == zero {
@@ -268,7 +282,8 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 				return nil, nil, err
 			}
 		}
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs, SendMemory: testSendMemory})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs, SendMemory: testSendMemory,
+			Layouts: len(rounds)})
 		if err != nil {
 			if st != nil {
 				_ = st.Close()
@@ -299,12 +314,15 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 		if b == emuBackend {
 			// The diagnostic itself: every counter at the last round.
 			// Every dispatch (cached ones too) has its combine.
-			steps := len(rounds)
+			steps, notifies := len(rounds), 0
 			for _, rd := range rounds {
 				steps += rd.cached + rd.again
+				if rd.resume == 0 {
+					notifies++
+				}
 			}
 			d, err := nt.DebugCounters()
-			if err != nil || strings.Count(d, fmt.Sprintf("want %d;", len(rounds))) != 2 ||
+			if err != nil || strings.Count(d, fmt.Sprintf("want %d;", notifies)) != 2 ||
 				strings.Count(d, fmt.Sprintf("want %d;", steps)) != 4 ||
 				// The dispatch kernel's forwarders add each NVLink counter
 				// twice a step (own node's rows, then the others').
@@ -446,11 +464,22 @@ func (d *devMem) mappedI32(j int) int32 {
 // input).
 func (d *devMem) round(nt *internode.Notify, s internode.Shape, rd devRoundSpec, in internode.RankInput, ci internode.CombineInput,
 	want internode.RankOutput, wantC internode.CombineOutput) error {
+	if rd.resume > 0 {
+		// The resumed round's ids where its RunAsync read them (every
+		// round uses the one ids region).
+		if err := d.put("ids", i64b(in.TopK)); err != nil {
+			return err
+		}
+		d.mark("resume layout %d", rd.resume-1)
+		if err := nt.Resume(rd.resume - 1); err != nil {
+			return err
+		}
+	}
 	for rep := 0; rep <= rd.cached; rep++ {
 		if rep > 0 {
 			d.mark("cached dispatch %d", rep)
 		}
-		if err := d.roundOnce(nt, s, rd, in, ci, want, wantC, rep > 0); err != nil {
+		if err := d.roundOnce(nt, s, rd, in, ci, want, wantC, rep > 0 || rd.resume > 0); err != nil {
 			if rep > 0 {
 				return fmt.Errorf("cached dispatch %d: %w", rep, err)
 			}
@@ -510,7 +539,8 @@ func (d *devMem) roundOnce(nt *internode.Notify, s internode.Shape, rd devRoundS
 	}
 	dn := internode.DeviceNotify{TopK: d.off["ids"], Tokens: t, ExpertAlignment: rd.align,
 		NumRecv: d.off["numRecv"], RankPrefix: d.off["prefix"], ExpertCounts: d.off["experts"],
-		HostInvalid: d.mapped.Dev, HostRecvCount: d.mapped.Dev + 4, HostExpertCounts: d.mapped.Dev + 8}
+		HostInvalid: d.mapped.Dev, HostRecvCount: d.mapped.Dev + 4, HostExpertCounts: d.mapped.Dev + 8,
+		Layout: d.roundNo - 1}
 	if !cached {
 		d.mark("notify enqueue")
 		if err := nt.RunAsync(d.st, dn); err != nil {
@@ -569,7 +599,10 @@ func (d *devMem) roundOnce(nt *internode.Notify, s internode.Shape, rd devRoundS
 		return err
 	}
 	n := want.Received()
-	if got := [3]int32{d.mappedI32(0), d.mappedI32(1), 0}; got != [3]int32{int32(ly.Invalid), int32(n), 0} {
+	// A resumed round's notify ran before the latest one, whose counts
+	// the host-mapped words hold (checked there).
+	hostMapped := rd.resume == 0
+	if got := [3]int32{d.mappedI32(0), d.mappedI32(1), 0}; hostMapped && got != [3]int32{int32(ly.Invalid), int32(n), 0} {
 		return fmt.Errorf("host-mapped invalid ids and received count %v, want %d and %d", got[:2], ly.Invalid, n)
 	}
 	wantExperts := make([]int32, le)
@@ -580,7 +613,7 @@ func (d *devMem) roundOnce(nt *internode.Notify, s internode.Shape, rd devRoundS
 	for j := range gotExperts {
 		gotExperts[j] = d.mappedI32(2 + j)
 	}
-	if err := same("host-mapped expert counts", wantExperts, gotExperts); err != nil {
+	if err := same("host-mapped expert counts", wantExperts, gotExperts); hostMapped && err != nil {
 		return err
 	}
 	raw, err := d.get("numRecv", 4)
@@ -747,4 +780,128 @@ func f32b(v []float32) []byte {
 		binary.LittleEndian.PutUint32(b[4*j:], math.Float32bits(x))
 	}
 	return b
+}
+
+// Kept layouts refuse what they cannot do (under the CPU emulation, 2 x 1
+// ranks, NotifyConfig.Layouts 2), each refusal leaving the Notify usable:
+// a layout out of range in RunAsync and Resume, resuming a layout no round
+// wrote or whose round was not dispatched, a non-cached dispatch or a
+// combine right after Resume; then the resumed round's cached dispatch
+// and its combine run and match the reference.
+func TestEmulatedResumeRefused(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 1}
+	s := internode.Shape{Topology: topo, Hidden: 128, TopK: 2, Experts: 4}
+	rng := rand.New(rand.NewSource(5))
+	const maxTokens = 6
+	in := make([]internode.RankInput, topo.World())
+	cin := make([]internode.CombineInput, topo.World())
+	tokens := make([]int, topo.World())
+	for r := range in {
+		tokens[r] = 1 + rng.Intn(maxTokens)
+		in[r] = dispatchInput(rng, s, devIDs(rng, s, tokens[r]), false, false)
+	}
+	disp, err := internode.ReferenceDispatch(s, in, 0)
+	require.NoError(t, err)
+	for r := range cin {
+		cin[r] = internode.CombineInput{Y: bf16s(rng, disp[r].Received()*s.Hidden)}
+	}
+	comb, err := internode.ReferenceCombine(s, tokens, disp, cin, internode.CombineOptions{Partial: internode.PartialBF16})
+	require.NoError(t, err)
+	errs := runNotifyRanksFree(t, emuBackend, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
+		me := c.Rank()
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 73, MaxTokens: maxTokens, Layouts: 2})
+		if err != nil {
+			return nil, nil, err
+		}
+		m, err := newDevMem(c.Device(), s, maxTokens, nil)
+		if err != nil {
+			return nt, nil, err
+		}
+		free := func() error { m.free(); return nil }
+		refused := func(what string, err error, subs ...string) error {
+			if err == nil || !containsAll(err.Error(), subs...) {
+				return fmt.Errorf("%s: want a refusal saying %q, got %v", what, subs, err)
+			}
+			return nil
+		}
+		if err := m.put("ids", i64b(in[me].TopK)); err != nil {
+			return nt, free, err
+		}
+		dn := internode.DeviceNotify{TopK: m.off["ids"], Tokens: tokens[me], Layout: 2}
+		for _, e := range []error{
+			refused("RunAsync layout 2", nt.RunAsync(m.st, dn), "layout 2", "want 0..1"),
+			refused("Resume(-1)", nt.Resume(-1), "layout -1", "want 0..1"),
+			refused("Resume(2)", nt.Resume(2), "layout 2", "want 0..1"),
+			refused("Resume(0) before any round", nt.Resume(0), "layout 0", "no dispatched"),
+		} {
+			if e != nil {
+				return nt, free, e
+			}
+		}
+		dn.Layout = 1
+		if err := nt.RunAsync(m.st, dn); err != nil {
+			return nt, free, err
+		}
+		if err := refused("Resume(1) before its dispatch", nt.Resume(1), "layout 1", "no dispatched"); err != nil {
+			return nt, free, err
+		}
+		if err := m.put("x", u16b(in[me].X)); err != nil {
+			return nt, free, err
+		}
+		dd := internode.DeviceDispatch{X: m.off["x"], RecvX: m.off["rx"], RecvTopK: m.off["rtopk"], RecvSrcToken: m.off["rsrc"]}
+		if err := nt.DispatchAsync(m.st, dd); err != nil {
+			return nt, free, err
+		}
+		// Round 1 in layout 1 is dispatched: resume it (no combine of it
+		// ran, nor any later round: the same layout, made current again).
+		if err := nt.Resume(1); err != nil {
+			return nt, free, err
+		}
+		for _, e := range []error{
+			refused("non-cached dispatch after Resume", nt.DispatchAsync(m.st, dd), "pass Cached"),
+			refused("combine after Resume", nt.CombineAsync(m.st, internode.DeviceCombine{Out: m.off["out"]}), "its dispatch first"),
+		} {
+			if e != nil {
+				return nt, free, e
+			}
+		}
+		dd.Cached = true
+		if err := nt.DispatchAsync(m.st, dd); err != nil {
+			return nt, free, err
+		}
+		if err := m.put("y", u16b(cin[me].Y)); err != nil {
+			return nt, free, err
+		}
+		dc := internode.DeviceCombine{Out: m.off["out"], Partial: internode.PartialBF16}
+		if disp[me].Received() > 0 {
+			dc.Y = m.off["y"]
+		}
+		if err := nt.CombineAsync(m.st, dc); err != nil {
+			return nt, free, err
+		}
+		if err := m.st.Synchronize(); err != nil {
+			return nt, free, err
+		}
+		if err := nt.Check(); err != nil {
+			return nt, free, err
+		}
+		got, err := m.get("rsrc", 4*disp[me].Received())
+		if err != nil {
+			return nt, free, err
+		}
+		if string(got) != string(i32b(disp[me].RecvSrcToken)) {
+			return nt, free, fmt.Errorf("source tokens of the resumed round's cached dispatch differ from the reference's")
+		}
+		if got, err = m.get("out", 2*tokens[me]*s.Hidden); err != nil {
+			return nt, free, err
+		}
+		if string(got) != string(u16b(comb[me].X)) {
+			return nt, free, fmt.Errorf("combined rows differ from the reference's (bit for bit)")
+		}
+		return nt, free, nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
 }

@@ -209,6 +209,11 @@ func TestDispatchBadInput(t *testing.T) {
 				return nil, fmt.Errorf("rank %d: send memory %d: %v, want a refusal naming it", me, int(sm), err)
 			}
 		}
+		for _, n := range []int{-1, internode.MaxLayouts + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, Layouts: n}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("layouts %d", n)) {
+				return nil, fmt.Errorf("rank %d: layouts %d: %v, want a refusal naming them", me, n, err)
+			}
+		}
 		for _, pb := range []int{-1, internode.MaxPutBytes + 1} {
 			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, PutBytes: pb}); err == nil || !strings.Contains(err.Error(), "put bytes") {
 				return nil, fmt.Errorf("rank %d: put bytes %d: %v, want a refusal naming them", me, pb, err)

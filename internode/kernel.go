@@ -58,10 +58,15 @@ func runsKernels(dev device.Device) bool {
 // allocated per round: ranks sharing a GPU must not allocate while a peer
 // spins), and the stream the launches go to.
 type kernelState struct {
-	buf                      device.Buffer
-	ports, peers, waits, out uintptr
-	ids                      uintptr
-	maxIDs                   int // top-k ids the ids region holds
+	buf                 device.Buffer
+	ports, peers, waits uintptr
+	// out is the dispatch and combine words (outWords; dout); layouts the
+	// notify kernel's outputs, one per kept layout (NotifyConfig.Layouts),
+	// layoutStride bytes apart (layout).
+	out, layouts uintptr
+	layoutStride int
+	ids          uintptr
+	maxIDs       int // top-k ids the ids region holds
 	// Dispatch: the layout struct, inputs staged per round (x, scales,
 	// weights), the per (token, node) row scratch, dispatch's wait ids.
 	dlay, x, scales, weights, scratch, dwaits uintptr
@@ -93,7 +98,7 @@ const (
 	maxThreads             = 512 // internode.cu's GOEP_INN_MAX_THREADS (the kernels' launch bound)
 )
 
-// outWords is the dispatch/combine words after notify's output
+// outWords is the dispatch/combine words
 // (internode.cu's GOEP_INN_OUT_WORDS: status, bad, four block arrival
 // counters), cleared before each launch.
 const outWords = 6
@@ -259,13 +264,16 @@ func (s Shape) notifyOutInts() int {
 // caller's ids, rows, scales, weights and biases for MaxTokens tokens
 // (maxIDs = MaxTokens x top-k, overflow-checked by the caller; the larger
 // products were checked by newDispatchLayout), the row scratch and the
-// phase trace, the layouts and the step epochs.
+// phase trace, the dispatch layout structs and the step epochs; layouts
+// copies of the notify kernel's output (NotifyConfig.Layouts: a few KB
+// each).
 type kernelRegions struct {
-	ports, peers, waits, out, ids, dlay, x, scales, weights, scratch, dwaits, bias0, bias1, cwaits, epochs int
-	size                                                                                                   int
+	ports, peers, waits, out, notifyOut, ids, dlay, x, scales, weights, scratch, dwaits, bias0, bias1, cwaits, epochs int
+	notifyStride                                                                                                      int
+	size                                                                                                              int
 }
 
-func (s Shape) kernelRegions(maxTokens, maxIDs int) kernelRegions {
+func (s Shape) kernelRegions(maxTokens, maxIDs, layouts int) kernelRegions {
 	n, p := s.Nodes, s.RanksPerNode
 	var o kernelRegions
 	take := func(b int) int { at := o.size; o.size += int(align16(int64(b))); return at }
@@ -273,7 +281,9 @@ func (s Shape) kernelRegions(maxTokens, maxIDs int) kernelRegions {
 	o.ports = take(n * devapi.PortChannelSize)
 	o.peers = take(8 * p)
 	o.waits = take(4 * (n + p))
-	o.out = take(4*s.notifyOutInts() + 4*outWords) // notify's output, then dispatch's and combine's words
+	o.out = take(4 * outWords) // dispatch's and combine's words
+	o.notifyStride = int(align16(int64(4 * s.notifyOutInts())))
+	o.notifyOut = take(layouts * o.notifyStride) // the caller bounds layouts (MaxLayouts)
 	o.ids = take(8 * maxIDs)
 	o.dlay = take(2 * dlayBytes) // the layout for BF16 rows, then for FP8 rows
 	o.x = take(m * 2 * h)        // BF16 rows are the larger
@@ -303,7 +313,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		return fmt.Errorf("%d tokens x top-k %d overflow", nt.cfg.MaxTokens, s.TopK)
 	}
 	ks := &kernelState{maxIDs: maxIDs, outInts: s.notifyOutInts()}
-	o := s.kernelRegions(nt.cfg.MaxTokens, maxIDs)
+	o := s.kernelRegions(nt.cfg.MaxTokens, maxIDs, nt.cfg.layouts())
 	var err error
 	if ks.buf, err = nt.alloc(o.size); err != nil {
 		return err
@@ -311,6 +321,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 	nt.kern = ks
 	base := ks.buf.Ptr
 	ks.ports, ks.peers, ks.waits, ks.out, ks.ids = base+uintptr(o.ports), base+uintptr(o.peers), base+uintptr(o.waits), base+uintptr(o.out), base+uintptr(o.ids)
+	ks.layouts, ks.layoutStride = base+uintptr(o.notifyOut), o.notifyStride
 	ks.dlay, ks.x, ks.scales, ks.weights, ks.scratch, ks.dwaits = base+uintptr(o.dlay), base+uintptr(o.x), base+uintptr(o.scales),
 		base+uintptr(o.weights), base+uintptr(o.scratch), base+uintptr(o.dwaits)
 	ks.bias0, ks.bias1, ks.cwaits = base+uintptr(o.bias0), base+uintptr(o.bias1), base+uintptr(o.cwaits)
@@ -406,7 +417,7 @@ func (nt *Notify) notifyKernel(ids []int64) (_ *NotifyResult, ok bool, err error
 		return nil, true, err
 	}
 	raw := make([]byte, 4*ks.outInts)
-	if err := nt.dev.CopyOut(raw, ks.out); err != nil {
+	if err := nt.dev.CopyOut(raw, ks.layout(0)); err != nil {
 		return nil, true, err
 	}
 	out := make([]int32, ks.outInts)
@@ -464,11 +475,11 @@ func (nt *Notify) launchNotify(st device.Stream, ids uintptr, tokens, alignment 
 	a, i := s.Node(nt.rank), s.Local(nt.rank)
 	args := device.NewArgs(23).Ptr(ids).I32Int(tokens).I32Int(s.TopK).I32Int(s.Experts).I32Int(s.Nodes).
 		I32Int(s.RanksPerNode).I32Int(a).I32Int(i).Ptr(ks.epochs).I32Int(alignment).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
-		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.out).
+		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.waits).Ptr(ks.layout(o.Layout)).
 		Ptr(o.NumRecv).Ptr(o.RankPrefix).Ptr(o.ExpertCounts).Ptr(o.HostInvalid).Ptr(o.HostExpertCounts).Ptr(o.HostRecvCount)
 	// Clear the status word in stream order (a memset node in a graph): a
 	// kernel that gives up leaves it clear.
-	if err := nt.dev.MemsetAsync(ks.out, 0, 4, st); err != nil {
+	if err := nt.dev.MemsetAsync(ks.layout(o.Layout), 0, 4, st); err != nil {
 		return err
 	}
 	return nt.dev.Launch(KernelNotify, device.Dim3{X: 1}, device.Dim3{X: notifyThreads}, 0, st, args)
@@ -599,13 +610,15 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 			cached |= 2
 		}
 	}
-	// Offsets of notify's outputs that dispatch reads on the device.
+	// Offsets of notify's outputs that dispatch reads on the device, in
+	// the layout of the round being dispatched.
 	relayOff, prefixOff := s.notifyOffsets()
+	cur := ks.layout(nt.cur)
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	sp := nt.splitFor(tokens)
 	args := device.NewArgs(35).Ptr(a.X).Ptr(a.Scales).Ptr(ids).Ptr(a.Weights).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).
 		I32Int(s.Experts).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).I32Int(fp8Arg).Ptr(ks.epochs).Ptr(ks.dlayFor(a.FP8)).
-		Ptr(ks.out + uintptr(prefixOff)).Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
+		Ptr(cur + uintptr(prefixOff)).Ptr(cur + uintptr(relayOff)).Ptr(ks.scratch).Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).
 		Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.dwaits).Ptr(ks.dout()).
 		U64Int(int(a.ScaleStrides[0])).U64Int(int(a.ScaleStrides[1])).
 		Ptr(a.RecvX).Ptr(a.RecvScales).Ptr(a.RecvTopK).Ptr(a.RecvWeights).Ptr(a.RecvSrcToken).
@@ -772,6 +785,7 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 		return 0
 	}
 	relayOff, prefixOff := s.notifyOffsets()
+	cur := ks.layout(nt.cur)
 	node, i := s.Node(nt.rank), s.Local(nt.rank)
 	sp := nt.splitFor(tokens)
 	// Shared by the combine kernel and its final reduce: the dispatch
@@ -781,9 +795,9 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	withWeights, fp32 := b2i(weights), b2i(a.Partial == PartialFP32)
 	args := device.NewArgs(28).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
 		I32Int(withWeights).I32Int(fp32).Ptr(ks.epochs).Ptr(dlay).
-		Ptr(ks.out + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
+		Ptr(cur + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
-		Ptr(a.Y).Ptr(a.Weights).Ptr(ks.out + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders).
+		Ptr(a.Y).Ptr(a.Weights).Ptr(cur + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders).
 		I32Int(b2i(ks.reduceBlocks > 0))
 	// Clear the status words and the block arrival counters in stream
 	// order (a memset node in a graph).
@@ -809,7 +823,11 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 
 // dout is dispatch's status words (status, bad): after notify's output,
 // which dispatch reads.
-func (ks *kernelState) dout() uintptr { return ks.out + uintptr(4*ks.outInts) }
+func (ks *kernelState) dout() uintptr { return ks.out }
+
+// layout is kept layout i: the notify kernel's output of the last round
+// that wrote it (DeviceNotify.Layout; the slice form always writes 0).
+func (ks *kernelState) layout(i int) uintptr { return ks.layouts + uintptr(i*ks.layoutStride) }
 
 // stepStatus waits for the kernels' stream and reads the dispatch/combine
 // status words: done says the step finished (else one of its waits gave

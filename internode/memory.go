@@ -54,6 +54,9 @@ func MemoryFor(s Shape, cfg NotifyConfig) (Memory, error) {
 	if cfg.MaxTokens < 0 {
 		return Memory{}, fmt.Errorf("internode: max tokens %d: want >= 0", cfg.MaxTokens)
 	}
+	if cfg.Layouts < 0 || cfg.Layouts > MaxLayouts {
+		return Memory{}, fmt.Errorf("internode: layouts %d: want 0..%d", cfg.Layouts, MaxLayouts)
+	}
 	dl, err := newDispatchLayout(s, cfg.MaxTokens)
 	if err != nil {
 		return Memory{}, fmt.Errorf("internode: %w", err)
@@ -67,7 +70,7 @@ func MemoryFor(s Shape, cfg NotifyConfig) (Memory, error) {
 		if !ok {
 			return Memory{}, fmt.Errorf("internode: %d tokens x top-k %d overflow", cfg.MaxTokens, s.TopK)
 		}
-		m.Kernels = s.kernelRegions(cfg.MaxTokens, maxIDs).size
+		m.Kernels = s.kernelRegions(cfg.MaxTokens, maxIDs, cfg.layouts()).size
 	}
 	return m, nil
 }

@@ -128,7 +128,21 @@ type NotifyConfig struct {
 	// The Buffer reads it from $GOEP_INTERNODE_SEND_MEMORY (SendMemoryEnv,
 	// ParseSendMemory).
 	SendMemory SendMemory
+	// Layouts, where kernels run, is how many notify rounds' layouts the
+	// device keeps (the notify kernel's output: counts, relay counts, rank
+	// prefix; a few KB each). A device-pointer round writes the one its
+	// DeviceNotify.Layout names, and Resume makes a kept one current again,
+	// so that a cached dispatch (and a combine after it) of an older round
+	// needs no notify round. 0 means 1; at most MaxLayouts. The Buffer
+	// keeps one per handle slot.
+	Layouts int
 }
+
+// MaxLayouts bounds NotifyConfig.Layouts.
+const MaxLayouts = 1 << 16
+
+// layouts is Layouts with its default.
+func (c NotifyConfig) layouts() int { return max(c.Layouts, 1) }
 
 // NotifyResult is what one rank holds after a notify round.
 type NotifyResult struct {
@@ -192,9 +206,13 @@ type Notify struct {
 	// wait ids.
 	combRound  uint64
 	dispXBytes int // x bytes of this round's relay rows
-	// dev0 is the last round's ids when it was a device-pointer round
-	// (RunAsync: devptr.go).
+	// dev0 is the current round's ids when it is a device-pointer round
+	// (RunAsync or Resume: devptr.go), cur its kept layout (the slice
+	// form's rounds: 0), kept what each kept layout holds.
 	dev0                   devRound
+	cur                    int
+	kept                   []devRound
+	resumed                bool // Resume ran and no dispatch since
 	combined               bool
 	combNetWait, combReady []uint32
 
@@ -316,6 +334,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if cfg.MaxTokens < 0 || cfg.MaxTokens > MaxTokens {
 		return nil, fail("max tokens %d: want 0..%d", cfg.MaxTokens, MaxTokens)
 	}
+	if cfg.Layouts < 0 || cfg.Layouts > MaxLayouts {
+		return nil, fail("layouts %d: want 0..%d", cfg.Layouts, MaxLayouts)
+	}
 	if cfg.PutBytes < 0 || cfg.PutBytes > MaxPutBytes {
 		return nil, fail("put bytes %d: want 0..%d", cfg.PutBytes, MaxPutBytes)
 	}
@@ -332,7 +353,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if err != nil {
 		return nil, fail("%w", err)
 	}
-	nt := &Notify{shape: s, cfg: cfg, comm: comm, dev: dev, rank: rank, dl: dl}
+	nt := &Notify{shape: s, cfg: cfg, comm: comm, dev: dev, rank: rank, dl: dl, kept: make([]devRound, cfg.layouts())}
 	defer func() {
 		if err != nil {
 			err = errors.Join(fail("%w", err), nt.free(false))
@@ -633,7 +654,10 @@ func (nt *Notify) Run(ids []int64) (*NotifyResult, error) {
 	}
 	nt.lastIDs = append(nt.lastIDs[:0], ids...)
 	nt.last = res
-	nt.dev0 = devRound{}
+	nt.dev0, nt.cur, nt.resumed = devRound{}, 0, false
+	if len(nt.kept) > 0 {
+		nt.kept[0] = devRound{} // overwritten by this round
+	}
 	nt.dispatched = false
 	nt.combined = false
 	return res, nil

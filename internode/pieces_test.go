@@ -163,7 +163,8 @@ func TestParseSendMemory(t *testing.T) {
 // MemoryFor: the regions NewNotify allocates, by shape and config; sizes
 // grow with the tokens, the send memory moves between device and host
 // memory, one node has no send memory, MaxTokens 0 no dispatch regions
-// and no kernel tables; bad shapes and sizes are refused.
+// and no kernel tables, each kept layout adds the notify output; bad
+// shapes and sizes are refused.
 func TestMemoryFor(t *testing.T) {
 	s := internode.Shape{Topology: internode.Topology{Nodes: 2, RanksPerNode: 2}, Hidden: 256, TopK: 4, Experts: 8}
 	small, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10})
@@ -184,6 +185,19 @@ func TestMemoryFor(t *testing.T) {
 	// Twice the tokens, twice the rows: 2 nodes x 20 more rows of BF16
 	// relay rows (2H + 12K + 8 + 4P = 576) and fp32 partials (4H + 4K = 1040).
 	require.Equal(t, 2*10*(576+1040), big.Send-small.Send)
+	// Kept layouts: the notify kernel's output per layout, 2 + W + N + E +
+	// W + N + N*P + LE + W = 32 int32 here (128 bytes, 16-aligned); 0
+	// means 1.
+	one1, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10, Layouts: 1})
+	require.NoError(t, err)
+	require.Equal(t, small, one1)
+	kept, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10, Layouts: 5})
+	require.NoError(t, err)
+	require.Equal(t, 4*128, kept.Kernels-small.Kernels)
+	for _, bad := range []int{-1, internode.MaxLayouts + 1} {
+		_, err = internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10, Layouts: bad})
+		require.ErrorContains(t, err, fmt.Sprintf("layouts %d", bad))
+	}
 	host, err := internode.MemoryFor(s, internode.NotifyConfig{MaxTokens: 10, SendMemory: internode.SendHost})
 	require.NoError(t, err)
 	require.True(t, host.SendHost)

@@ -130,7 +130,10 @@ const SplitEnv = "GOEP_INTERNODE_SPLIT"
 // 512, 1024 and 2048 tokens, 14-26% faster than the best role split
 // (dispatch + combine at 256: 2.96 ms vs 3.44 ms for 4,8,4). Many rows keep
 // every block busy in every role; few rows leave role blocks idle less
-// often than shared blocks serialise their roles. Ranks need not agree on a
+// often than shared blocks serialise their roles. Session 17 measured it
+// again (4x H100, EP4): the sweeps leaned to 4,8,4 up to 2048 tokens, but
+// an alternated A/B against the default did not separate them (the default
+// ahead at 1024), so the threshold stays. Ranks need not agree on a
 // split (each rank's roles are its own), so the choice follows this rank's
 // own token count.
 const SharedSplitTokens = 256

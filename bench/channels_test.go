@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -22,10 +20,7 @@ func TestChannelsOnHostBackend(t *testing.T) {
 		"port atomicAdd", "port signal/wait round trip", "plain CE copy", "channels: all checks passed"} {
 		require.Contains(t, stdout, want)
 	}
-	b, err := os.ReadFile(out)
-	require.NoError(t, err)
-	var rep chanReport
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[chanReport](t, out)
 	require.Equal(t, 4, rep.Ranks)
 	require.Empty(t, rep.Errors)
 	require.Len(t, rep.Checks, 10)

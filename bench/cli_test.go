@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,6 +15,16 @@ func run(t *testing.T, args ...string) (int, string, string) {
 	var out, errb bytes.Buffer
 	code := Main(args, &out, &errb)
 	return code, out.String(), errb.String()
+}
+
+// readJSON decodes the JSON report a command wrote at path (--json).
+func readJSON[T any](t testing.TB, path string) T {
+	t.Helper()
+	var v T
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &v))
+	return v
 }
 
 func TestUnknownCommandAndHelp(t *testing.T) {

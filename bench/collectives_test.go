@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -21,10 +19,7 @@ func TestCollectivesTuneOnHostBackend(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	require.Contains(t, stdout, "collectives: all checks passed")
 	require.Contains(t, stdout, "MEASUREMENTS")
-	b, err := os.ReadFile(out)
-	require.NoError(t, err)
-	var rep collReport
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[collReport](t, out)
 	require.Equal(t, 3, rep.Ranks)
 	require.Empty(t, rep.Errors)
 	algos := map[string]bool{}

@@ -1,9 +1,7 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -196,14 +194,4 @@ func TestTraceTimeline(t *testing.T) {
 		assert.Contains(t, got, want)
 	}
 	assert.NotContains(t, got, "read sock 2")
-}
-
-// readJSON decodes the JSON report at path.
-func readJSON[T any](t testing.TB, path string) T {
-	t.Helper()
-	var v T
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &v))
-	return v
 }

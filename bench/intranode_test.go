@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,10 +29,7 @@ func TestIntranodeOnHost(t *testing.T) {
 	}
 	assert.Regexp(t, `progress +[0-9.]+s: T=40 \(3/3\): dispatch bf16 cached \(host backend, plain copy\)`, stderr)
 	assert.NotContains(t, stdout+stderr, "24 SMs", "the host backend has no SMs")
-	var rep inReport
-	b, err := os.ReadFile(js)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[inReport](t, js)
 	require.Empty(t, rep.Errors)
 	require.Equal(t, 4, rep.Ranks)
 	// Per token count: layout, then bf16 cached, combine, full, three

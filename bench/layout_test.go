@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -22,12 +20,9 @@ func TestLayoutCommandOnHost(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	assert.Contains(t, stdout, "layout kernel on host:0: K=8 E=256 R=8 int64")
 	assert.Contains(t, stdout, "graph us/launch")
-	var rep struct {
+	rep := readJSON[struct {
 		Layout []layoutResult `json:"layout"`
-	}
-	b, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	}](t, path)
 	require.Len(t, rep.Layout, 3)
 	for i, tokens := range []int{0, 1, 300} {
 		r := rep.Layout[i]

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -30,10 +29,7 @@ func TestLowLatencyOnHost(t *testing.T) {
 		require.NoError(t, err)
 		require.Positive(t, st.Size())
 	}
-	var rep llReport
-	b, err := os.ReadFile(js)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[llReport](t, js)
 	require.Equal(t, 4, rep.Ranks)
 	// 3 token counts x 3 formats x (dispatch, combine; graph: dispatch,
 	// combine, dispatch+combine, dispatch x8, dispatch+combine x8), each
@@ -74,10 +70,7 @@ func TestLowLatencyOnGPU(t *testing.T) {
 	code, stdout, stderr := run(t, "lowlatency", "--backend", "cuda", "--ranks", "8", "--tokens", "1,128", "--warmup", "5",
 		"--iters", "10", "--json", js, "--plot", filepath.Join(dir, "ll"))
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
-	var rep llReport
-	b, err := os.ReadFile(js)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[llReport](t, js)
 	require.Len(t, rep.Figures, 2*3*5)
 	if n < 8 {
 		require.Contains(t, stdout, "not NVLink figures")
@@ -96,10 +89,7 @@ func TestLowLatencyNodesOnHost(t *testing.T) {
 	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	require.Contains(t, stdout, "in 2 virtual nodes")
 	require.Contains(t, stdout, "rank 3 reported masked")
-	var rep llReport
-	b, err := os.ReadFile(js)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep := readJSON[llReport](t, js)
 	require.Equal(t, 2, rep.Nodes)
 	require.NotEmpty(t, rep.Checks)
 	for _, c := range rep.Checks {

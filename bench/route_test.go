@@ -75,9 +75,7 @@ func TestRouteCommandJSON(t *testing.T) {
 	code, stdout, _ = run(t, "route", "--file", path, "--experts", "4", "--ranks", "2", "--source-rank-of", "rank:1", "--json", out)
 	require.Equal(t, 0, code)
 	assert.Contains(t, stdout, "tokens placed by rank:1")
-	b, err := os.ReadFile(out)
-	require.NoError(t, err)
-	require.NoError(t, json.Unmarshal(b, &rep))
+	rep = readJSON[map[string]any](t, out)
 	assert.Equal(t, []any{[]any{0.0, 0.0}, []any{2.0, 2.0}}, rep["matrix_tokens"])
 }
 

@@ -432,6 +432,21 @@ func newDevMem(dev device.Device, s internode.Shape, m int, st device.Stream) (*
 	return d, nil
 }
 
+// notifyWithMem makes a rank's Notify and its test memory (newDevMem, on
+// a stream of its own, sized by cfg.MaxTokens); free releases the memory
+// (nil while there is none), the harness closes the Notify.
+func notifyWithMem(ctx context.Context, c *channels.Communicator, s internode.Shape, cfg internode.NotifyConfig) (*internode.Notify, *devMem, func() error, error) {
+	nt, err := internode.NewNotify(ctx, c, s, cfg)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	m, err := newDevMem(c.Device(), s, cfg.MaxTokens, nil)
+	if err != nil {
+		return nt, nil, nil, err
+	}
+	return nt, m, func() error { m.free(); return nil }, nil
+}
+
 func (d *devMem) free() {
 	if d.st != nil {
 		_ = d.st.Close()
@@ -810,15 +825,10 @@ func TestEmulatedResumeRefused(t *testing.T) {
 	require.NoError(t, err)
 	errs := runNotifyRanksFree(t, emuBackend, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
 		me := c.Rank()
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 73, MaxTokens: maxTokens, Layouts: 2})
+		nt, m, free, err := notifyWithMem(ctx, c, s, internode.NotifyConfig{Tag: 73, MaxTokens: maxTokens, Layouts: 2})
 		if err != nil {
-			return nil, nil, err
+			return nt, free, err
 		}
-		m, err := newDevMem(c.Device(), s, maxTokens, nil)
-		if err != nil {
-			return nt, nil, err
-		}
-		free := func() error { m.free(); return nil }
 		refused := func(what string, err error, subs ...string) error {
 			if err == nil || !containsAll(err.Error(), subs...) {
 				return fmt.Errorf("%s: want a refusal saying %q, got %v", what, subs, err)

@@ -63,15 +63,10 @@ func checkOwnNodeRowsFirst(t *testing.T, b backend) {
 	gaveUp := make([]error, w)
 	errs := runNotifyRanksFree(t, b, topo, time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
 		me := c.Rank()
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 81, MaxTokens: maxTokens})
+		nt, m, free, err := notifyWithMem(ctx, c, s, internode.NotifyConfig{Tag: 81, MaxTokens: maxTokens})
 		if err != nil {
-			return nil, nil, err
+			return nt, free, err
 		}
-		m, err := newDevMem(c.Device(), s, maxTokens, nil)
-		if err != nil {
-			return nt, nil, err
-		}
-		free := func() error { m.free(); return nil }
 		t := len(in[me].TopK) / s.TopK
 		ids := make([]byte, 8*len(in[me].TopK))
 		for j, v := range in[me].TopK {

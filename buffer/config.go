@@ -139,10 +139,15 @@ type SizeHint struct {
 	HostMapped int
 	// Device is the sum of the device allocations above and Internode's.
 	// The communicator adds a little more (watchdog, semaphore tokens; see
-	// Buffer.Memory), and on GPUs a TCP connection pins staging buffers
-	// (channels.NetworkConfig: about (3 + ReceiveAhead) x Sockets x
-	// ChunkBytes, 56 MiB with the defaults, per peer on another node).
+	// Buffer.Memory).
 	Device int
+	// NetworkStaging is the pinned host memory the communicator's TCP
+	// connections stage through where traffic is staged (GPUs; the host
+	// backend stages none): one connection per other node,
+	// channels.NetworkConfig.StagingBytes each (56 MiB with the defaults
+	// on a host of 16 or more CPUs). Zero in the intranode mode; not in
+	// HostMapped.
+	NetworkStaging int
 	// Internode is what package internode allocates in the internode mode
 	// (zero in the intranode mode): the RDMA buffer, the NVLink workspace,
 	// the send memory and, where kernels run, their tables (the host

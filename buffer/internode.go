@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/checked"
 	"github.com/goep-dev/goep/internal/device"
 	"github.com/goep-dev/goep/internode"
@@ -129,6 +130,19 @@ func internodeSizeHints(c Config, t internode.Topology) (SizeHint, error) {
 		return SizeHint{}, fmt.Errorf("buffer: internode (%v): %w", t, err)
 	}
 	h.Device = h.Workspace + h.Handles + h.LayoutOutputs + h.CombineOutputs + h.IDScratch + h.Internode.Device()
+	// The communicator's TCP connections: one to the same local rank of
+	// every other node (the port channels of package internode).
+	nc, err := channels.NetworkConfig{VirtualNodes: c.VirtualNodes}.Resolve(ranks)
+	if err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: internode (%v): %w", t, err)
+	}
+	per, err := nc.StagingBytes()
+	if err != nil {
+		return SizeHint{}, fmt.Errorf("buffer: internode (%v): %w", t, err)
+	}
+	if h.NetworkStaging, err = mulSize("TCP staging", t.Nodes-1, per); err != nil {
+		return SizeHint{}, err
+	}
 	return h, nil
 }
 

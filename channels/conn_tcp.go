@@ -169,9 +169,9 @@ func newTCPConnection(base *connBase, links *tcpLinks) (_ *tcpConnection, err er
 	t := &tcpConnection{connBase: base, dev: c.dev, stage: c.net.stage, chunk: c.net.cfg.ChunkBytes, links: links,
 		wait: c.timeouts.Wait, ackCh: make(chan struct{}, 1), stopCh: make(chan struct{}), dead: make(chan struct{})}
 	t.rxCond = sync.NewCond(&t.rxMu)
-	t.rxBufs = 2
+	t.rxBufs = tcpRxBufs(ReceiveAheadOff)
 	if ahead := c.net.cfg.ReceiveAhead; ahead > 0 && t.stage {
-		t.ahead, t.rxBufs = true, ahead
+		t.ahead, t.rxBufs = true, tcpRxBufs(ahead)
 		t.rxPending = make(map[uint64]*tcpRxMsg)
 		t.rxHeld = make([]int, n)
 	}
@@ -242,7 +242,7 @@ func (t *tcpConnection) allocStaging(n int) error {
 	// separate ones (session 15, alternated: EP2 on 2 H200s at 4096
 	// tokens, cached dispatch 4.71 -> 4.46 ms and combine 3.99 -> 4.05 ms;
 	// EP4 and 4 ranks on 2 GPUs the same within the spread).
-	slots := (tcpTxBufs + t.rxBufs) * n
+	slots := tcpStagingSlots(n, t.rxBufs) // NetworkConfig.StagingBytes counts the same
 	if slots <= 0 || t.chunk <= 0 || t.chunk > math.MaxInt/slots {
 		return t.errorf("staging buffers: %d of %d bytes overflow", slots, t.chunk)
 	}

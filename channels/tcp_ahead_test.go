@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/device"
@@ -96,4 +98,29 @@ func TestTCPReceiveAheadEnv(t *testing.T) {
 	if nc, err := (channels.NetworkConfig{ReceiveAhead: 3}).Resolve(2); err != nil || nc.ReceiveAhead != 3 {
 		t.Errorf("Config 3 under $%s=off: got %d, %v; want 3", channels.TCPAheadEnv, nc.ReceiveAhead, err)
 	}
+}
+
+// StagingBytes: per socket 3 send buffers and ReceiveAhead receive buffers
+// (2 when off) of ChunkBytes: 56 MiB with 8 sockets, 1 MiB chunks and the
+// default read-ahead of 4; an unresolved config is refused.
+func TestStagingBytes(t *testing.T) {
+	for _, c := range []struct {
+		cfg  channels.NetworkConfig
+		want int
+	}{
+		{channels.NetworkConfig{Sockets: 8, ChunkBytes: 1 << 20, ReceiveAhead: 4}, 56 << 20},
+		{channels.NetworkConfig{Sockets: 8, ChunkBytes: 1 << 20, ReceiveAhead: channels.ReceiveAheadOff}, 40 << 20},
+		{channels.NetworkConfig{Sockets: 2, ChunkBytes: 4 << 10, ReceiveAhead: 16}, 2 * 19 * (4 << 10)},
+	} {
+		got, err := c.cfg.StagingBytes()
+		require.NoError(t, err)
+		require.Equal(t, c.want, got, "%+v", c.cfg)
+	}
+	_, err := channels.NetworkConfig{}.StagingBytes()
+	require.ErrorContains(t, err, "resolve the config first")
+	nc, err := channels.NetworkConfig{Sockets: 3, ChunkBytes: 64 << 10}.Resolve(2)
+	require.NoError(t, err)
+	got, err := nc.StagingBytes()
+	require.NoError(t, err)
+	require.Equal(t, 3*(3+nc.ReceiveAhead)*(64<<10), got)
 }

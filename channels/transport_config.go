@@ -3,6 +3,7 @@ package channels
 import (
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -42,7 +43,7 @@ type NetworkConfig struct {
 	// each pinned staging buffer (default 1 MiB, $GOEP_TCP_CHUNK_BYTES;
 	// 4 KiB to 64 MiB). Where traffic is staged (GPUs) a connection pins
 	// 3 + ReceiveAhead of them a socket (3 + 2 with ReceiveAheadOff): 56
-	// MiB a connection with the defaults and 8 sockets.
+	// MiB a connection with the defaults and 8 sockets (StagingBytes).
 	ChunkBytes int
 	// ReceiveAhead, where traffic is staged (GPUs), is how many pinned
 	// receive buffers of ChunkBytes each socket has and how far its reader
@@ -216,6 +217,36 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	}
 	return n, nil
 }
+
+// StagingBytes is the pinned host memory one TCP connection of a resolved
+// config (Resolve) stages its traffic through where traffic is staged
+// (GPUs; the host backend stages none): per socket tcpTxBufs send buffers
+// and ReceiveAhead receive buffers (2 with ReceiveAheadOff) of ChunkBytes
+// each. A rank has one such connection per peer on another node that it
+// opens a channel to.
+func (n NetworkConfig) StagingBytes() (int, error) {
+	if n.Sockets < 1 || n.ChunkBytes < 1 {
+		return 0, fmt.Errorf("channels: staging of %d sockets x %d-byte chunks: resolve the config first", n.Sockets, n.ChunkBytes)
+	}
+	slots := tcpStagingSlots(n.Sockets, tcpRxBufs(n.ReceiveAhead))
+	if n.ChunkBytes > math.MaxInt/slots {
+		return 0, fmt.Errorf("channels: staging buffers: %d of %d bytes overflow", slots, n.ChunkBytes)
+	}
+	return slots * n.ChunkBytes, nil
+}
+
+// tcpRxBufs is the receive buffers a socket stages into: ReceiveAhead, or 2
+// (one read while the other is applied) with ReceiveAheadOff.
+func tcpRxBufs(ahead int) int {
+	if ahead > 0 {
+		return ahead
+	}
+	return 2
+}
+
+// tcpStagingSlots is the staging buffers of a connection of sockets
+// sockets with rxBufs receive buffers each.
+func tcpStagingSlots(sockets, rxBufs int) int { return (tcpTxBufs + rxBufs) * sockets }
 
 // netState is the communicator's network-transport state.
 type netState struct {

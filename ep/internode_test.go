@@ -19,6 +19,7 @@ import (
 
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/channels/devapi"
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/ep"
 	"github.com/goep-dev/goep/internal/apicheck"
 	"github.com/goep-dev/goep/internal/cpuemu"
@@ -663,7 +664,9 @@ func checkInterGraphReplay(t *testing.T, kind ep.Kind, open func(i int) (ep.Devi
 // connections also pin staging buffers: host-mapped memory is only
 // bounded below there).
 func TestInternodeMemory(t *testing.T) {
-	backends := []string{"host", "emulated"}
+	// host-staged: the host backend staging its TCP traffic as GPUs do
+	// ($GOEP_TCP_STAGE=always), so the staging buffers are allocated.
+	backends := []string{"host", "host-staged", "emulated"}
 	if gpuCount(t) > 0 {
 		backends = append(backends, "cuda")
 	}
@@ -678,6 +681,8 @@ func TestInternodeMemory(t *testing.T) {
 					open = func(i int) (ep.Device, error) { return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute}) }
 				case "cuda":
 					kind = ep.CUDA
+				case "host-staged":
+					t.Setenv("GOEP_TCP_STAGE", "always")
 				}
 				t.Setenv(internode.SendMemoryEnv, send)
 				topo := internode.Topology{Nodes: 2, RanksPerNode: 2}
@@ -690,6 +695,16 @@ func TestInternodeMemory(t *testing.T) {
 				require.Positive(t, im.Send)
 				require.Positive(t, im.Kernels)
 				require.Equal(t, send == "host", im.SendHost)
+				// One TCP connection to the other node's same local rank.
+				nc, err := channels.NetworkConfig{VirtualNodes: topo.Nodes}.Resolve(topo.World())
+				require.NoError(t, err)
+				per, err := nc.StagingBytes()
+				require.NoError(t, err)
+				require.Equal(t, (topo.Nodes-1)*per, hint.NetworkStaging)
+				staged := 0 // what the communicator's connections pin here
+				if bk != "host" && bk != "emulated" {
+					staged = hint.NetworkStaging
+				}
 				var r *rig
 				if open != nil {
 					r = newRigOn(t, kind, topo.World(), cfg, open)
@@ -697,7 +712,7 @@ func TestInternodeMemory(t *testing.T) {
 					r = newRig(t, kind, topo.World(), cfg)
 				}
 				want := hint.Device
-				if bk == "host" {
+				if bk == "host" || bk == "host-staged" { // the Go twins: no kernel tables
 					want -= im.Kernels
 				}
 				for i, b := range r.bufs {
@@ -708,10 +723,11 @@ func TestInternodeMemory(t *testing.T) {
 					// proxy (128 KiB here); every internode region is larger.
 					require.Less(t, m.Device, int64(want)+1<<18, "rank %d: the communicator adds little", i)
 					// The Buffer's counters, the watchdog's record, the send
-					// memory in host memory, and the proxy's FIFO (a few KiB).
-					own := int64(hint.HostMapped + devapi.TimeoutRecordSize + im.HostMapped())
+					// memory in host memory, the TCP staging, and the proxy's
+					// FIFO (a few KiB).
+					own := int64(hint.HostMapped + devapi.TimeoutRecordSize + im.HostMapped() + staged)
 					require.GreaterOrEqual(t, m.HostMapped, own, "rank %d", i)
-					if kind == ep.Host {
+					if kind == ep.Host { // GPUs pin more for their own transports
 						require.Less(t, m.HostMapped, own+1<<16, "rank %d", i)
 					}
 				}

@@ -52,14 +52,16 @@ type interOpts struct {
 
 // interOutcome is one rank's result, gathered on rank 0.
 type interOutcome struct {
-	Device  string        `json:"device"`
-	Mode    string        `json:"mode"`
-	Split   string        `json:"split"` // the grid's split into roles in use (rank's)
-	Memory  ep.Memory     `json:"buffer_memory"`
-	Checks  []check       `json:"checks"`
-	Figures []interFigure `json:"figures"`
-	Traces  []interTrace  `json:"proxy_traces,omitempty"`
-	Err     string        `json:"error,omitempty"`
+	Device string    `json:"device"`
+	Mode   string    `json:"mode"`
+	Split  string    `json:"split"` // the grid's split into roles in use (rank's)
+	Memory ep.Memory `json:"buffer_memory"`
+	// NetworkStaging is the Buffer's SizeHint.NetworkStaging.
+	NetworkStaging int           `json:"network_staging_bytes"`
+	Checks         []check       `json:"checks"`
+	Figures        []interFigure `json:"figures"`
+	Traces         []interTrace  `json:"proxy_traces,omitempty"`
+	Err            string        `json:"error,omitempty"`
 }
 
 func (o interOutcome) failure() string      { return o.Err }
@@ -533,7 +535,7 @@ func internodeRank(ctx context.Context, bs bootstrap.Bootstrap, dev device.Devic
 	if r.buf, err = ep.NewBuffer(ctx, bs, dev, o.interConfig(r.ranks)); err != nil {
 		return out
 	}
-	out.Mode, out.Memory = string(r.buf.Mode()), r.buf.Memory()
+	out.Mode, out.Memory, out.NetworkStaging = string(r.buf.Mode()), r.buf.Memory(), r.buf.SizeHint().NetworkStaging
 	defer func() {
 		if cerr := r.buf.Close(ctx); cerr != nil && err == nil {
 			err = cerr
@@ -783,7 +785,10 @@ type interReport struct {
 	Warmup  int       `json:"warmup"`
 	Iters   int       `json:"iters"`
 	Memory  ep.Memory `json:"buffer_memory"`
-	Split   string    `json:"split"`
+	// NetworkStaging is the pinned host memory rank 0's TCP connections
+	// to other nodes stage through where traffic is staged (GPUs).
+	NetworkStaging int    `json:"network_staging_bytes"`
+	Split          string `json:"split"`
 	// PutBytes is $GOEP_INTERNODE_PUT_BYTES as the Buffer read it (empty:
 	// internode.DefaultPutBytes).
 	PutBytes string `json:"put_bytes,omitempty"`
@@ -809,7 +814,7 @@ type interReport struct {
 func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []interOutcome, sweep []interSweepRow) error {
 	o := xo.inOpts
 	rep := interReport{Ranks: n, As: as, Backend: string(o.kind), Device: outs[0].Device, Mode: outs[0].Mode, Hidden: o.hidden,
-		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, Checks: outs[0].Checks,
+		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, NetworkStaging: outs[0].NetworkStaging, Checks: outs[0].Checks,
 		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
 		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), SendMemory: os.Getenv(internode.SendMemoryEnv),
 		TCP: tcpSettings(n), Sweep: sweep}
@@ -898,6 +903,10 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		o.warmup, o.iters-1, o.iters)
 	if o.kind == device.Host {
 		fmt.Fprintln(w, "note: host backend: the network leg is TCP on loopback and every step runs on the CPU; the figures show that timing works, not what a GPU and NIC do")
+	}
+	if m := rep.Memory; m.Allocations > 0 {
+		fmt.Fprintf(w, "buffer (rank 0): device memory %.1f MiB in %d allocations, host-mapped %.1f MiB; its TCP connections to other nodes stage through %.1f MiB of pinned host memory where traffic is staged (GPUs)\n",
+			float64(m.Device)/(1<<20), m.Allocations, float64(m.HostMapped)/(1<<20), float64(rep.NetworkStaging)/(1<<20))
 	}
 	(&report{Checks: rep.Checks}).print(w)
 	for _, e := range rep.Errors {

@@ -31,6 +31,14 @@ func TestInternodeOnHost(t *testing.T) {
 	rep := readJSON[interReport](t, js)
 	require.Empty(t, rep.Errors)
 	require.Equal(t, "internode", rep.Mode)
+	// One TCP connection to the other node, staged through as GPUs do.
+	nc, err := channels.NetworkConfig{}.Resolve(4)
+	require.NoError(t, err)
+	staging, err := nc.StagingBytes()
+	require.NoError(t, err)
+	require.Equal(t, staging, rep.NetworkStaging)
+	require.Positive(t, rep.Memory.Device)
+	assert.Contains(t, stdout, fmt.Sprintf("stage through %.1f MiB of pinned host memory", float64(staging)/(1<<20)))
 	require.Contains(t, rep.TCP, "sockets a connection")
 	require.Len(t, rep.Checks, 2*2)
 	// Per token count: bf16 cached, combine, full, older-handle; fp8 cached.

@@ -55,7 +55,10 @@ func (k *cudaIPCConnection) streams() (device.Stream, *cuda.Stream, error) {
 			return nil, nil, k.errorf("stream: %w", err)
 		}
 		k.stream, k.sharedStream = s, shared
-		if cd, ok := k.dev.(interface{ Context() *cuda.Context }); ok {
+		// A wrapper of a device (the Buffer's accounting one) may have the
+		// method and no context: then no memory operations (callers fall
+		// back to a copy or a kernel, as where memops is nil).
+		if cd, ok := k.dev.(interface{ Context() *cuda.Context }); ok && cd.Context() != nil {
 			k.memops = cuda.WrapStream(cd.Context(), s.Handle())
 		}
 	}

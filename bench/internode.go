@@ -703,10 +703,29 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 		return nil, err
 	}
 	defer other.Handle.Release()
-	if err := timeOne(inKey{Tokens: t, Op: "dispatch", Dtype: "bf16", Mode: "older-handle"}, bd, func() error {
+	dispatchOther := func() error {
 		_, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: other.Handle, Stream: r.st})
 		return err
-	}, cachedDispatch); err != nil {
+	}
+	// Checked once before it is timed, the receive rows poisoned between
+	// the two dispatches.
+	err = func() error {
+		if err := dispatchOther(); err != nil {
+			return err
+		}
+		if err := r.dev.MemsetAsync(res.RecvX.Ptr, 0xEE, res.RecvX.Bytes(), r.st); err != nil {
+			return err
+		}
+		c, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, Weights: in.w, Handle: h, Stream: r.st})
+		if err != nil {
+			return err
+		}
+		return r.checkDispatch("bf16 cached dispatch of an older handle", c, want.RankOutput, false, false)
+	}()
+	if err = r.agree("older-handle check", err); err != nil {
+		return nil, err
+	}
+	if err := timeOne(inKey{Tokens: t, Op: "dispatch", Dtype: "bf16", Mode: "older-handle"}, bd, dispatchOther, cachedDispatch); err != nil {
 		return nil, err
 	}
 	if !o.fp8 {

@@ -61,8 +61,9 @@ type DeviceDispatch struct {
 	ScaleStrides [2]int64
 	// RouteOnly dispatches the route only: the relay rows' metadata and the
 	// slots that combine reads, no payload (X, Weights and the Recv
-	// outputs zero, BF16). A combine of an earlier dispatch replays its
-	// notify round and a route-only dispatch first.
+	// outputs zero, BF16). A combine of an earlier dispatch first makes
+	// its round current again (Resume) and replays a cached route-only
+	// dispatch.
 	RouteOnly bool
 	// Cached dispatches the current notify round's tokens again without a
 	// notify round before it (the layout is that round's, so the ids in

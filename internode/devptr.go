@@ -197,7 +197,12 @@ type devRound struct {
 // device memory until a round writes it again. It enqueues nothing. Like
 // every call it is collective: each rank resumes the same round (the
 // kernels would otherwise wait for rows that never come, until the
-// watchdog). The round must have been dispatched once.
+// watchdog). The round must have been dispatched once. The dispatch that
+// follows publishes this round's receive bases only once every local rank
+// finished its earlier steps (the kernel's cached bit 2): a node peer's
+// combine of the earlier round reads the bases it replaces. That wait has
+// run under the CPU emulation only so far; the Buffer does not use Resume
+// until it has run on GPUs (internode/DESIGN.md, "Session 17").
 func (nt *Notify) Resume(i int) error {
 	if nt == nil {
 		return fmt.Errorf("internode: resume: nil notify")
@@ -264,10 +269,12 @@ func (nt *Notify) DispatchAsync(st device.Stream, a DeviceDispatch) error {
 		nt.err = fail("%w", err)
 		return nt.err
 	}
-	nt.dispatched, nt.combined, nt.resumed = true, false, false
+	nt.dispatched, nt.combined = true, false
 	nt.dev0.dispatched, nt.kept[nt.cur].dispatched = true, true
 	nt.dispRound++
-	if err := nt.launchDispatch(st, nt.dev0.ids, t, a); err != nil {
+	err := nt.launchDispatch(st, nt.dev0.ids, t, a) // reads resumed
+	nt.resumed = false
+	if err != nil {
 		nt.err = fail("%w", err)
 		return nt.err
 	}

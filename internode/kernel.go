@@ -609,6 +609,13 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 		if a.RouteOnly && nt.dispXBytes == s.xBytes(false) {
 			cached |= 2
 		}
+		// After Resume the receive bases this rank publishes are another
+		// round's than the ones its node peers' combine may still read
+		// (bit 2: publish them only once every local rank finished its
+		// earlier steps; no notify round orders them).
+		if nt.resumed {
+			cached |= 4
+		}
 	}
 	// Offsets of notify's outputs that dispatch reads on the device, in
 	// the layout of the round being dispatched.
@@ -821,8 +828,8 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	return nil
 }
 
-// dout is dispatch's status words (status, bad): after notify's output,
-// which dispatch reads.
+// dout is the dispatch and combine kernels' words (status, bad, block
+// arrival counters: outWords), cleared before each of their launches.
 func (ks *kernelState) dout() uintptr { return ks.out }
 
 // layout is kept layout i: the notify kernel's output of the last round

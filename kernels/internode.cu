@@ -878,6 +878,11 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // handle, which would otherwise move every relay row over the network
   // again for nothing.
   const bool relay_in_place = (cached & 2) != 0;
+  // cached bit 2: the round's layout is not the last dispatch's (a kept
+  // layout made current again, Notify.Resume), so its receive bases
+  // differ from the ones published now, which a local rank's forwarders
+  // may still read in their combine of the earlier step.
+  const bool bases_change = (cached & 4) != 0;
   cached &= 1;
   // Per destination node: rows of the tokens before this block's chunk
   // ([n][0]) and slots at each target local rank ([n][1 + l]); then this
@@ -889,8 +894,21 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   __shared__ int last;
 
   // 1. Block 0 publishes the receive bases (first row of each source rank
-  // here).
+  // here). Where they change without a notify round (bit 2), only once
+  // every local rank finished its earlier steps: a combine's forwarders
+  // read this rank's bases to find its receive rows, and nothing else
+  // keeps this rank's next dispatch from running ahead of them.
   if (blk == 0) {
+    if (bases_change) {
+      bool done = true;
+      for (int l = tid; l < p; l += nt) {
+        done &= goep_wait_ge_u64((const u64*)(nvl + dl.done_nvl) + l, steps, wd, wait_ids[2 * nodes + 2 * p + l],
+                                 (u32)(node * p + l), GOEP_INN_STAGE_DISPATCH_DONE);
+      }
+      if (goep_block_any_failed(!done)) {
+        return;
+      }
+    }
     for (int r = tid; r < w; r += nt) {
       ((i32*)(nvl + dl.bases))[r] = r > 0 ? rank_prefix[r - 1] : 0;
     }

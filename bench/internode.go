@@ -697,7 +697,7 @@ func (r *inRank) runInterTokens(sh *interShared, splitTag string) ([]interFigure
 	// A cached dispatch of a handle other than the last one dispatched (an
 	// engine alternating micro-batches, training's backward): before each
 	// call, untimed, a cached dispatch of a second handle of the same
-	// routing. The Buffer runs h's notify round again first.
+	// routing. On GPUs the Buffer resumes h's kept layout (no notify round).
 	other, err := r.buf.Dispatch(ctx, ep.DispatchArgs{X: in.x, TopK: in.ids, Weights: in.w, Stream: r.st})
 	if err = r.agree("second handle", err); err != nil {
 		return nil, err

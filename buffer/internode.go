@@ -24,8 +24,10 @@ import (
 // own receive region, whose views package ep returns as in the intranode
 // mode.
 //
-// What package internode's API does not offer, and how the Buffer makes up
-// for it (the device path does the same, internode_device.go):
+// What package internode's slice form does not offer, and how the Buffer
+// makes up for it on the host backend (the device path keeps each
+// handle's notify layout instead and runs no notify round for these:
+// internode_device.go):
 //   - a dispatch that reuses an earlier round's layout without a notify
 //     round: a cached dispatch runs a notify round again with the handle's
 //     routing (the outcome is the same, the counts are exchanged again);
@@ -257,8 +259,8 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	}
 	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split,
 		PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
-		// One kept layout per handle slot: each notify round writes its
-		// slot's (internode_device.go).
+		// One kept layout per handle slot: a cached dispatch or combine of
+		// any live handle resumes its round (internode_device.go).
 		Layouts: c.handles()}, nil
 }
 

@@ -20,27 +20,20 @@ import (
 // the kernels' counters order the steps across ranks, the stream on each
 // rank. A wait that gives up shows in Check (the watchdog's record).
 //
-// What package internode's kernels keep between calls decides two things
-// (as for the host twins, buffer/internode.go):
-//   - a cached dispatch of the handle whose routing was dispatched last
-//     runs no notify round (internode.DeviceDispatch.Cached: the kernel
-//     reads that round's layout, still in place, and waits for its peers'
-//     earlier steps instead); a cached dispatch of another handle runs a
-//     notify round again with the slot's copy of the routing (the counts
-//     are exchanged again, the outcome is the same);
-//   - a combine of any dispatch but the latest first replays the handle's
-//     notify round and a route-only dispatch (relay rows and slots, no
-//     payload, no receive outputs), on the same stream; a second combine
-//     of the latest needs the route-only dispatch only, cached. Every rank
-//     makes the same choice from the same call order.
-//
-// Each notify round writes its slot's kept layout (DeviceNotify.Layout).
-// internode.Notify.Resume could make an older handle's layout current
-// without a notify round; the Buffer does not use it yet. Session 17's CI
-// found that a resumed dispatch republished its receive bases while a node
-// peer's combine still read them (the dispatch kernel now waits for the
-// local ranks' earlier steps first, cached bit 2), and that kernel change
-// has not run on a GPU yet (internode/DESIGN.md, "Session 17").
+// What package internode's kernels keep between calls: the layout of one
+// notify round per handle slot (NotifyConfig.Layouts; a round writes the
+// one of its slot, DeviceNotify.Layout), the relay rows and slots of the
+// latest dispatch only. So:
+//   - a cached dispatch runs no notify round: of the handle dispatched
+//     last it is a cached dispatch straight away (internode.DeviceDispatch
+//     .Cached: the kernel reads that round's layout and waits for its
+//     peers' earlier steps instead of a notify round); of another handle
+//     it first makes the handle's kept layout current (Notify.Resume);
+//   - a combine of any dispatch but the latest, or a second combine of
+//     the latest, first replays a cached route-only dispatch (relay rows
+//     and slots, no payload, no receive outputs) on the same stream,
+//     after Resume where the handle is not the latest. Every rank makes
+//     the same choice from the same call order.
 
 // dispatchInternodeDevice is Dispatch in the internode mode on CUDA.
 func (b *Buffer) dispatchInternodeDevice(ctx context.Context, c DispatchCall) (DispatchOutcome, error) {
@@ -83,13 +76,17 @@ func (b *Buffer) dispatchInternodeDevice(ctx context.Context, c DispatchCall) (D
 			dn.HostRecvCount, dn.HostExpertCounts = b.mapped.Dev+mappedRecvCount, b.mapped.Dev+mappedExpertCounts
 		}
 	}
-	cachedHere := c.Cached && in.last == st.seq
-	if !cachedHere {
+	switch {
+	case !c.Cached:
 		if err := in.notify.RunAsync(s, dn); err != nil {
 			return out, b.Fail(b.errorf("%s: %w", op, err))
 		}
+	case in.last != st.seq:
+		if err := in.notify.Resume(c.Slot); err != nil {
+			return out, b.Fail(b.errorf("%s: handle slot %d: %w", op, c.Slot, err))
+		}
 	}
-	dd := internode.DeviceDispatch{Cached: cachedHere, X: c.X, FP8: c.FP8, Scales: c.Scales, ScaleStrides: c.ScaleStrides, Weights: c.Weights,
+	dd := internode.DeviceDispatch{Cached: c.Cached, X: c.X, FP8: c.FP8, Scales: c.Scales, ScaleStrides: c.ScaleStrides, Weights: c.Weights,
 		RecvX: b.recvPtr(l.X), RecvTopK: b.recvPtr(l.TopK), RecvSrcToken: b.recvPtr(l.SrcToken)}
 	if c.FP8 {
 		dd.RecvScales = b.recvPtr(l.Scales)
@@ -132,17 +129,18 @@ func (b *Buffer) combineInternodeDevice(c CombineCall) error {
 		return b.errorf("%s: handle slot %d holds a routing of %d tokens, the call has %d", op, c.Slot, st.tokens, c.Tokens)
 	}
 	if in.last != st.seq || in.combined {
-		// A second combine of the handle dispatched last needs only a
-		// cached route-only dispatch (its layout is the latest notify
-		// round's); another handle's needs its notify round again.
-		cached := in.last == st.seq
-		if !cached {
-			slot := b.slot(c.Slot, c.Tokens)
-			if err := in.notify.RunAsync(c.Stream, internode.DeviceNotify{TopK: slot.topk, Tokens: st.tokens, Layout: c.Slot}); err != nil {
-				return b.Fail(b.errorf("%s: replaying the handle's notify: %w", op, err))
+		// A combine follows a dispatch of its route: the relay rows in
+		// place are another handle's, or (a second combine) the combine
+		// must wait, as a cached dispatch does, until the node's
+		// forwarders finished reading the receive rows the first one
+		// copied in (internode/DESIGN.md). Replay the route, cached, after
+		// making this handle's kept layout current if it is not.
+		if in.last != st.seq {
+			if err := in.notify.Resume(c.Slot); err != nil {
+				return b.Fail(b.errorf("%s: handle slot %d: %w", op, c.Slot, err))
 			}
 		}
-		if err := in.notify.DispatchAsync(c.Stream, internode.DeviceDispatch{RouteOnly: true, Cached: cached}); err != nil {
+		if err := in.notify.DispatchAsync(c.Stream, internode.DeviceDispatch{RouteOnly: true, Cached: true}); err != nil {
 			return b.Fail(b.errorf("%s: replaying the handle's dispatch: %w", op, err))
 		}
 		in.last = st.seq

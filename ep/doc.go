@@ -58,12 +58,13 @@
 // grouped by node (DeepEP's choice). On CUDA devices internode runs package
 // internode's kernels on the callers' tensors in stream order (no host
 // copies, no host meeting between steps); on the host backend its Go
-// twins. On CUDA devices a cached dispatch of the handle dispatched last
-// runs no notify round; otherwise (another handle, or the host backend) a
-// cached dispatch exchanges the counts again. A combine of a handle other
-// than the last dispatch's (or a second combine of one) replays that
-// dispatch's notify and route first (package buffer's internode.go and
-// internode_device.go say why).
+// twins. A combine of a handle other than the last dispatch's (or a
+// second combine of one) replays that dispatch's route first. On CUDA
+// devices a cached dispatch, of any live handle, runs no notify round (the
+// device keeps each handle slot's notify layout); on the host backend a
+// cached dispatch exchanges the counts again and a replayed route its
+// notify round too (package buffer's internode.go and internode_device.go
+// say why).
 //
 // The low-latency (decode) mode is a separate Buffer, LowLatencyBuffer
 // (NewLowLatencyBuffer, ep/lowlatency.go, protocol in package lowlatency):

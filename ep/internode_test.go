@@ -331,14 +331,14 @@ func TestInternodeEmulated(t *testing.T) {
 	internodeSuite(t, ep.Host, func(i int) (ep.Device, error) {
 		return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
 	}, 2)
-	// The calls ran the kernels: 7 dispatches (2 cached, of the handle
-	// dispatched last: no notify round, internode.DeviceDispatch.Cached;
-	// one cached of an older handle, with its notify round) and 6 combines
-	// per rank, of which 2 replay a route-only dispatch first: an older
-	// dispatch's with its notify round, a second combine of it cached,
-	// without one; each combine's final reduce on a grid of its own (the
-	// default).
-	for k, want := range map[string]int64{internode.KernelNotify: 4 * (4 + 2), internode.KernelDispatch: 4 * (7 + 2),
+	// The calls ran the kernels: 7 dispatches (3 cached: no notify round,
+	// internode.DeviceDispatch.Cached; two of the handle dispatched last,
+	// one of an older handle after internode.Notify.Resume) and 6
+	// combines per rank, of which 2 replay a cached route-only dispatch
+	// first (an older dispatch's, resumed; a second combine of it), so 4
+	// notify rounds only; each combine's final reduce on a grid of its own
+	// (the default).
+	for k, want := range map[string]int64{internode.KernelNotify: 4 * 4, internode.KernelDispatch: 4 * (7 + 2),
 		internode.KernelCombine: 4 * 6, internode.KernelCombineReduce: 4 * 6} {
 		require.Equal(t, want, cpuemu.Launches(k)-before[k], "%s launches", k)
 	}
@@ -413,7 +413,8 @@ func internodeSuite(t *testing.T, kind ep.Kind, open func(i int) (ep.Device, err
 			interCombine(t, r, s, rng, handlesOf(resA), wantA, tokens, true, 2, false, "combine of an older dispatch")
 			interCombine(t, r, s, rng, handlesOf(resA), wantA, tokens, true, 1, true, "second combine of one dispatch")
 			// A cached dispatch of the FP8 handle, no longer the last one
-			// (its notify round runs again), new rows, then its combine.
+			// (on devices that run the kernels it resumes the handle's kept
+			// layout: no notify round), new rows, then its combine.
 			idsF := make([][]int64, w)
 			for i := range idsF {
 				idsF[i] = f.in[i].TopK
@@ -744,12 +745,13 @@ func TestInternodeMemory(t *testing.T) {
 // Internode handles used in a random order, the same order on every rank:
 // three live handles (BF16 with weights, FP8 without, BF16 with int32 ids),
 // and 30 steps each drawn from a new dispatch replacing a handle (its slot
-// and kept notify layout reused), a cached dispatch of a handle with new
-// rows, and a combine of a handle (weights, biases and in-place inputs
-// drawn too). Most steps act on a handle that is not the last one
-// dispatched, so the Buffer replays its notify round first. Every step is
-// checked against the reference (dispatch byte for byte, combine bit for
-// bit).
+// and, on devices that run the kernels, its kept notify layout reused), a
+// cached dispatch of a handle with new rows, and a combine of a handle
+// (weights, biases and in-place inputs drawn too). Most steps act on a
+// handle that is not the last one dispatched: on devices that run the
+// kernels the Buffer resumes its kept layout (internode.Notify.Resume), on
+// the host backend it replays its notify round. Every step is checked
+// against the reference (dispatch byte for byte, combine bit for bit).
 func TestInternodeHandleOrderHost(t *testing.T) {
 	internodeHandleOrder(t, ep.Host, nil, 2, 1)
 	internodeHandleOrder(t, ep.Host, nil, 4, 2)

@@ -200,9 +200,8 @@ type devRound struct {
 // watchdog). The round must have been dispatched once. The dispatch that
 // follows publishes this round's receive bases only once every local rank
 // finished its earlier steps (the kernel's cached bit 2): a node peer's
-// combine of the earlier round reads the bases it replaces. That wait has
-// run under the CPU emulation only so far; the Buffer does not use Resume
-// until it has run on GPUs (internode/DESIGN.md, "Session 17").
+// combine of the earlier round reads the bases it replaces
+// (internode/DESIGN.md, "Session 17"; run on GPUs in session 18).
 func (nt *Notify) Resume(i int) error {
 	if nt == nil {
 		return fmt.Errorf("internode: resume: nil notify")

@@ -819,9 +819,13 @@ type interReport struct {
 	ReduceSMs string `json:"reduce_sms,omitempty"`
 	// SendMemory is $GOEP_INTERNODE_SEND_MEMORY (empty: auto).
 	SendMemory string `json:"send_memory,omitempty"`
+	// Network is the transport between the nodes as channels resolves it
+	// from the environment (NetworkConfig.Resolve): "tcp", or "cuda-ipc"
+	// (the port over CUDA IPC between virtual nodes, $GOEP_NET_TRANSPORT=ipc).
+	Network string `json:"network_transport,omitempty"`
 	// TCP is the TCP transport's settings between the nodes (sockets a
-	// connection, chunk bytes, receive read-ahead) as channels resolves
-	// them from the environment and the host (NetworkConfig.Resolve).
+	// connection, chunk bytes, receive read-ahead), or why they did not
+	// resolve; empty over another transport.
 	TCP    string          `json:"tcp,omitempty"`
 	Checks []check         `json:"checks"`
 	Rows   []interRow      `json:"results"`
@@ -836,7 +840,8 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		TopK: o.topk, Experts: o.experts, Seed: o.seed, Warmup: o.warmup, Iters: o.iters, Memory: outs[0].Memory, NetworkStaging: outs[0].NetworkStaging, Checks: outs[0].Checks,
 		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
 		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), SendMemory: os.Getenv(internode.SendMemoryEnv),
-		TCP: tcpSettings(n), Sweep: sweep}
+		Sweep: sweep}
+	rep.Network, rep.TCP = networkSettings(n, o.nodes)
 	if rep.Split == "" {
 		rep.Split = "default"
 	}
@@ -897,35 +902,52 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	return errors.Join(errs...)
 }
 
-// tcpSettings describes the TCP transport a communicator of ranks ranks
-// resolves here (what this process's Buffers use between nodes).
-func tcpSettings(ranks int) string {
-	nc, err := channels.NetworkConfig{}.Resolve(ranks)
+// networkSettings names the network transport a communicator of ranks
+// ranks in vnodes virtual nodes (0: hosts) resolves here (what this
+// process's Buffers use between nodes) and, for TCP, its settings.
+func networkSettings(ranks, vnodes int) (transport, tcp string) {
+	nc, err := channels.NetworkConfig{VirtualNodes: vnodes}.Resolve(ranks)
 	if err != nil {
-		return "unresolved: " + err.Error()
+		return "", "unresolved: " + err.Error()
+	}
+	if nc.Transport != channels.TransportEthernet {
+		return nc.Transport.String(), ""
 	}
 	ahead := "off"
 	if nc.ReceiveAhead > 0 {
 		ahead = strconv.Itoa(nc.ReceiveAhead) + " buffers a socket (GPUs)"
 	}
-	return fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead)
+	return nc.Transport.String(), fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead)
 }
+
+// overPort reports whether the report's network is the port over CUDA IPC.
+func (rep interReport) overPort() bool { return rep.Network == channels.TransportCudaIPC.String() }
 
 func printInternode(w io.Writer, o inOpts, rep interReport) {
 	fmt.Fprintf(w, "internode: %d ranks (%s), %s backend, %s; hidden %d, top-%d of %d experts, routing top-k of |randn|+1 (seed %d, %d masked)\n",
 		rep.Ranks, rep.As, rep.Backend, rep.Device, o.hidden, o.topk, o.experts, o.seed, o.masked)
-	if rep.TCP != "" {
+	switch {
+	case rep.overPort():
+		fmt.Fprintf(w, "network between the nodes: the port over CUDA IPC ($%s=ipc: port channels whose puts the proxy carries out with copy engines; host memory on the host backend), no TCP\n", channels.NetTransportEnv)
+	case rep.TCP != "":
 		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv)
 	}
 	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them; dispatch older-handle = a cached dispatch of a handle after an untimed cached dispatch of another); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",
 		o.warmup, o.iters-1, o.iters)
 	if o.kind == device.Host {
-		fmt.Fprintln(w, "note: host backend: the network leg is TCP on loopback and every step runs on the CPU; the figures show that timing works, not what a GPU and NIC do")
+		leg := "TCP on loopback"
+		if rep.overPort() {
+			leg = "host memory copies by the proxy"
+		}
+		fmt.Fprintf(w, "note: host backend: the network leg is %s and every step runs on the CPU; the figures show that timing works, not what a GPU and NIC do\n", leg)
 	}
 	if m := rep.Memory; m.Allocations > 0 {
-		fmt.Fprintf(w, "buffer (rank 0): device memory %.1f MiB in %d allocations, host-mapped %.1f MiB; its TCP connections to other nodes stage through %.1f MiB of pinned host memory where traffic is staged (GPUs)\n",
-			float64(m.Device)/(1<<20), m.Allocations, float64(m.HostMapped)/(1<<20), float64(rep.NetworkStaging)/(1<<20))
+		fmt.Fprintf(w, "buffer (rank 0): device memory %.1f MiB in %d allocations, host-mapped %.1f MiB", float64(m.Device)/(1<<20), m.Allocations, float64(m.HostMapped)/(1<<20))
+		if !rep.overPort() {
+			fmt.Fprintf(w, "; its TCP connections to other nodes stage through %.1f MiB of pinned host memory where traffic is staged (GPUs)", float64(rep.NetworkStaging)/(1<<20))
+		}
+		fmt.Fprintln(w)
 	}
 	(&report{Checks: rep.Checks}).print(w)
 	for _, e := range rep.Errors {

@@ -13,11 +13,43 @@ import (
 	"github.com/goep-dev/goep/internode"
 )
 
+// The same over the port over CUDA IPC between the virtual nodes
+// ($GOEP_NET_TRANSPORT=ipc; host memory on the host backend): the checks
+// pass, the report names the transport and no TCP staging, and the port
+// put it compares against is that transport's.
+func TestInternodeOnHostOverPort(t *testing.T) {
+	t.Setenv(channels.NetTransportEnv, "ipc")
+	js := filepath.Join(t.TempDir(), "inter.json")
+	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "40", "--json", js}, quickIntranode...)
+	code, stdout, stderr := run(t, args...)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	for _, want := range []string{"network between the nodes: the port over CUDA IPC", "the network leg is host memory copies by the proxy",
+		"byte-exact", "combine (BF16 partials) bit-exact", "internode: all checks passed"} {
+		assert.Contains(t, stdout, want)
+	}
+	for _, not := range []string{"stage through", "sockets a connection", "TCP on loopback"} {
+		assert.NotContains(t, stdout, not)
+	}
+	rep := readJSON[interReport](t, js)
+	require.Empty(t, rep.Errors)
+	require.Equal(t, channels.TransportCudaIPC.String(), rep.Network)
+	require.Empty(t, rep.TCP)
+	require.Zero(t, rep.NetworkStaging)
+	require.NotEmpty(t, rep.Rows)
+	for _, r := range rep.Rows {
+		require.Positive(t, r.Traffic.Network, "%+v", r)
+		require.Equal(t, r.Traffic.Network, r.Put.Bytes, "%+v", r)
+		require.Positive(t, r.Put.GBps, "%+v", r)
+		require.Positive(t, r.Put.OnceGBps, "%+v", r)
+	}
+}
+
 // `ep-bench internode` on the host backend: 4 goroutine ranks in 2 virtual
 // nodes, checks (against internode's reference) and timings with bytes per
 // link, and its bad flags.
 func TestInternodeOnHost(t *testing.T) {
 	t.Setenv("GOEP_TCP_RECEIVE_AHEAD", "") // the report names the default
+	t.Setenv(channels.NetTransportEnv, "") // TCP between the virtual nodes
 	js := filepath.Join(t.TempDir(), "inter.json")
 	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "0,40", "--fp8", "--masked", "5", "--json", js},
 		quickIntranode...)
@@ -40,6 +72,7 @@ func TestInternodeOnHost(t *testing.T) {
 	require.Positive(t, rep.Memory.Device)
 	assert.Contains(t, stdout, fmt.Sprintf("stage through %.1f MiB of pinned host memory", float64(staging)/(1<<20)))
 	require.Contains(t, rep.TCP, "sockets a connection")
+	require.Equal(t, "tcp", rep.Network)
 	require.Len(t, rep.Checks, 2*2)
 	// Per token count: bf16 cached, combine, full, older-handle; fp8 cached.
 	require.Len(t, rep.Rows, 2*5)

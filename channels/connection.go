@@ -106,6 +106,10 @@ type Connection interface {
 type connBase struct {
 	c         *Communicator
 	transport Transport
+	// network: the peer is on another node, so only port channels and
+	// host semaphores may use the connection, whatever its transport (the
+	// port over CUDA IPC maps memory, but stands for a network).
+	network   bool
 	peer, tag int
 	closed    bool
 	// release frees the transport's resources; called with c.mu held.
@@ -253,37 +257,47 @@ func (c *Communicator) transport() Transport {
 
 // checkEndpoint validates the peer's endpoint against ours and picks the
 // pair's transport: t (this rank's intra-node one) for a peer on this
-// node, the network transport for one on another.
-func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) (Transport, error) {
+// node, the network transport for one on another (network: true).
+func (c *Communicator) checkEndpoint(peer, tag int, msg []byte, t Transport) (_ Transport, network bool, err error) {
 	le := binary.LittleEndian
 	if len(msg) != endpointSize || !bytes.Equal(msg[:8], []byte(endpointMagic)) {
-		return 0, c.errorf("connect to rank %d (tag %d): malformed endpoint (%d bytes)", peer, tag, len(msg))
+		return 0, false, c.errorf("connect to rank %d (tag %d): malformed endpoint (%d bytes)", peer, tag, len(msg))
 	}
 	if r := int(le.Uint32(msg[12:])); r != peer {
-		return 0, c.errorf("connect to rank %d (tag %d): the endpoint came from rank %d", peer, tag, r)
+		return 0, false, c.errorf("connect to rank %d (tag %d): the endpoint came from rank %d", peer, tag, r)
 	}
 	var loc [16]byte
 	copy(loc[:], msg[32:48])
 	same, err := c.sameNode(peer, loc, int(le.Uint32(msg[48:])))
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if !same {
 		if nt := Transport(msg[10]); nt != c.net.cfg.Transport {
-			return 0, c.errorf("connect to rank %d (tag %d): Network.Transport is %s on rank %d and %s on rank %d", peer, tag, c.net.cfg.Transport, c.rank, nt, peer)
+			return 0, false, c.errorf("connect to rank %d (tag %d): Network.Transport is %s on rank %d and %s on rank %d", peer, tag, c.net.cfg.Transport, c.rank, nt, peer)
 		}
 		if n := int(le.Uint32(msg[52:])); n != c.net.cfg.Sockets {
-			return 0, c.errorf("connect to rank %d (tag %d): Network.Sockets is %d on rank %d and %d on rank %d (set by Config or $%s; the default is 8 on hosts of 16 or more CPUs, 4 on 8 to 15, else 2)", peer, tag, c.net.cfg.Sockets, c.rank, n, peer, TCPSocketsEnv)
+			return 0, false, c.errorf("connect to rank %d (tag %d): Network.Sockets is %d on rank %d and %d on rank %d (set by Config or $%s; the default is 8 on hosts of 16 or more CPUs, 4 on 8 to 15, else 2)", peer, tag, c.net.cfg.Sockets, c.rank, n, peer, TCPSocketsEnv)
 		}
-		return c.net.cfg.Transport, nil
+		nt := c.netTransport()
+		if !nt.MapsMemory() {
+			return nt, true, nil
+		}
+		// The port over CUDA IPC between virtual nodes reaches ranks that
+		// share this rank's memory only (one host; one process on the host
+		// backend).
+		if loc != c.net.locality || (t == TransportCudaIPC && !bytes.Equal(msg[16:32], c.hostID[:])) {
+			return 0, false, c.errorf("connect to rank %d (tag %d): rank %d is on another host (or process), which the port over CUDA IPC cannot reach: use tcp ($%s)", peer, tag, peer, NetTransportEnv)
+		}
+		network = true
 	}
 	if pt := Transport(msg[8]); pt != t {
-		return 0, c.errorf("connect to rank %d (tag %d): this rank offers %s, rank %d offers %s", peer, tag, t, peer, pt)
+		return 0, false, c.errorf("connect to rank %d (tag %d): this rank offers %s, rank %d offers %s", peer, tag, t, peer, pt)
 	}
 	if t == TransportCudaIPC && !bytes.Equal(msg[16:32], c.hostID[:]) {
-		return 0, c.errorf("connect to rank %d (tag %d): rank %d is on another host; CUDA IPC connects GPUs of one host (other transports come with port channels)", peer, tag, peer)
+		return 0, false, c.errorf("connect to rank %d (tag %d): rank %d is on another host; CUDA IPC connects GPUs of one host (other transports come with port channels)", peer, tag, peer)
 	}
-	return t, nil
+	return t, network, nil
 }
 
 // Connect connects this rank to peer (which may be this rank: a loopback
@@ -324,9 +338,10 @@ func (c *Communicator) ConnectAll(ctx context.Context, peers []int, tag int) ([]
 		return nil, err
 	}
 	ts := make([]Transport, len(peers))
+	network := make([]bool, len(peers))
 	var netPeers []int // positions in peers
 	for i, p := range peers {
-		if ts[i], err = c.checkEndpoint(p, tag, theirs[i], t); err != nil {
+		if ts[i], network[i], err = c.checkEndpoint(p, tag, theirs[i], t); err != nil {
 			return nil, err
 		}
 		if ts[i] == TransportEthernet {
@@ -347,7 +362,7 @@ func (c *Communicator) ConnectAll(ctx context.Context, peers []int, tag int) ([]
 		if err != nil {
 			break
 		}
-		out[i], err = c.newConnectionLocked(ts[i], p, tag, links[i])
+		out[i], err = c.newConnectionLocked(ts[i], network[i], p, tag, links[i])
 		links[i] = nil // the connection owns them now, or closed them
 	}
 	if err != nil {
@@ -362,8 +377,8 @@ func (c *Communicator) ConnectAll(ctx context.Context, peers []int, tag int) ([]
 	return out, nil
 }
 
-func (c *Communicator) newConnectionLocked(t Transport, peer, tag int, links *tcpLinks) (Connection, error) {
-	base := &connBase{c: c, transport: t, peer: peer, tag: tag}
+func (c *Communicator) newConnectionLocked(t Transport, network bool, peer, tag int, links *tcpLinks) (Connection, error) {
+	base := &connBase{c: c, transport: t, network: network, peer: peer, tag: tag}
 	var conn Connection
 	switch t {
 	case TransportCudaIPC:

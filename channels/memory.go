@@ -73,7 +73,8 @@ func (m RegisteredMemory) Ptr() uintptr {
 }
 
 // Mapped reports whether this rank can address the memory (Ptr): its own,
-// or a peer's on the same node.
+// a peer's on the same node, or one on another virtual node over the port
+// over CUDA IPC (NetworkConfig.Transport).
 func (m RegisteredMemory) Mapped() bool { return m.r != nil && m.r.base != 0 }
 
 // Size is its length in bytes.
@@ -235,10 +236,7 @@ func (c *Communicator) DeregisterMemory(m RegisteredMemory) error {
 
 // localTransports are the transports that reach this rank's memory.
 func (c *Communicator) localTransports() TransportSet {
-	if c.kind == device.Host {
-		return TransportSet(0).With(TransportHostMemory).With(c.net.cfg.Transport)
-	}
-	return TransportSet(0).With(TransportCudaIPC).With(c.net.cfg.Transport)
+	return TransportSet(0).With(c.transport()).With(c.netTransport())
 }
 
 // Serialised registered memory, little endian:
@@ -346,13 +344,22 @@ func (c *Communicator) openLocked(data []byte) (RegisteredMemory, error) {
 	}
 	transports := TransportSet(data[9])
 	if !same {
-		// Another node: only the network transport reaches it, by key.
-		if !transports.Has(c.net.cfg.Transport) {
-			return RegisteredMemory{}, c.errorf("open memory of rank %d: it is on another node and reachable over %v, not this rank's network transport %s", owner, transports, c.net.cfg.Transport)
+		nt := c.netTransport()
+		if !transports.Has(nt) {
+			return RegisteredMemory{}, c.errorf("open memory of rank %d: it is on another node and reachable over %v, not this rank's network transport %s", owner, transports, nt)
 		}
-		r := &region{comm: c, owner: owner, kind: kind, transports: TransportSet(0).With(c.net.cfg.Transport),
-			hostID: host, size: allocSize, key: netKey, locality: loc}
-		return RegisteredMemory{r: r, off: off, size: size}, nil
+		if !nt.MapsMemory() {
+			// Another node: only the network transport reaches it, by key.
+			r := &region{comm: c, owner: owner, kind: kind, transports: TransportSet(0).With(nt),
+				hostID: host, size: allocSize, key: netKey, locality: loc}
+			return RegisteredMemory{r: r, off: off, size: size}, nil
+		}
+		// The port over CUDA IPC between virtual nodes: mapped like a
+		// rank of this node (its port channels write through the mapping),
+		// which only ranks sharing this rank's memory can be.
+		if loc != c.net.locality {
+			return RegisteredMemory{}, c.errorf("open memory of rank %d: it is on another host (or process), which the port over CUDA IPC cannot reach: use tcp ($%s)", owner, NetTransportEnv)
+		}
 	}
 	if kind == device.CUDA && host != c.hostID {
 		return RegisteredMemory{}, c.errorf("open memory of rank %d: it is on another host; CUDA IPC maps memory within one host (other transports come with port channels)", owner)

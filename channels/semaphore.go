@@ -234,6 +234,9 @@ func (c *Communicator) newSemaphores(ctx context.Context, conns []Connection, ki
 		if kind == semMemory && !b.transport.MapsMemory() {
 			return nil, c.errorf("%s over %v: the transport does not map peer memory", kind, b)
 		}
+		if kind == semMemory && b.network {
+			return nil, c.errorf("%s over %v: rank %d is on another node, which only port channels and host semaphores reach", kind, b, b.peer)
+		}
 		if _, ok := byTag[b.tag]; !ok {
 			tags = append(tags, b.tag)
 		}

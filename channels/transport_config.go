@@ -20,8 +20,18 @@ import (
 // (host-backend ranks: processes), settings from the environment.
 type NetworkConfig struct {
 	// Transport is the network transport between nodes. Zero means
-	// $GOEP_NET_TRANSPORT ("tcp" or "ib"), else TransportEthernet (TCP).
-	// TransportIB (verbs) is refused until it is built.
+	// $GOEP_NET_TRANSPORT ("tcp", "ipc" or "ib"), else TransportEthernet
+	// (TCP). TransportIB (verbs) is refused until it is built.
+	//
+	// TransportCudaIPC ("ipc") is the port over the host's own transport
+	// between virtual nodes of one host (VirtualNodes required): a
+	// connection to a rank of another virtual node is then a CUDA IPC
+	// connection (a proxy-driven copy engine; host memory on the host
+	// backend), so GPU runs move real GPU data through the same port
+	// channels (put, signal, flush, atomic add) as on a network, without
+	// TCP's host copies. Such a connection still counts as a network one:
+	// memory channels and memory semaphores over it are refused, as over
+	// TCP (cross-node traffic goes through port channels only).
 	Transport Transport
 	// VirtualNodes splits the ranks of the job into this many nodes of
 	// consecutive ranks (k must divide the number of ranks; each node's
@@ -123,15 +133,18 @@ func defaultSockets(cpus int) int {
 }
 
 // ParseTransport accepts the network transports' names: "tcp" (or
-// "ethernet") and "ib" (or "verbs").
+// "ethernet"), "ipc" (or "cuda-ipc", "port": the port over CUDA IPC
+// between virtual nodes of one host) and "ib" (or "verbs").
 func ParseTransport(s string) (Transport, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "tcp", "ethernet":
 		return TransportEthernet, nil
+	case "ipc", "cuda-ipc", "port":
+		return TransportCudaIPC, nil
 	case "ib", "verbs", "rdma":
 		return TransportIB, nil
 	}
-	return 0, fmt.Errorf("network transport %q: want tcp or ib", s)
+	return 0, fmt.Errorf("network transport %q: want tcp, ipc or ib", s)
 }
 
 // Resolve is the network configuration a communicator of ranks ranks
@@ -202,10 +215,12 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	switch {
 	case n.Transport == TransportIB:
 		return fail("%w", errVerbsNotBuilt)
-	case n.Transport != TransportEthernet:
-		return fail("Transport %s is not a network transport (want tcp or ib)", n.Transport)
+	case n.Transport != TransportEthernet && n.Transport != TransportCudaIPC:
+		return fail("Transport %s is not a network transport (want tcp, ipc or ib)", n.Transport)
 	case n.VirtualNodes < 0:
 		return fail("VirtualNodes %d is negative", n.VirtualNodes)
+	case n.Transport == TransportCudaIPC && n.VirtualNodes == 0:
+		return fail("Transport ipc (the port over CUDA IPC) connects virtual nodes of one host: set VirtualNodes (Config or $%s), or use tcp between hosts", VirtualNodesEnv)
 	case n.VirtualNodes > 0 && size%n.VirtualNodes != 0:
 		return fail("VirtualNodes %d does not divide the %d ranks (set by Config or $%s)", n.VirtualNodes, size, VirtualNodesEnv)
 	case n.Sockets < 1 || n.Sockets > maxTCPSockets:
@@ -223,8 +238,11 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 // (GPUs; the host backend stages none): per socket tcpTxBufs send buffers
 // and ReceiveAhead receive buffers (2 with ReceiveAheadOff) of ChunkBytes
 // each. A rank has one such connection per peer on another node that it
-// opens a channel to.
+// opens a channel to. The port over CUDA IPC stages nothing (0).
 func (n NetworkConfig) StagingBytes() (int, error) {
+	if n.Transport == TransportCudaIPC {
+		return 0, nil
+	}
 	if n.Sockets < 1 || n.ChunkBytes < 1 {
 		return 0, fmt.Errorf("channels: staging of %d sockets x %d-byte chunks: resolve the config first", n.Sockets, n.ChunkBytes)
 	}
@@ -324,6 +342,17 @@ func virtualNode(rank, size, k int) int {
 		return 0
 	}
 	return rank / (size / k)
+}
+
+// netTransport is the transport of this rank's connections to ranks of
+// other nodes: the configured network transport, or for the port over CUDA
+// IPC this rank's own intra-host one (CUDA IPC; host memory on the host
+// backend).
+func (c *Communicator) netTransport() Transport {
+	if c.net.cfg.Transport == TransportCudaIPC {
+		return c.transport()
+	}
+	return c.net.cfg.Transport
 }
 
 // sameNode reports whether peer, whose locality and virtual-node count are

@@ -356,6 +356,40 @@ func TestInternodeGPU(t *testing.T) {
 	internodeSuite(t, ep.CUDA, nil, 2, 4)
 }
 
+// TestInternodeOverPort: the suite with the port over CUDA IPC between
+// the virtual nodes ($GOEP_NET_TRANSPORT=ipc) instead of TCP: host memory
+// copies by the proxy on the host backend and under the CPU emulation,
+// the GPUs' copy engines on CUDA (TestInternodeOverPortGPU). The Buffer
+// stages nothing for it (SizeHint.NetworkStaging 0).
+func TestInternodeOverPort(t *testing.T) {
+	t.Setenv(channels.NetTransportEnv, "ipc")
+	t.Run("host", func(t *testing.T) { internodeSuite(t, ep.Host, nil, 2) })
+	t.Run("emulated", func(t *testing.T) {
+		cpuemu.SkipUnavailable(t)
+		for _, k := range []string{internode.KernelNotify, routing.KernelWidenIDs} {
+			_, err := cpuemu.Unknown(k)
+			require.NoError(t, err)
+		}
+		internodeSuite(t, ep.Host, func(i int) (ep.Device, error) {
+			return cpuemu.Open(i, cpuemu.Options{SMs: 2, WaitLimit: time.Minute})
+		}, 2)
+	})
+	t.Run("size-hint", func(t *testing.T) {
+		h, err := ep.SizeHints(ep.Config{MaxTokens: 64, Hidden: 128, TopK: 2, Experts: 8, VirtualNodes: 2}, 4)
+		require.NoError(t, err)
+		require.Zero(t, h.NetworkStaging)
+	})
+}
+
+func TestInternodeOverPortGPU(t *testing.T) {
+	if gpuCount(t) == 0 {
+		t.Skip("no GPU")
+	}
+	t.Setenv(channels.NetTransportEnv, "ipc")
+	internodeSuite(t, ep.CUDA, nil, 2, 4)
+	t.Run("handle-order", func(t *testing.T) { internodeHandleOrder(t, ep.CUDA, nil, 2, 1) })
+}
+
 // internodeRig makes the Buffers of the internode suites on topo: hidden
 // 128, top-3 of 2 experts a rank, FP8 buffers, 4 handle slots, maxTokens
 // tokens a rank (open: other devices than ep.OpenDevice's).

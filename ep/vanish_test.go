@@ -39,6 +39,7 @@ func TestInternodeHostVanishes(t *testing.T) {
 	if os.Getenv(vanishEnv) != "" {
 		t.Skip("helper")
 	}
+	t.Setenv(channels.NetTransportEnv, "tcp") // hosts as nodes: the port over CUDA IPC cannot reach the other process
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()

@@ -127,8 +127,8 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 			return nil, err
 		}
 		me := c.Rank()
-		if peers, tr := nt.NetworkPeers(); len(peers) != 1 || len(tr) != 1 || tr[0] != channels.TransportEthernet {
-			return nt, fmt.Errorf("rank %d: network peers %v over %v, want one over tcp", me, peers, tr)
+		if peers, tr := nt.NetworkPeers(); len(peers) != 1 || len(tr) != 1 || tr[0] != wantNetTransport(b) {
+			return nt, fmt.Errorf("rank %d: network peers %v over %v, want one over %v", me, peers, tr, wantNetTransport(b))
 		}
 		for e := 0; e < rounds; e++ {
 			if _, err := nt.Run(in[e][me].TopK); err != nil {

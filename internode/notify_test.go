@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -47,6 +48,26 @@ const (
 )
 
 func (b backend) String() string { return [...]string{"host", "emu", "cuda"}[b] }
+
+// wantNetTransport is the transport of the connections between virtual
+// nodes on backend b: TCP, or with $GOEP_NET_TRANSPORT=ipc (the port over
+// CUDA IPC, withPortOverIPC) the backend's own intra-host transport.
+func wantNetTransport(b backend) channels.Transport {
+	if t, err := channels.ParseTransport(os.Getenv(channels.NetTransportEnv)); err != nil || t != channels.TransportCudaIPC {
+		return channels.TransportEthernet
+	}
+	if b == cudaBackend {
+		return channels.TransportCudaIPC
+	}
+	return channels.TransportHostMemory // the CPU emulation's devices are host memory
+}
+
+// withPortOverIPC makes the rest of t run its virtual nodes over the port
+// over CUDA IPC (host memory on the host backend) instead of TCP.
+func withPortOverIPC(t *testing.T) {
+	t.Helper()
+	t.Setenv(channels.NetTransportEnv, "ipc")
+}
 
 // runLocal runs fn on w goroutine ranks of backend b, each with its own
 // in-process bootstrap and device.
@@ -244,8 +265,8 @@ func checkNotifyRounds(t *testing.T, b backend, topo internode.Topology, rounds 
 		peers, tr := nt.NetworkPeers()
 		me := c.Rank()
 		if want := []int{topo.Forwarder(me, 1-topo.Node(me))}; fmt.Sprint(peers) != fmt.Sprint(want) ||
-			len(tr) != 1 || tr[0] != channels.TransportEthernet {
-			return nt, fmt.Errorf("rank %d: network peers %v over %v, want %v over tcp", me, peers, tr, want)
+			len(tr) != 1 || tr[0] != wantNetTransport(b) {
+			return nt, fmt.Errorf("rank %d: network peers %v over %v, want %v over %v", me, peers, tr, want, wantNetTransport(b))
 		}
 		for e := 0; e < rounds; e++ {
 			if got[e][me], err = nt.Run(ids[e][me]); err != nil {

@@ -841,7 +841,11 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		Split: outs[0].Split, PutBytes: os.Getenv(internode.PutBytesEnv),
 		ProxyPending: os.Getenv(internode.ProxyPendingEnv), ReduceSMs: os.Getenv(internode.ReduceSMsEnv), SendMemory: os.Getenv(internode.SendMemoryEnv),
 		Sweep: sweep}
-	rep.Network, rep.TCP = networkSettings(n, o.nodes)
+	vnodes := o.nodes // goroutine ranks; a launch's from the environment
+	if vnodes == 0 {
+		vnodes, _ = strconv.Atoi(strings.TrimSpace(envVirtualNodes()))
+	}
+	rep.Network, rep.TCP = networkSettings(n, vnodes)
 	if rep.Split == "" {
 		rep.Split = "default"
 	}

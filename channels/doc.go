@@ -18,12 +18,19 @@
 //     sockets per connection, operations applied in order by the
 //     receiver, GPU data staged through pinned host buffers, atomic adds
 //     as device atomics on the target GPU). IB verbs is designed for
-//     (rdma.go) and refused until built.
+//     (rdma.go) and refused until built. Between virtual nodes of one host
+//     the network transport may instead be the port over CUDA IPC
+//     (NetworkConfig.Transport = TransportCudaIPC, $GOEP_NET_TRANSPORT=ipc):
+//     cross-node connections of the intra-host kind (copy engines; host
+//     memory on the host backend) that still admit only port channels and
+//     host semaphores.
 //   - Topology: a node is a host (host backend: a process), or one of
 //     NetworkConfig.VirtualNodes groups of consecutive ranks
-//     ($GOEP_VIRTUAL_NODES), whose cross-node traffic then goes over TCP
-//     and never over NVLink. Memory of a peer on another node opens
-//     unmapped (Ptr 0) and is reached by its registration key.
+//     ($GOEP_VIRTUAL_NODES), whose cross-node traffic then goes over the
+//     network transport (TCP, or the port over CUDA IPC) and never through
+//     memory channels. Memory of a peer on another node opens unmapped
+//     (Ptr 0) and is reached by its registration key (over the port over
+//     CUDA IPC: mapped, for the proxy's copies).
 //   - Semaphores: MemorySemaphore (device to device: signal is a release
 //     add on the peer's inbound token over mapped memory, wait spins with
 //     acquire loads on a monotonic expected counter kept in device memory)

@@ -34,12 +34,14 @@ func TestEmulatedNotify(t *testing.T) {
 }
 
 // The dispatch kernel after the notify kernel: 2 virtual nodes x 2 ranks
-// (TestEmulatedCombine runs it on 2 x 4, checked as well), 4 rounds on one setup (BF16 with weights, FP8 with scales
+// and 3 x 2 (more than one other node: the senders' counts of the tokens
+// before their chunk, node after node; TestEmulatedCombine runs it on 2 x
+// 4, checked as well), 4 rounds on one setup (BF16 with weights, FP8 with scales
 // without, FP8 with, BF16 without), every rank's rows, sources, prefixes
 // and relayed tokens equal to ReferenceDispatch's.
 func TestEmulatedDispatch(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
-	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}} {
+	for _, topo := range []internode.Topology{{Nodes: 2, RanksPerNode: 2}, {Nodes: 3, RanksPerNode: 2}} {
 		t.Run(topo.String(), func(t *testing.T) {
 			before := cpuemu.Launches(internode.KernelDispatch)
 			checkDispatchRounds(t, emuBackend, topo, int64(300+topo.World()))

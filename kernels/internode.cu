@@ -827,6 +827,34 @@ __device__ __forceinline__ void goep_inn_out_x(const u32* row, i64 r, int h, int
     goep_inn_warp_copy(out_x + (u64)r * 2 * h, row, 2ull * h, lane);
   }
 }
+// The same from the caller's tensors, token t's row (BF16 x, or FP8 x and
+// its scales at element strides): the own node's relay rows carry no
+// payload (the dispatch's pack), so its forwarders copy it from here.
+__device__ __forceinline__ void goep_inn_out_x_from(const u8* x, const float* scales, i64 st0, i64 st1, int t, i64 r,
+                                                    int h, int fp8, u8* out_x, float* out_scales, int lane) {
+  if (fp8) {
+    goep_inn_warp_copy(out_x + (u64)r * h, x + (u64)t * h, (u64)h, lane);
+    for (int q = lane; q < h / 128; q += 32) {
+      out_scales[r * (h / 128) + q] = scales[(i64)t * st0 + (i64)q * st1];
+    }
+  } else {
+    goep_inn_warp_copy(out_x + (u64)r * 2 * h, x + (u64)t * 2 * h, 2ull * h, lane);
+  }
+}
+
+// Token t's payload from the caller's tensors into a row of the relay
+// layout (x, then FP8 scales as words after it).
+__device__ __forceinline__ void goep_inn_row_from(u32* row, const u8* x, const float* scales, i64 st0, i64 st1, int t,
+                                                  int h, int fp8, int lane) {
+  if (fp8) {
+    goep_inn_warp_copy(row, x + (u64)t * h, (u64)h, lane);
+    for (int q = lane; q < h / 128; q += 32) {
+      row[h / 4 + q] = __float_as_uint(scales[(i64)t * st0 + (i64)q * st1]);
+    }
+  } else {
+    goep_inn_warp_copy(row, x + (u64)t * 2 * h, 2ull * h, lane);
+  }
+}
 #define GOEP_INN_MAX_NODES 64
 
 extern "C" {
@@ -970,6 +998,8 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         const int t = tt + tid;
         u32 mask = 0;
         if (t < t0) {
+          // Unrolled so that a token's loads are in flight together.
+#pragma unroll 8
           for (int j = 0; j < k; ++j) {
             const i64 e = ids[(i64)t * k + j];
             if (e >= 0 && e < num_experts) {
@@ -1098,6 +1128,10 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         u32* dst = (u32*)(region + (u64)row * dl.relay_row);
         if (x == nullptr) {
           // Route only (a replay for combine): the rows' payload is not read.
+        } else if (n == node) {
+          // The own node's rows are read by this rank's forwarders only,
+          // which take the payload from x itself: one write of every such
+          // row fewer (ids, weights and the route still go in).
         } else if (fp8) {
           goep_inn_warp_copy(dst, x + (u64)t * h, (u64)h, lane);
           // Scales at element strides (token, column).
@@ -1197,6 +1231,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           GOEP_INN_TR(GOEP_INN_EV_D_NET_LANDED);
         }
         const int rows = relay_count[src], src_rank = src * p + local;
+        // The own node's relay rows are this rank's own tokens, packed
+        // without their payload when the caller gave one (x).
+        const bool own_x = src == node && x != nullptr;
         if (rows < 0 || rows > dl.max_tokens) {
           if (tid == 0) {
             out[1] = 1;
@@ -1226,7 +1263,11 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
               // row goes straight to them (its receive row would only be
               // unpacked there: one copy instead of two); the unpack skips
               // the rows of the sources this rank forwards.
-              goep_inn_out_x(row, pos, h, fp8, out_x, out_scales, lane);
+              if (own_x) {
+                goep_inn_out_x_from(x, scales, scale_st0, scale_st1, meta[0], pos, h, fp8, out_x, out_scales, lane);
+              } else {
+                goep_inn_out_x(row, pos, h, fp8, out_x, out_scales, lane);
+              }
               for (int jj = lane; jj < k; jj += 32) {
                 const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
                 const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;
@@ -1241,7 +1282,11 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
               continue;
             }
             u32* rr = (u32*)((u8*)peer_nvl[l] + dl.recv + (u64)pos * dl.recv_row);
-            goep_inn_warp_copy(rr, row, (u64)xb, lane);
+            if (own_x) {
+              goep_inn_row_from(rr, x, scales, scale_st0, scale_st1, meta[0], h, fp8, lane);
+            } else {
+              goep_inn_warp_copy(rr, row, (u64)xb, lane);
+            }
             for (int jj = lane; jj < k; jj += 32) {
               const i64 e = (i64)((u64)row[xw + 2 * jj] | (u64)row[xw + 2 * jj + 1] << 32);
               const bool mine = e >= 0 && e < num_experts && (int)(e / le) == dst_rank;

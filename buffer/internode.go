@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/checked"
@@ -231,7 +232,8 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 // grid of the dispatch and combine kernels, and from the environment,
 // read here only: $GOEP_INTERNODE_SPLIT (the grid's roles; unset: the
 // default split of the grid), $GOEP_INTERNODE_PUT_BYTES (unset:
-// internode.DefaultPutBytes; 0: one put per node and block),
+// internode.DefaultPutBytesOver the network transport; 0: one put per
+// node and block),
 // $GOEP_INTERNODE_PROXY_PENDING (unset: channels' default),
 // $GOEP_INTERNODE_REDUCE_SMS (unset: the combine's final reduce on every
 // SM, after its kernel) and $GOEP_INTERNODE_SEND_MEMORY (unset: device
@@ -244,6 +246,17 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
 	if err != nil {
 		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.PutBytesEnv, err)
+	}
+	if strings.TrimSpace(os.Getenv(internode.PutBytesEnv)) == "" {
+		// The default depends on the network transport (the Buffer's
+		// communicator takes it from the environment only).
+		nt := channels.TransportEthernet
+		if s := os.Getenv(channels.NetTransportEnv); strings.TrimSpace(s) != "" {
+			if nt, err = channels.ParseTransport(s); err != nil {
+				return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", channels.NetTransportEnv, err)
+			}
+		}
+		putBytes = internode.DefaultPutBytesOver(nt)
 	}
 	pending, err := internode.ParseProxyPending(os.Getenv(internode.ProxyPendingEnv))
 	if err != nil {

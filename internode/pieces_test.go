@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internode"
 )
@@ -335,4 +336,13 @@ func TestPutPiecesGPU(t *testing.T) {
 			})
 		}
 	}
+}
+
+// The Buffer's put size when $GOEP_INTERNODE_PUT_BYTES is unset: 1 MiB
+// pieces over TCP (and the verbs transport to come), one put per node and
+// block over the port over CUDA IPC.
+func TestDefaultPutBytesOver(t *testing.T) {
+	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportEthernet))
+	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportIB))
+	require.Zero(t, internode.DefaultPutBytesOver(channels.TransportCudaIPC))
 }

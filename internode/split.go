@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/goep-dev/goep/channels"
 )
 
 // Split divides the dispatch and combine kernels' grid into roles. Each
@@ -44,6 +46,23 @@ const MaxPutBytes = 1 << 30
 // MiB gained less, 512 KiB and 256 KiB lost 2-4 ms (a put's fixed cost on
 // the proxy and the sockets).
 const DefaultPutBytes = 1 << 20
+
+// DefaultPutBytesOver is the put size the Buffer asks for over network
+// transport t when $GOEP_INTERNODE_PUT_BYTES is unset: DefaultPutBytes,
+// except over the port over CUDA IPC (channels.TransportCudaIPC between
+// virtual nodes), where it is 0, one put per node and block. There the
+// proxy issues each put as a copy on one stream at a fixed cost, and with
+// the senders' copies shortened (session 18) the copies paced the call:
+// EP2 on 2 H100s at 4096 tokens, one put per block (and 4 MiB pieces) took
+// dispatch 568 -> 531-538 us and combine 722-742 -> 641-661 us against 1
+// MiB pieces; at 1024 tokens the same within the spread (PERFORMANCE.md,
+// session 18).
+func DefaultPutBytesOver(t channels.Transport) int {
+	if t == channels.TransportCudaIPC {
+		return 0
+	}
+	return DefaultPutBytes
+}
 
 // ParsePutBytes reads a NotifyConfig.PutBytes: "" (DefaultPutBytes), "0"
 // (one put per node and block), or a byte count with an optional k or m

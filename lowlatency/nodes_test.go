@@ -150,6 +150,42 @@ func TestEmulatedNodes(t *testing.T) {
 	}
 }
 
+// The same over the port over CUDA IPC between the virtual nodes
+// ($GOEP_NET_TRANSPORT=ipc: host-memory connections on the host backend and
+// under the CPU emulation, the GPUs' copy engines on CUDA) instead of TCP:
+// two node cases on each backend here, every node case on GPUs.
+func TestNodesOverPort(t *testing.T) {
+	t.Setenv(channels.NetTransportEnv, "ipc")
+	for _, c := range nodeCases() {
+		if c.name != "2x2-bf16-random" && c.name != "2x4-ue8m0-masked" {
+			continue
+		}
+		t.Run("host/"+c.name, func(t *testing.T) {
+			c.cfg = lowlatency.LaunchConfig{NumSMs: 2, Threads: 64}
+			runCase(t, newNodeGroup(t, hostDevices(t, c.ranks), c.config(), 20*time.Second, 0), c)
+		})
+		if c.ranks > 4 {
+			continue // CI time: the emulation runs the 2 x 2 case
+		}
+		t.Run("emulated/"+c.name, func(t *testing.T) {
+			cpuemu.SkipUnavailable(t)
+			c.cfg = lowlatency.LaunchConfig{NumSMs: 2, Threads: 64}
+			runCase(t, newNodeGroup(t, emuDevices(t, c.ranks), c.config(), 60*time.Second, 0), c)
+		})
+	}
+}
+
+func TestNodesOverPortGPU(t *testing.T) {
+	t.Setenv(channels.NetTransportEnv, "ipc")
+	for _, c := range nodeCases() {
+		t.Run(c.name, func(t *testing.T) {
+			devs, spin := gpuDevices(t, c.ranks)
+			c.cfg = lowlatency.LaunchConfig{NumSMs: min(4, spin), Threads: 128}
+			runCase(t, newNodeGroup(t, devs, c.config(), 20*time.Second, spin), c)
+		})
+	}
+}
+
 // Graph-style replays across nodes on the host backend: the same captured
 // calls on both sets, every replay checked.
 func TestNodesGraphReplaysHost(t *testing.T) {

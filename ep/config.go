@@ -53,7 +53,10 @@ type Config struct {
 	// consecutive ranks (it must divide the ranks), whose traffic to each
 	// other goes over the network transport: the Buffer then runs the
 	// internode mode (Buffer.Mode). 0 means $GOEP_VIRTUAL_NODES, else none
-	// (a node is a host); 1 is one node. Every rank passes the same.
+	// (a node is a host); 1 is one node. Every rank passes the same. The
+	// network transport is TCP unless $GOEP_NET_TRANSPORT=ipc makes it the
+	// port over CUDA IPC between virtual nodes (the same port-channel
+	// protocol carried by the GPUs' copy engines; channels.NetworkConfig).
 	VirtualNodes int
 }
 

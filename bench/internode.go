@@ -811,6 +811,10 @@ type interReport struct {
 	// PutBytes is $GOEP_INTERNODE_PUT_BYTES as the Buffer read it (empty:
 	// internode.DefaultPutBytes).
 	PutBytes string `json:"put_bytes,omitempty"`
+	// PutBytesUsed is the put size the Buffers asked for: PutBytes, or
+	// the network transport's default (internode.DefaultPutBytesOver); 0
+	// is one put per node and block.
+	PutBytesUsed int `json:"put_bytes_used"`
 	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
 	// (empty: channels' default).
 	ProxyPending string `json:"proxy_pending,omitempty"`
@@ -846,6 +850,15 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		vnodes, _ = strconv.Atoi(strings.TrimSpace(envVirtualNodes()))
 	}
 	rep.Network, rep.TCP = networkSettings(n, vnodes)
+	if rep.PutBytes == "" {
+		t := channels.TransportEthernet
+		if rep.overPort() {
+			t = channels.TransportCudaIPC
+		}
+		rep.PutBytesUsed = internode.DefaultPutBytesOver(t)
+	} else if v, err := internode.ParsePutBytes(rep.PutBytes); err == nil {
+		rep.PutBytesUsed = v
+	}
 	if rep.Split == "" {
 		rep.Split = "default"
 	}
@@ -978,8 +991,13 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 				float64(r.Traffic.Network)/1e6, r.NetGBps, put, ratio, putAll, ratioAll, putOnce, ratioOnce, float64(r.Traffic.NVLink)/1e6, r.NVLGBps, r.RDMAGBps, r.NVLRGBps)
 		}
 		tw.Flush()
-		if rep.PutBytes != "" {
+		switch {
+		case rep.PutBytes != "":
 			fmt.Fprintf(w, "puts in pieces of $%s=%s\n", internode.PutBytesEnv, rep.PutBytes)
+		case rep.PutBytesUsed == 0:
+			fmt.Fprintf(w, "puts: one per node and block (the default over the port over CUDA IPC; $%s)\n", internode.PutBytesEnv)
+		default:
+			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}
 		if rep.ProxyPending != "" {
 			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)

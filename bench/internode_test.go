@@ -19,6 +19,7 @@ import (
 // put it compares against is that transport's.
 func TestInternodeOnHostOverPort(t *testing.T) {
 	t.Setenv(channels.NetTransportEnv, "ipc")
+	t.Setenv(internode.PutBytesEnv, "")
 	js := filepath.Join(t.TempDir(), "inter.json")
 	args := append([]string{"internode", "--ranks", "4", "--nodes", "2", "--tokens", "40", "--json", js}, quickIntranode...)
 	code, stdout, stderr := run(t, args...)
@@ -35,6 +36,8 @@ func TestInternodeOnHostOverPort(t *testing.T) {
 	require.Equal(t, channels.TransportCudaIPC.String(), rep.Network)
 	require.Empty(t, rep.TCP)
 	require.Zero(t, rep.NetworkStaging)
+	require.Zero(t, rep.PutBytesUsed)
+	assert.Contains(t, stdout, "puts: one per node and block (the default over the port over CUDA IPC")
 	require.NotEmpty(t, rep.Rows)
 	for _, r := range rep.Rows {
 		require.Positive(t, r.Traffic.Network, "%+v", r)
@@ -73,6 +76,8 @@ func TestInternodeOnHost(t *testing.T) {
 	assert.Contains(t, stdout, fmt.Sprintf("stage through %.1f MiB of pinned host memory", float64(staging)/(1<<20)))
 	require.Contains(t, rep.TCP, "sockets a connection")
 	require.Equal(t, "tcp", rep.Network)
+	require.Equal(t, internode.DefaultPutBytes, rep.PutBytesUsed)
+	assert.Contains(t, stdout, "puts in pieces of 1024 KiB (the default over TCP")
 	require.Len(t, rep.Checks, 2*2)
 	// Per token count: bf16 cached, combine, full, older-handle; fp8 cached.
 	require.Len(t, rep.Rows, 2*5)

@@ -827,24 +827,6 @@ __device__ __forceinline__ void goep_inn_out_x(const u32* row, i64 r, int h, int
     goep_inn_warp_copy(out_x + (u64)r * 2 * h, row, 2ull * h, lane);
   }
 }
-// The local ranks of node n that a token's ids (k of them; ids outside
-// [0, num_experts) ignored) target, as a mask over the node's p ranks.
-// Unrolled so that the token's loads are in flight together.
-__device__ __forceinline__ u32 goep_inn_node_mask(const i64* ids, int k, int num_experts, int le, int p, int n) {
-  u32 mask = 0;
-#pragma unroll 8
-  for (int j = 0; j < k; ++j) {
-    const i64 e = ids[j];
-    if (e >= 0 && e < num_experts) {
-      const int r = (int)(e / le);
-      if (r / p == n) {
-        mask |= 1u << (r % p);
-      }
-    }
-  }
-  return mask;
-}
-
 // The same from the caller's tensors, token t's row (BF16 x, or FP8 x and
 // its scales at element strides): the own node's relay rows carry no
 // payload (the dispatch's pack), so its forwarders copy it from here.
@@ -1014,7 +996,20 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
       for (int tt = 0; tt < t0; tt += nt) {
         const int t = tt + tid;
-        const u32 mask = t < t0 ? goep_inn_node_mask(ids + (i64)t * k, k, num_experts, le, p, n) : 0u;
+        u32 mask = 0;
+        if (t < t0) {
+          // Unrolled so that a token's loads are in flight together.
+#pragma unroll 8
+          for (int j = 0; j < k; ++j) {
+            const i64 e = ids[(i64)t * k + j];
+            if (e >= 0 && e < num_experts) {
+              const int r = (int)(e / le);
+              if (r / p == n) {
+                mask |= 1u << (r % p);
+              }
+            }
+          }
+        }
 #pragma unroll
         for (int c = 0; c <= GOEP_INN_MAX_P; ++c) {
           if (c <= p) {
@@ -1052,7 +1047,18 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         for (int tt = t0; tt < t1; tt += nt) {
           const int t = tt + tid;
-          const u32 mask = t < t1 ? goep_inn_node_mask(ids + (i64)t * k, k, num_experts, le, p, n) : 0u;
+          u32 mask = 0;
+          if (t < t1) {
+            for (int j = 0; j < k; ++j) {
+              const i64 e = ids[(i64)t * k + j];
+              if (e >= 0 && e < num_experts) {
+                const int r = (int)(e / le);
+                if (r / p == n) {
+                  mask |= 1u << (r % p);
+                }
+              }
+            }
+          }
           // Column 0 counts rows (mask != 0), column 1 + l slots at l.
           int pre[1 + GOEP_INN_MAX_P];
           for (int c = 0; c <= p; ++c) {

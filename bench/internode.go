@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/goep-dev/goep/buffer"
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/ep"
@@ -815,6 +816,11 @@ type interReport struct {
 	// the network transport's default (internode.DefaultPutBytesOver); 0
 	// is one put per node and block.
 	PutBytesUsed int `json:"put_bytes_used"`
+	// Forward is when the dispatch's forwarders started on another node's
+	// rows ($GOEP_INTERNODE_FORWARD, or the transport's default:
+	// internode.DefaultForwardOver): "nodes" once all landed, "blocks" as
+	// each sender block's landed.
+	Forward string `json:"forward"`
 	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
 	// (empty: channels' default).
 	ProxyPending string `json:"proxy_pending,omitempty"`
@@ -850,14 +856,10 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 		vnodes, _ = strconv.Atoi(strings.TrimSpace(envVirtualNodes()))
 	}
 	rep.Network, rep.TCP = networkSettings(n, vnodes)
-	if rep.PutBytes == "" {
-		t := channels.TransportEthernet
-		if rep.overPort() {
-			t = channels.TransportCudaIPC
-		}
-		rep.PutBytesUsed = internode.DefaultPutBytesOver(t)
-	} else if v, err := internode.ParsePutBytes(rep.PutBytes); err == nil {
-		rep.PutBytesUsed = v
+	// What the Buffers used (they read the same environment); the run
+	// itself failed before here if it does not parse.
+	if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
+		rep.PutBytesUsed, rep.Forward = nw.PutBytes, nw.Forward.String()
 	}
 	if rep.Split == "" {
 		rep.Split = "default"
@@ -999,6 +1001,7 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		default:
 			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}
+		fmt.Fprintf(w, "the dispatch kernel's forwarders start on another node's rows by %s ($%s)\n", rep.Forward, internode.ForwardEnv)
 		if rep.ProxyPending != "" {
 			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)
 		}

@@ -226,6 +226,49 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 	return b.allocate()
 }
 
+// NetworkTuning is what the internode mode asks of the network leg.
+type NetworkTuning struct {
+	// Transport is the network transport between nodes named by
+	// $GOEP_NET_TRANSPORT (unset: TCP), which picks the defaults below.
+	Transport channels.Transport
+	// PutBytes is internode.NotifyConfig.PutBytes: $GOEP_INTERNODE_PUT_BYTES,
+	// unset internode.DefaultPutBytesOver the transport (0: one put per
+	// node and block).
+	PutBytes int
+	// Forward is internode.NotifyConfig.Forward: $GOEP_INTERNODE_FORWARD,
+	// unset internode.DefaultForwardOver the transport.
+	Forward internode.Forward
+}
+
+// NetworkTuningFromEnv is the network tuning every Buffer in internode
+// mode uses, read from the environment as its communicator reads the
+// transport: the one place these defaults are decided (ep-bench reports
+// it). An error names the variable it could not parse.
+func NetworkTuningFromEnv() (NetworkTuning, error) {
+	nw := NetworkTuning{Transport: channels.TransportEthernet}
+	if s := os.Getenv(channels.NetTransportEnv); strings.TrimSpace(s) != "" {
+		t, err := channels.ParseTransport(s)
+		if err != nil {
+			return NetworkTuning{}, fmt.Errorf("$%s: %w", channels.NetTransportEnv, err)
+		}
+		nw.Transport = t
+	}
+	nw.PutBytes = internode.DefaultPutBytesOver(nw.Transport)
+	if s := os.Getenv(internode.PutBytesEnv); strings.TrimSpace(s) != "" {
+		v, err := internode.ParsePutBytes(s)
+		if err != nil {
+			return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.PutBytesEnv, err)
+		}
+		nw.PutBytes = v
+	}
+	f, err := internode.ParseForward(os.Getenv(internode.ForwardEnv), internode.DefaultForwardOver(nw.Transport))
+	if err != nil {
+		return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.ForwardEnv, err)
+	}
+	nw.Forward = f
+	return nw, nil
+}
+
 // notifyConfig is package internode's configuration of the Buffer's
 // internode mode: the caller's Dispatch SMs and threads (0: internode's
 // defaults, within the spin budget of ranks sharing a GPU) for the one
@@ -233,7 +276,8 @@ func (b *Buffer) newInternode(ctx context.Context, t internode.Topology) error {
 // read here only: $GOEP_INTERNODE_SPLIT (the grid's roles; unset: the
 // default split of the grid), $GOEP_INTERNODE_PUT_BYTES (unset:
 // internode.DefaultPutBytesOver the network transport; 0: one put per
-// node and block),
+// node and block), $GOEP_INTERNODE_FORWARD (unset:
+// internode.DefaultForwardOver the network transport),
 // $GOEP_INTERNODE_PROXY_PENDING (unset: channels' default),
 // $GOEP_INTERNODE_REDUCE_SMS (unset: the combine's final reduce on every
 // SM, after its kernel) and $GOEP_INTERNODE_SEND_MEMORY (unset: device
@@ -243,20 +287,9 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	if err != nil {
 		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.SplitEnv, err)
 	}
-	putBytes, err := internode.ParsePutBytes(os.Getenv(internode.PutBytesEnv))
+	nw, err := NetworkTuningFromEnv()
 	if err != nil {
-		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.PutBytesEnv, err)
-	}
-	if strings.TrimSpace(os.Getenv(internode.PutBytesEnv)) == "" {
-		// The default depends on the network transport (the Buffer's
-		// communicator takes it from the environment only).
-		nt := channels.TransportEthernet
-		if s := os.Getenv(channels.NetTransportEnv); strings.TrimSpace(s) != "" {
-			if nt, err = channels.ParseTransport(s); err != nil {
-				return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", channels.NetTransportEnv, err)
-			}
-		}
-		putBytes = internode.DefaultPutBytesOver(nt)
+		return internode.NotifyConfig{}, err
 	}
 	pending, err := internode.ParseProxyPending(os.Getenv(internode.ProxyPendingEnv))
 	if err != nil {
@@ -271,7 +304,7 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.SendMemoryEnv, err)
 	}
 	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split,
-		PutBytes: putBytes, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
+		PutBytes: nw.PutBytes, Forward: nw.Forward, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
 		// One kept layout per handle slot: a cached dispatch or combine of
 		// any live handle resumes its round (internode_device.go).
 		Layouts: c.handles()}, nil

@@ -35,3 +35,31 @@ func TestNotifyConfigPutBytes(t *testing.T) {
 	_, err := c.notifyConfig()
 	require.ErrorContains(t, err, channels.NetTransportEnv)
 }
+
+// notifyConfig's forwarding: $GOEP_INTERNODE_FORWARD when set, else by
+// block over the port over CUDA IPC and by node over TCP; a value it
+// cannot parse is an error naming the variable.
+func TestNotifyConfigForward(t *testing.T) {
+	c := Config{MaxTokens: 8}
+	for _, tc := range []struct {
+		transport, forward string
+		want               internode.Forward
+	}{
+		{"", "", internode.ForwardNodes},
+		{"tcp", "", internode.ForwardNodes},
+		{"ipc", "", internode.ForwardBlocks},
+		{"ipc", "nodes", internode.ForwardNodes},
+		{"tcp", " Blocks ", internode.ForwardBlocks},
+	} {
+		t.Setenv(channels.NetTransportEnv, tc.transport)
+		t.Setenv(internode.ForwardEnv, tc.forward)
+		nc, err := c.notifyConfig()
+		require.NoError(t, err, "%+v", tc)
+		require.Equal(t, tc.want, nc.Forward, "%+v", tc)
+	}
+	t.Setenv(channels.NetTransportEnv, "")
+	t.Setenv(internode.ForwardEnv, "pieces")
+	_, err := c.notifyConfig()
+	require.ErrorContains(t, err, internode.ForwardEnv)
+	require.ErrorContains(t, err, "pieces")
+}

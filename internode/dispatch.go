@@ -76,7 +76,11 @@ type dispatchLayout struct {
 	// kernels finished by forwarder (n, own local index), added over the
 	// port channel; doneNVL[l] in the NVLink workspace those of local rank
 	// l, added over NVLink.
-	doneNet, doneNVL               int
+	doneNet, doneNVL int
+	// unitWords in the RDMA buffer: u64 [Nodes][maxBlocks], dispatch's
+	// landed units when forwarding by block (ForwardBlocks; internode.cu's
+	// goep_inn_unit_word), 0 between rounds.
+	unitWords                      int
 	rdmaBytes, nvlBytes, sendBytes int
 	// The send memory's base, where kernels and twins write the rows, and
 	// its id in the Notify's proxy (the puts' source id): set by NewNotify
@@ -111,7 +115,8 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	combCounters := relay + n*mt*relayRow
 	combRecv := align16(combCounters + 8*n)
 	doneNet := combRecv + n*mt*partialRow
-	rdmaBytes := doneNet + 8*n
+	unitWords := align16(doneNet + 8*n)
+	rdmaBytes := unitWords + 8*n*maxBlocks
 	// The send memory: dispatch's rows, then combine's partials.
 	send := int64(0)
 	combSend := send + n*mt*relayRow
@@ -132,7 +137,7 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	dl.netCounters, dl.relay, dl.send, dl.rdmaBytes = int(netCounters), int(relay), int(send), int(rdmaBytes)
 	dl.nvlCounters, dl.ready, dl.bases, dl.recv, dl.nvlBytes = int(nvlCounters), int(ready), int(bases), int(recv), int(nvlBytes)
 	dl.partialRow, dl.combCounters, dl.combRecv, dl.combSend, dl.combReady = int(partialRow), int(combCounters), int(combRecv), int(combSend), int(combReady)
-	dl.doneNet, dl.doneNVL = int(doneNet), int(doneNVL)
+	dl.doneNet, dl.doneNVL, dl.unitWords = int(doneNet), int(doneNVL), int(unitWords)
 	return dl, nil
 }
 

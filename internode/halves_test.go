@@ -63,7 +63,7 @@ func checkOwnNodeRowsFirst(t *testing.T, b backend) {
 	gaveUp := make([]error, w)
 	errs := runNotifyRanksFree(t, b, topo, time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
 		me := c.Rank()
-		nt, m, free, err := notifyWithMem(ctx, c, s, internode.NotifyConfig{Tag: 81, MaxTokens: maxTokens})
+		nt, m, free, err := notifyWithMem(ctx, c, s, internode.NotifyConfig{Tag: 81, MaxTokens: maxTokens, Forward: forward()})
 		if err != nil {
 			return nt, free, err
 		}

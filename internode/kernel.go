@@ -98,6 +98,13 @@ const (
 	maxThreads             = 512 // internode.cu's GOEP_INN_MAX_THREADS (the kernels' launch bound)
 )
 
+const (
+	// maxBlocks bounds the dispatch and combine grid: internode.cu's
+	// GOEP_INN_MAX_UNITS (a unit word per sender block and source node).
+	maxBlocks = 1024
+	flagUnits = 1 // internode.cu's GOEP_INN_FLAG_UNITS
+)
+
 // outWords is the dispatch/combine words
 // (internode.cu's GOEP_INN_OUT_WORDS: status, bad, four block arrival
 // counters), cleared before each launch.
@@ -145,6 +152,9 @@ func (nt *Notify) resolveLaunch(sms, threads int, sp Split) (blocks, thr int, sp
 		if pl, err := nt.comm.Placement(context.Background()); err == nil && pl.SpinBlocks > 0 && blocks > pl.SpinBlocks {
 			blocks = pl.SpinBlocks
 		}
+	}
+	if blocks > maxBlocks {
+		return 0, 0, Split{}, fmt.Errorf("%d blocks: the dispatch and combine kernels take at most %d", blocks, maxBlocks)
 	}
 	if err := nt.comm.CheckSpinLaunch("internode dispatch/combine", blocks); err != nil {
 		return 0, 0, Split{}, err
@@ -345,7 +355,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		}
 	}
 	for j, fp8 := range []bool{false, true} {
-		if err := nt.dev.CopyIn(ks.dlay+uintptr(j*dlayBytes), nt.dl.encode(s, fp8, nt.cfg.PutBytes)); err != nil {
+		if err := nt.dev.CopyIn(ks.dlay+uintptr(j*dlayBytes), nt.dl.encode(s, fp8, nt.cfg)); err != nil {
 			return err
 		}
 	}
@@ -645,7 +655,7 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 144
+const dlayBytes = 152
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -664,9 +674,9 @@ func (s Shape) xBytes(fp8 bool) int {
 }
 
 // encode is the goep_inn_dispatch_layout struct (internode.cu) for rows of
-// the given format, with the kernels' put size (NotifyConfig.PutBytes,
-// checked at setup).
-func (dl dispatchLayout) encode(s Shape, fp8 bool, putBytes int) []byte {
+// the given format, with the kernels' put size and forwarding
+// (NotifyConfig.PutBytes and Forward, checked at setup).
+func (dl dispatchLayout) encode(s Shape, fp8 bool, cfg NotifyConfig) []byte {
 	le := binary.LittleEndian
 	lay := make([]byte, dlayBytes)
 	for j, v := range []int{dl.netCounters, dl.relay, dl.send, dl.nvlCounters, dl.ready, dl.bases, dl.recv} {
@@ -679,11 +689,17 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, putBytes int) []byte {
 		le.PutUint64(lay[72+8*j:], uint64(v))
 	}
 	le.PutUint32(lay[104:], uint32(dl.partialRow))
-	le.PutUint32(lay[108:], uint32(putBytes))
+	le.PutUint32(lay[108:], uint32(cfg.PutBytes))
 	le.PutUint64(lay[112:], uint64(dl.doneNet))
 	le.PutUint64(lay[120:], uint64(dl.doneNVL))
 	le.PutUint64(lay[128:], uint64(dl.sendBase))
 	le.PutUint32(lay[136:], dl.sendID)
+	var flags uint32
+	if cfg.Forward == ForwardBlocks {
+		flags |= flagUnits
+	}
+	le.PutUint32(lay[140:], flags)
+	le.PutUint64(lay[144:], uint64(dl.unitWords))
 	return lay
 }
 

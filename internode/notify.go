@@ -128,6 +128,12 @@ type NotifyConfig struct {
 	// The Buffer reads it from $GOEP_INTERNODE_SEND_MEMORY (SendMemoryEnv,
 	// ParseSendMemory).
 	SendMemory SendMemory
+	// Forward is when the dispatch kernel's forwarders start on the rows
+	// from another node (Forward; the zero value ForwardNodes). The
+	// Buffer reads it from $GOEP_INTERNODE_FORWARD (ForwardEnv,
+	// ParseForward; unset: DefaultForwardOver the network transport).
+	// Ranks may pass different values.
+	Forward Forward
 	// Layouts, where kernels run, is how many notify rounds' layouts the
 	// device keeps (the notify kernel's output: counts, relay counts, rank
 	// prefix; a few KB each). A device-pointer round writes the one its
@@ -342,6 +348,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	}
 	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
 		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)
+	}
+	if cfg.Forward != ForwardNodes && cfg.Forward != ForwardBlocks {
+		return nil, fail("%v: want ForwardNodes or ForwardBlocks", cfg.Forward)
 	}
 	if cfg.SendMemory < SendDevice || cfg.SendMemory > SendHost {
 		return nil, fail("%v: want SendDevice or SendHost", cfg.SendMemory)

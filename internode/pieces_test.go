@@ -2,6 +2,7 @@ package internode_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -62,6 +63,50 @@ func withHidden(t *testing.T, h int) {
 	prev := testHidden
 	testHidden = h
 	t.Cleanup(func() { testHidden = prev })
+}
+
+// testSplits, when set (withSplits), gives rank r of checkDispatchRounds
+// and checkCombineRounds the split testSplits[r % len]: ranks that launch
+// different grids.
+var testSplits []internode.Split
+
+// splitOf is rank r's NotifyConfig.Split in the round helpers.
+func splitOf(r int) internode.Split {
+	if len(testSplits) > 0 {
+		return testSplits[r%len(testSplits)]
+	}
+	return testSplit
+}
+
+func withSplits(t *testing.T, sp ...internode.Split) {
+	t.Helper()
+	prev := testSplits
+	testSplits = sp
+	t.Cleanup(func() { testSplits = prev })
+}
+
+// testForward, when set (withForward), is the NotifyConfig.Forward of the
+// round helpers; unset they take the Buffer's default for the network
+// transport of the test ($GOEP_NET_TRANSPORT: DefaultForwardOver).
+var testForward *internode.Forward
+
+// forward is the round helpers' NotifyConfig.Forward.
+func forward() internode.Forward {
+	if testForward != nil {
+		return *testForward
+	}
+	tr, err := channels.ParseTransport(os.Getenv(channels.NetTransportEnv))
+	if err != nil {
+		tr = channels.TransportEthernet
+	}
+	return internode.DefaultForwardOver(tr)
+}
+
+func withForward(t *testing.T, f internode.Forward) {
+	t.Helper()
+	prev := testForward
+	testForward = &f
+	t.Cleanup(func() { testForward = prev })
 }
 
 func withGrid(t *testing.T, threads int, sp internode.Split) {
@@ -345,4 +390,10 @@ func TestDefaultPutBytesOver(t *testing.T) {
 	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportEthernet))
 	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportIB))
 	require.Zero(t, internode.DefaultPutBytesOver(channels.TransportCudaIPC))
+}
+
+func TestDefaultForwardOver(t *testing.T) {
+	require.Equal(t, internode.ForwardNodes, internode.DefaultForwardOver(channels.TransportEthernet))
+	require.Equal(t, internode.ForwardNodes, internode.DefaultForwardOver(channels.TransportIB))
+	require.Equal(t, internode.ForwardBlocks, internode.DefaultForwardOver(channels.TransportCudaIPC))
 }

@@ -64,6 +64,66 @@ func DefaultPutBytesOver(t channels.Transport) int {
 	return DefaultPutBytes
 }
 
+// Forward says when the dispatch kernel's forwarders start on the relay
+// rows from another node (NotifyConfig.Forward).
+type Forward int
+
+const (
+	// ForwardNodes: once all of a source node's rows landed. The last of
+	// the source's sender blocks adds one counter per node after every
+	// block's puts: one atomic add per node and call.
+	ForwardNodes Forward = iota
+	// ForwardBlocks: each sender block's rows as soon as they landed.
+	// Every sender block adds a word per node after its last put there,
+	// naming its run of rows; forwarder blocks take the source's sender
+	// blocks in turn (block f those congruent to f), so the NVLink leg of
+	// the first blocks' rows runs while later blocks' rows are still on
+	// the network. One atomic add per node and sender block.
+	ForwardBlocks
+)
+
+func (f Forward) String() string {
+	switch f {
+	case ForwardNodes:
+		return "nodes"
+	case ForwardBlocks:
+		return "blocks"
+	}
+	return fmt.Sprintf("Forward(%d)", int(f))
+}
+
+// ForwardEnv names the environment variable the Buffer reads
+// NotifyConfig.Forward from (ParseForward's forms).
+const ForwardEnv = "GOEP_INTERNODE_FORWARD"
+
+// ParseForward reads a NotifyConfig.Forward: "nodes" or "blocks"; ""
+// gives def (the Buffer's: DefaultForwardOver its transport).
+func ParseForward(v string, def Forward) (Forward, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "":
+		return def, nil
+	case "nodes", "node":
+		return ForwardNodes, nil
+	case "blocks", "block":
+		return ForwardBlocks, nil
+	}
+	return 0, fmt.Errorf("forward %q: want nodes or blocks", v)
+}
+
+// DefaultForwardOver is the forwarding the Buffer asks for over network
+// transport t when $GOEP_INTERNODE_FORWARD is unset: ForwardBlocks over
+// the port over CUDA IPC, where the rows land in a few hundred
+// microseconds and forwarding them only after the last one was the tail
+// of the call (session 18's kernel trace); ForwardNodes over TCP, whose
+// receiver applies every atomic add with a kernel launch in its serial
+// order (session 12: per-piece adds in combine cost 1-1.5 ms).
+func DefaultForwardOver(t channels.Transport) Forward {
+	if t == channels.TransportCudaIPC {
+		return ForwardBlocks
+	}
+	return ForwardNodes
+}
+
 // ParsePutBytes reads a NotifyConfig.PutBytes: "" (DefaultPutBytes), "0"
 // (one put per node and block), or a byte count with an optional k or m
 // suffix (KiB, MiB), e.g. "1m" or "262144", at most MaxPutBytes.
@@ -197,15 +257,12 @@ func (sp Split) Validate() error {
 		return fmt.Errorf("split %+v: Shared takes no counts", sp)
 	case counts && (sp.Senders < 1 || sp.Forwarders < 1 || sp.Receivers < 1):
 		return fmt.Errorf("split %d,%d,%d: want at least one sender, forwarder and receiver block", sp.Senders, sp.Forwarders, sp.Receivers)
-	case counts && sp.Senders+sp.Forwarders+sp.Receivers > maxSplitBlocks:
-		return fmt.Errorf("split %d,%d,%d: more than %d blocks", sp.Senders, sp.Forwarders, sp.Receivers, maxSplitBlocks)
+	case counts && (sp.Senders > maxBlocks || sp.Forwarders > maxBlocks || sp.Receivers > maxBlocks ||
+		sp.Senders+sp.Forwarders+sp.Receivers > maxBlocks):
+		return fmt.Errorf("split %d,%d,%d: more than %d blocks", sp.Senders, sp.Forwarders, sp.Receivers, maxBlocks)
 	}
 	return nil
 }
-
-// maxSplitBlocks bounds a split's total (far above any GPU's SMs; keeps
-// the sum in int32 for the kernel).
-const maxSplitBlocks = 1 << 16
 
 // resolve is the split launched on a grid of blocks (sp valid: a split
 // with counts has their total).

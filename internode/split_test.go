@@ -24,11 +24,14 @@ func TestSplit(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, got, back, "String and ParseSplit round trip")
 	}
-	for _, bad := range []string{"0,1,1", "1,-1,1", "1,1", "1,1,1,1", "a,b,c", "sharedx", "70000,1,1"} {
+	for _, bad := range []string{"0,1,1", "1,-1,1", "1,1", "1,1,1,1", "a,b,c", "sharedx", "70000,1,1", "1023,1,1", "1,1,1023"} {
 		_, err := internode.ParseSplit(bad)
 		require.Error(t, err, bad)
 	}
 	require.Error(t, internode.Split{Senders: 1, Forwarders: 1, Receivers: 1, Shared: true}.Validate())
+	// A grid holds at most 1024 blocks (a unit word per sender block).
+	require.NoError(t, internode.Split{Senders: 1022, Forwarders: 1, Receivers: 1}.Validate())
+	require.ErrorContains(t, internode.Split{Senders: 1 << 30, Forwarders: 1 << 30, Receivers: 1 << 30}.Validate(), "more than 1024 blocks")
 	// Defaults: a quarter senders and receivers, the rest forwarders; small
 	// grids shared.
 	for g, want := range map[int]internode.Split{1: {Shared: true}, 3: {Shared: true}, 4: {Senders: 1, Forwarders: 2, Receivers: 1},
@@ -65,4 +68,24 @@ func TestLaunchSplitFollowsTokens(t *testing.T) {
 		require.Equal(t, c.want, internode.LaunchSplitFor(c.configured, c.resolved, c.tokens), "%+v", c)
 	}
 	require.Equal(t, internode.Split{Senders: 4, Forwarders: 8, Receivers: 4}, roles)
+}
+
+// ParseForward's forms and refusals, and the default per transport.
+func TestParseForward(t *testing.T) {
+	for in, want := range map[string]internode.Forward{"nodes": internode.ForwardNodes, " Blocks ": internode.ForwardBlocks, "node": internode.ForwardNodes, "block": internode.ForwardBlocks} {
+		got, err := internode.ParseForward(in, internode.ForwardNodes)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, def := range []internode.Forward{internode.ForwardNodes, internode.ForwardBlocks} {
+		got, err := internode.ParseForward(" ", def)
+		require.NoError(t, err)
+		require.Equal(t, def, got, "unset gives the default")
+	}
+	for _, bad := range []string{"pieces", "0", "nodes,blocks"} {
+		_, err := internode.ParseForward(bad, internode.ForwardNodes)
+		require.ErrorContains(t, err, bad)
+	}
+	require.Equal(t, "blocks", internode.ForwardBlocks.String())
+	require.Equal(t, "Forward(7)", internode.Forward(7).String())
 }

@@ -310,9 +310,37 @@ struct goep_inn_dispatch_layout {
   // transport sends from without a copy engine: the FIFO push fences
   // system-wide, so the rows a put moves are visible to the host first.
   u8* send_base;
-  u32 send_id, pad;
+  // flags: GOEP_INN_FLAG_*.
+  u32 send_id, flags;
+  // RDMA buffer: u64 [N][GOEP_INN_MAX_UNITS], dispatch's landed units
+  // (goep_inn_unit_word) when GOEP_INN_FLAG_UNITS is set.
+  u64 unit_words;
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 144, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 152, "goep: goep_inn_dispatch_layout layout");
+
+// Dispatch forwards by units (NotifyConfig.ForwardBlocks): every sender
+// block tells each node, right after its last put there, which run of
+// relay rows it sent (one word per source node and sender block, added
+// over the port channel that carried the rows), and forwarders forward
+// each block's rows as soon as its word lands. Unset, the last sender
+// block adds one counter per node after every block's puts, and the
+// forwarders start on a source node's rows only once all have landed.
+#define GOEP_INN_FLAG_UNITS 1u
+// Sender blocks a unit table holds per source node (internode's
+// maxBlocks: a launch has at most this many blocks).
+#define GOEP_INN_MAX_UNITS 1024
+// A landed unit's word: the sender's block count (12 bits, so a forwarder
+// learns from word 0 how many words to wait for) and the block's run
+// [lo, hi) of relay rows at this node (25 bits each: rows are at most
+// MaxTokens = 2^24). Never 0, which means "not landed": the forwarders'
+// last block clears the words it read before the step ends, so the next
+// round's add lands on 0.
+__device__ __forceinline__ u64 goep_inn_unit_word(int blocks, int lo, int hi) {
+  return (u64)blocks << 50 | (u64)lo << 25 | (u64)hi;
+}
+__device__ __forceinline__ int goep_inn_unit_blocks(u64 v) { return (int)(v >> 50 & 0xfffu); }
+__device__ __forceinline__ int goep_inn_unit_lo(u64 v) { return (int)(v >> 25 & 0x1ffffffu); }
+__device__ __forceinline__ int goep_inn_unit_hi(u64 v) { return (int)(v & 0x1ffffffu); }
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
@@ -687,16 +715,33 @@ __device__ __forceinline__ bool goep_inn_count_to_nodes(u8* rdma, u64 counters, 
   return ok;
 }
 
-// Ends a dispatch or combine launch: the last block to arrive tells the
-// peers the step is done (goep_inn_step_done), advances the device round
-// counters (every block read them at its start and has arrived since) and
-// writes status 1. Every thread of every block calls it, last.
+// Ends a dispatch or combine launch: the last block to arrive clears the
+// unit words the dispatch read (units: the RDMA buffer, nullptr
+// otherwise), tells the peers the step is done (goep_inn_step_done),
+// advances the device round counters (every block read them at its start
+// and has arrived since) and writes status 1. Every thread of every block
+// calls it, last.
 __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 blocks, const goep_inn_dispatch_layout& dl,
                                                 int nodes, int p, int node, int local, const u64* peer_nvl,
                                                 const goep_port_channel* ports, u32 stage, u64* epochs, int epoch,
-                                                u64 round, u64 steps, i32* out) {
+                                                u64 round, u64 steps, i32* out, u8* units = nullptr) {
   if (!goep_inn_arrive(arrive, last, blocks)) {
     return;
+  }
+  if (units != nullptr) {
+    // Every forwarder block has read its words (each source's word 0
+    // says how many it sent). The next round's adds come only after this
+    // step is done (a notify round, or a cached dispatch's wait for it),
+    // so they land on 0.
+    for (int src = 0; src < nodes; ++src) {
+      u64* ws = (u64*)(units + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
+      const int sent = goep_inn_unit_blocks(*(volatile const u64*)ws);
+      __syncthreads();
+      for (int b = threadIdx.x; b < sent; b += blockDim.x) {
+        ws[b] = 0;
+      }
+    }
+    __syncthreads();
   }
   if (goep_block_any_failed(!goep_inn_step_done(dl, nodes, p, node, local, peer_nvl, ports, stage))) {
     return;
@@ -857,6 +902,42 @@ __device__ __forceinline__ void goep_inn_row_from(u32* row, const u8* x, const f
 }
 #define GOEP_INN_MAX_NODES 64
 
+// Thread 0 of forwarder block f of F: waits for the first unit word it
+// takes from a source (GOEP_INN_FLAG_UNITS), sender block b = f mod
+// min(S, F) of the source's S. S comes with every word, so b starts from
+// guess (this rank's own sender blocks: ranks normally launch the same
+// grid) and is corrected from word 0 once that lands naming another S, so
+// the block never waits for a word the source does not send. b receives
+// the word's index; false when the wait gave up.
+__device__ __forceinline__ bool goep_inn_first_unit(const u64* words, int guess, int f, int fcnt, goep_watchdog* wd,
+                                                    u32 id, u32 peer, u32 stage, int& b) {
+  b = f % max(1, min(guess, fcnt));
+  goep_spin sp = goep_spin_start();
+  for (;;) {
+    const u64 v = goep_chan_ld_relaxed_sys_u64(words + b);
+    const u64 named = b == 0 ? v : goep_chan_ld_relaxed_sys_u64(words);
+    const u64 any = named != 0 ? named : v;
+    if (any != 0) {
+      const int m = min(goep_inn_unit_blocks(any), fcnt);
+      if (m <= 0) {
+        break;  // not a unit word: the caller flags it
+      }
+      if (f % m != b) {
+        b = f % m;
+        continue;
+      }
+      if (v != 0) {
+        break;
+      }
+    }
+    if (!goep_spin_ok(sp, wd, GOEP_OP_VALUE, id, peer, stage, 1, 0)) {
+      return false;
+    }
+  }
+  (void)goep_ld_acquire_sys_u64(words + b);
+  return true;
+}
+
 extern "C" {
 __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_dispatch(const u8* x, const float* scales, const i64* ids, const float* weights, int num_tokens,
@@ -912,6 +993,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // may still read in their combine of the earlier step.
   const bool bases_change = (cached & 4) != 0;
   cached &= 1;
+  const bool units = (dl.flags & GOEP_INN_FLAG_UNITS) != 0;
   // Per destination node: rows of the tokens before this block's chunk
   // ([n][0]) and slots at each target local rank ([n][1 + l]); then this
   // block's first and end row per node.
@@ -920,6 +1002,9 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // its chunk, then its end row ([n][pieces]).
   __shared__ int piece_row[GOEP_INN_MAX_NODES * (GOEP_INN_MAX_PIECES + 1)];
   __shared__ int last;
+  // Forwarding by units: the landed word and its index, in two slots.
+  __shared__ u64 unit_word[2];
+  __shared__ int unit_idx[2];
 
   // 1. Block 0 publishes the receive bases (first row of each source rank
   // here). Where they change without a notify round (bit 2), only once
@@ -1171,9 +1256,28 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    if (goep_inn_arrive(arrive, &last, ro.s_cnt) &&
-        goep_block_any_failed(
-            !goep_inn_count_to_nodes(rdma, dl.net_counters, node, nodes, ports, GOEP_INN_STAGE_DISPATCH_PUT))) {
+    if (units) {
+      // This block's unit at every node: its run of rows there, added on
+      // the channel that carried them (so it lands after them), or
+      // directly at this node after a release (the block's relay rows
+      // were written before the barrier above).
+      for (int n = tid; n < nodes; n += nt) {
+        const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
+        const u64 v = goep_inn_unit_word(ro.s_cnt, min(prow[0], dl.max_tokens), min(prow[pieces], dl.max_tokens));
+        const u64 off = dl.unit_words + 8ull * ((u64)node * GOEP_INN_MAX_UNITS + ro.s_idx);
+        if (n == node) {
+          goep_fence_acq_rel_sys();
+          goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + off), v);
+        } else {
+          ok &= goep_pc_atomic_add(ports[n], off, v, GOEP_INN_STAGE_DISPATCH_PUT);
+        }
+      }
+      if (goep_block_any_failed(!ok)) {
+        return;
+      }
+    } else if (goep_inn_arrive(arrive, &last, ro.s_cnt) &&
+               goep_block_any_failed(!goep_inn_count_to_nodes(rdma, dl.net_counters, node, nodes, ports,
+                                                              GOEP_INN_STAGE_DISPATCH_PUT))) {
       return;
     }
     GOEP_INN_TR(GOEP_INN_EV_D_SENT);
@@ -1216,31 +1320,18 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // (Shared) does the same in turn: each block forwards its share of the
   // own node's rows, unpacks its share of them, then waits for the
   // network.
+  int turn = 0;  // unit words read so far (their shared slots alternate)
   for (int half = 0; half < 2; ++half) {
     if (ro.fwd) {
       for (int i = half == 0 ? 0 : 1; i < (half == 0 ? 1 : nodes); ++i) {
         const int src = (node + i) % nodes;
-        if (tid == 0) {
-          ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + src, round, wd, wait_ids[src],
-                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET);
-        }
-        if (goep_block_any_failed(!ok)) {
-          return;
-        }
-        if (half == 1) {
-          GOEP_INN_TR(GOEP_INN_EV_D_NET_LANDED);
-        }
         const int rows = relay_count[src], src_rank = src * p + local;
+        const bool rows_ok = rows >= 0 && rows <= dl.max_tokens;
         // The own node's relay rows are this rank's own tokens, packed
         // without their payload when the caller gave one (x).
         const bool own_x = src == node && x != nullptr;
-        if (rows < 0 || rows > dl.max_tokens) {
-          if (tid == 0) {
-            out[1] = 1;
-          }
-          continue;
-        }
-        for (int j = ro.f_idx * warps + warp; j < rows; j += ro.f_cnt * warps) {
+        // Relay row j of src to each of its targets, by one warp.
+        auto forward_row = [&](int j) {
           const u32* row = (const u32*)(rdma + dl.relay + ((u64)src * dl.max_tokens + j) * dl.relay_row);
           const i32* meta = (const i32*)(row + xw + 3 * k);
           const u32 mask = (u32)meta[1];
@@ -1300,6 +1391,80 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
               rr[xw + 3 * k + 1] = (u32)meta[0];
             }
           }
+        };
+        if (!units) {
+          if (tid == 0) {
+            ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + src, round, wd, wait_ids[src],
+                                   (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET);
+          }
+          if (goep_block_any_failed(!ok)) {
+            return;
+          }
+          if (half == 1) {
+            GOEP_INN_TR(GOEP_INN_EV_D_NET_LANDED);
+          }
+          if (!rows_ok) {
+            if (tid == 0) {
+              out[1] = 1;
+            }
+            continue;
+          }
+          for (int j = ro.f_idx * warps + warp; j < rows; j += ro.f_cnt * warps) {
+            forward_row(j);
+          }
+          continue;
+        }
+        // By units: forwarder block f of F takes the source's sender blocks
+        // b = f mod M, f mod M + M, ... (M the lesser of the source's S
+        // sender blocks and F) as each one's word lands, and shares each
+        // one's rows with the other forwarder blocks of its class mod M.
+        const u64* words = (const u64*)(rdma + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
+        int b = 0, senders = 0, m = 1;
+        for (int it = 0; it == 0 || b < senders; ++it) {
+          if (tid == 0) {
+            ok &= it == 0 ? goep_inn_first_unit(words, ro.s_cnt, ro.f_idx, ro.f_cnt, wd, wait_ids[src],
+                                                (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, b)
+                          : goep_wait_ge_u64(words + b, 1, wd, wait_ids[src], (u32)(src * p + local),
+                                             GOEP_INN_STAGE_DISPATCH_NET);
+            unit_word[turn & 1] = *(volatile const u64*)(words + b);
+            unit_idx[turn & 1] = b;
+          }
+          // A barrier; the two slots alternate from word to word (across
+          // sources too), so thread 0 never overwrites one that a warp of
+          // the block may still read.
+          if (goep_block_any_failed(!ok)) {
+            return;
+          }
+          const u64 v = unit_word[turn & 1];
+          b = unit_idx[turn & 1];
+          ++turn;
+          if (it == 0) {
+            senders = goep_inn_unit_blocks(v);
+            m = min(senders, ro.f_cnt);
+            if (m <= 0) {
+              if (tid == 0) {
+                out[1] = 1;
+              }
+              break;
+            }
+          }
+          const int lo = goep_inn_unit_lo(v), hi = goep_inn_unit_hi(v);
+          if (!rows_ok || lo > hi || hi > rows || goep_inn_unit_blocks(v) != senders) {
+            if (tid == 0) {
+              out[1] = 1;
+            }
+          } else {
+            // This block is number f / m of the (F - b mod m + m - 1) / m
+            // forwarder blocks f = b mod m that share the unit.
+            const int share = (ro.f_cnt - b % m + m - 1) / m;
+            for (int j = lo + (ro.f_idx / m) * warps + warp; j < hi; j += share * warps) {
+              forward_row(j);
+            }
+          }
+          b += m;
+        }
+        if (half == 1) {
+          GOEP_INN_TR(GOEP_INN_EV_D_NET_LANDED);
         }
       }
       GOEP_INN_TR(half == 0 ? GOEP_INN_EV_D_FWD_OWN : GOEP_INN_EV_D_FWD_DONE);
@@ -1361,7 +1526,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   }
   GOEP_INN_TR(GOEP_INN_EV_D_EXIT);
   goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_DISPATCH_DONE,
-                  epochs, GOEP_INN_EPOCH_DISPATCH, round, steps, out);
+                  epochs, GOEP_INN_EPOCH_DISPATCH, round, steps, out, units ? rdma : nullptr);
 }
 
 // ---------------------------------------------------------------------------

@@ -408,6 +408,17 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 		p.fifo.consume(pos + n)
 		return p.queued(conn, 1)
 	}
+	if t.Type == devapi.TriggerStore {
+		dst, err := mem(t.Dst)
+		if err != nil {
+			return err
+		}
+		if err := conn.UpdateAndSync(dst, int(t.DstOff), t.Value); err != nil {
+			return p.errorf("%v on %v: %w", t, ch, err)
+		}
+		p.fifo.consume(pos + 1)
+		return p.queued(conn, 1)
+	}
 	if t.Type == 0 || t.Type&^(devapi.TriggerPut|devapi.TriggerSignal|devapi.TriggerFlush) != 0 {
 		return p.errorf("%v at FIFO position %d: unknown trigger type %#x", t, pos, t.Type)
 	}
@@ -451,6 +462,8 @@ func (p *Proxy) traceTrigger(t devapi.Trigger, start int64) {
 	switch {
 	case t.Type == devapi.TriggerAtomicAdd:
 		op = OpAtomicAdd
+	case t.Type == devapi.TriggerStore:
+		op = OpUpdate
 	case t.Type&devapi.TriggerPut != 0 && t.Type&devapi.TriggerSignal != 0:
 		op, n = OpPutSignal, int64(t.Size)
 	case t.Type&devapi.TriggerPut != 0:

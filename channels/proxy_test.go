@@ -200,3 +200,22 @@ func TestProxyCloseCarriesOutTheFIFO(t *testing.T) {
 		}
 	}
 }
+
+// Store triggers: each lands its value whole, after the channel's earlier
+// puts, and later stores to the word replace it (no sum); the proxy's
+// merging of adjacent atomic adds never folds a store into them.
+func TestProxyStore(t *testing.T) {
+	l := newLoopPort(t, channels.ProxyConfig{FIFOSize: 8, MaxPending: 3}, 30*time.Second)
+	require.NoError(t, l.proxy.Start())
+	rng := rand.New(rand.NewPCG(11, 12))
+	for i := range 200 {
+		v := rng.Uint64() | 1<<63 // bit 63 travels in word 1
+		require.True(t, devapi.PortAtomicAdd(l.h, l.h.Dst, 8, 5, 1), "add %d", i)
+		require.True(t, devapi.PortStore(l.h, 8, v, 1), "store %d", i)
+		require.True(t, devapi.PortAtomicAdd(l.h, l.h.Dst, 8, 3, 1), "add %d", i)
+		require.True(t, devapi.PortFlush(l.h, 2), "flush %d", i)
+		require.Equal(t, v+3, devapi.U64(l.buf.Ptr+8).Load(), "round %d: the store replaced the word, the later add added to it", i)
+	}
+	require.NoError(t, l.proxy.Err())
+	require.NoError(t, l.proxy.Stop())
+}

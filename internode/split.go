@@ -74,11 +74,13 @@ const (
 	// block's puts: one atomic add per node and call.
 	ForwardNodes Forward = iota
 	// ForwardBlocks: each sender block's rows as soon as they landed.
-	// Every sender block adds a word per node after its last put there,
+	// Every sender block stores a word per node after its last put there,
 	// naming its run of rows; forwarder blocks take the source's sender
 	// blocks in turn (block f those congruent to f), so the NVLink leg of
 	// the first blocks' rows runs while later blocks' rows are still on
-	// the network. One atomic add per node and sender block.
+	// the network. One store per node and sender block (a port channel
+	// word store: a stream write over CUDA IPC and TCP, where an atomic
+	// add is a kernel launch).
 	ForwardBlocks
 )
 

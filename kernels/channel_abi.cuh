@@ -240,14 +240,15 @@ static_assert(GOEP_OFFSETOF(goep_fifo, wd) == 40, "goep: goep_fifo.wd");
 static_assert(GOEP_OFFSETOF(goep_fifo, size) == 48, "goep: goep_fifo.size");
 
 // Trigger, two words (bit 63 of each is the commit bit, see above):
-//   word 0: bits 0..31  src offset        (atomicAdd: value bits 0..31)
-//           bits 32..62 size in bytes     (atomicAdd: value bits 32..62)
+//   word 0: bits 0..31  src offset        (word ops: value bits 0..31)
+//           bits 32..62 size in bytes     (word ops: value bits 32..62)
 //   word 1: bits 0..31  dst offset
 //           bits 32..35 type: GOEP_TRIGGER_* ORed (put, signal, flush), or
-//                       GOEP_TRIGGER_ATOMIC_ADD alone
+//                       a word op alone: GOEP_TRIGGER_ATOMIC_ADD or
+//                       GOEP_TRIGGER_STORE (bit 3 set)
 //           bits 36..45 channel: the proxy's index of the port channel
 //           bits 46..53 dst memory id     bits 54..61 src memory id
-//                                         (atomicAdd: bit 54 is value bit 63)
+//                                         (word ops: bit 54 is value bit 63)
 //           bit 62      zero
 // Offsets are below 4 GiB and one put moves less than 2 GiB (the device API
 // splits larger puts).
@@ -256,6 +257,10 @@ enum {
   GOEP_TRIGGER_SIGNAL = 2,
   GOEP_TRIGGER_FLUSH = 4,
   GOEP_TRIGGER_ATOMIC_ADD = 8,
+  // Stores a 64-bit value into a word of the peer's memory after the
+  // channel's earlier puts (the connection's UpdateAndSync: a stream write
+  // over CUDA IPC, where an atomic add is a kernel launch).
+  GOEP_TRIGGER_STORE = 9,
 };
 #define GOEP_TRIGGER_COMMIT (1ull << 63)
 #define GOEP_TRIGGER_MAX_SIZE ((1ull << 31) - 1)

@@ -30,10 +30,12 @@ __device__ __forceinline__ u64 goep_trigger_w1(u32 type, u32 channel, u32 dst, u
          ((u64)(dst & 0xff) << 46) | ((u64)(src & 0xff) << 54);
 }
 
-// An atomic add's words: value bits 0..62 in word 0, bit 63 in word 1's bit 54.
-__device__ __forceinline__ void goep_trigger_atomic(u32 channel, u32 dst, u64 dst_off, u64 value, u64& w0, u64& w1) {
+// A word op's words (GOEP_TRIGGER_ATOMIC_ADD or GOEP_TRIGGER_STORE): value
+// bits 0..62 in word 0, bit 63 in word 1's bit 54.
+__device__ __forceinline__ void goep_trigger_word(u32 type, u32 channel, u32 dst, u64 dst_off, u64 value, u64& w0,
+                                                  u64& w1) {
   w0 = value & ~GOEP_TRIGGER_COMMIT;
-  w1 = goep_trigger_w1(GOEP_TRIGGER_ATOMIC_ADD, channel, dst, (u32)(value >> 63), dst_off);
+  w1 = goep_trigger_w1(type, channel, dst, (u32)(value >> 63), dst_off);
 }
 
 // Claims a position, waits for room, stores the trigger. pos receives the

@@ -318,9 +318,9 @@ struct goep_inn_dispatch_layout {
 };
 static_assert(sizeof(goep_inn_dispatch_layout) == 152, "goep: goep_inn_dispatch_layout layout");
 
-// Dispatch forwards by units (NotifyConfig.ForwardBlocks): every sender
-// block tells each node, right after its last put there, which run of
-// relay rows it sent (one word per source node and sender block, added
+// Dispatch forwards by units (NotifyConfig.Forward = ForwardBlocks): every
+// sender block tells each node, right after its last put there, which run
+// of relay rows it sent (one word per source node and sender block, stored
 // over the port channel that carried the rows), and forwarders forward
 // each block's rows as soon as its word lands. Unset, the last sender
 // block adds one counter per node after every block's puts, and the
@@ -1257,19 +1257,19 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       return;
     }
     if (units) {
-      // This block's unit at every node: its run of rows there, added on
-      // the channel that carried them (so it lands after them), or
-      // directly at this node after a release (the block's relay rows
-      // were written before the barrier above).
+      // This block's unit at every node: its run of rows there, stored on
+      // the channel that carried them (so it lands after them; a store,
+      // not an atomic add, which over CUDA IPC is a kernel launch between
+      // the copies), or directly at this node with a release (the block's
+      // relay rows were written before the barrier above).
       for (int n = tid; n < nodes; n += nt) {
         const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         const u64 v = goep_inn_unit_word(ro.s_cnt, min(prow[0], dl.max_tokens), min(prow[pieces], dl.max_tokens));
         const u64 off = dl.unit_words + 8ull * ((u64)node * GOEP_INN_MAX_UNITS + ro.s_idx);
         if (n == node) {
-          goep_fence_acq_rel_sys();
-          goep_inn_red_add_relaxed_sys_u64((u64*)(rdma + off), v);
+          goep_st_release_sys_u64((u64*)(rdma + off), v);
         } else {
-          ok &= goep_pc_atomic_add(ports[n], off, v, GOEP_INN_STAGE_DISPATCH_PUT);
+          ok &= goep_pc_store(ports[n], off, v, GOEP_INN_STAGE_DISPATCH_PUT);
         }
       }
       if (goep_block_any_failed(!ok)) {

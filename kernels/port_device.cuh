@@ -116,7 +116,7 @@ __device__ __forceinline__ bool goep_pc_flush(const goep_port_channel& ch, u32 s
 __device__ __forceinline__ bool goep_pc_atomic_add_id(const goep_port_channel& ch, u32 dst_id, u64 dst_off, u64 value,
                                                       u32 stage = 0) {
   u64 w0, w1, pos;
-  goep_trigger_atomic(ch.channel, dst_id, dst_off, value, w0, w1);
+  goep_trigger_word(GOEP_TRIGGER_ATOMIC_ADD, ch.channel, dst_id, dst_off, value, w0, w1);
   return goep_pc_push(ch, w0, w1, pos, stage);
 }
 
@@ -124,6 +124,17 @@ __device__ __forceinline__ bool goep_pc_atomic_add_id(const goep_port_channel& c
 __device__ __forceinline__ bool goep_pc_atomic_add(const goep_port_channel& ch, u64 dst_off, u64 value,
                                                    u32 stage = 0) {
   return goep_pc_atomic_add_id(ch, ch.dst, dst_off, value, stage);
+}
+
+// Stores value into the 64-bit word at dst_off (8-byte aligned) of the
+// channel's default destination, after every earlier put of the channel,
+// in one piece (a waiter never sees a torn value). Cheaper than an atomic
+// add where the transport's add is a kernel launch (CUDA IPC): for a word
+// only this channel writes between two resets by its owner.
+__device__ __forceinline__ bool goep_pc_store(const goep_port_channel& ch, u64 dst_off, u64 value, u32 stage = 0) {
+  u64 w0, w1, pos;
+  goep_trigger_word(GOEP_TRIGGER_STORE, ch.channel, ch.dst, dst_off, value, w0, w1);
+  return goep_pc_push(ch, w0, w1, pos, stage);
 }
 
 // Waits for the peer's next signal (see goep_sem_wait); poll consumes one

@@ -6,14 +6,19 @@ import "fmt"
 // kernels/channel_abi.cuh, and the Go version of fifo_device.cuh and
 // port_device.cuh that the host backend's kernel twins use.
 
-// Trigger types (GOEP_TRIGGER_*): put, signal and flush combine; an atomic
-// add travels alone.
+// Trigger types (GOEP_TRIGGER_*): put, signal and flush combine; a word op
+// (bit 3 set: an atomic add or a store of a 64-bit value) travels alone.
 const (
 	TriggerPut       = 1
 	TriggerSignal    = 2
 	TriggerFlush     = 4
 	TriggerAtomicAdd = 8
+	TriggerStore     = 9
 )
+
+// IsWordOp reports whether t carries a value for a 64-bit word (an atomic
+// add or a store) rather than a put, signal or flush.
+func (t Trigger) IsWordOp() bool { return t.Type&TriggerAtomicAdd != 0 }
 
 // Trigger field limits.
 const (
@@ -33,13 +38,13 @@ type Trigger struct {
 	Dst, Src       uint32 // memory ids
 	DstOff, SrcOff uint64
 	Size           uint64
-	Value          uint64 // atomic add
+	Value          uint64 // word ops
 }
 
 // Words encodes t without commit bits (the pusher adds them).
 func (t Trigger) Words() (w0, w1 uint64) {
 	w1 = t.DstOff&0xffffffff | uint64(t.Type&0xf)<<32 | uint64(t.Channel&0x3ff)<<36 | uint64(t.Dst&0xff)<<46
-	if t.Type == TriggerAtomicAdd {
+	if t.IsWordOp() {
 		w0 = t.Value & (TriggerCommit - 1)
 		w1 |= (t.Value >> 63) << 54
 		return w0, w1
@@ -57,7 +62,7 @@ func DecodeTrigger(w0, w1 uint64) Trigger {
 		Dst:     uint32(w1>>46) & 0xff,
 		DstOff:  w1 & 0xffffffff,
 	}
-	if t.Type == TriggerAtomicAdd {
+	if t.IsWordOp() {
 		t.Value = w0&(TriggerCommit-1) | (w1>>54&1)<<63
 		return t
 	}
@@ -77,8 +82,11 @@ func Commit(pos uint64, size uint32) uint64 {
 }
 
 func (t Trigger) String() string {
-	if t.Type == TriggerAtomicAdd {
+	switch t.Type {
+	case TriggerAtomicAdd:
 		return fmt.Sprintf("atomicAdd(channel %d, memory %d + %d, %d)", t.Channel, t.Dst, t.DstOff, t.Value)
+	case TriggerStore:
+		return fmt.Sprintf("store(channel %d, memory %d + %d, %#x)", t.Channel, t.Dst, t.DstOff, t.Value)
 	}
 	return fmt.Sprintf("trigger %#x (channel %d, %d bytes, memory %d + %d -> memory %d + %d)",
 		t.Type, t.Channel, t.Size, t.Src, t.SrcOff, t.Dst, t.DstOff)
@@ -254,6 +262,12 @@ func PortFlush(c PortChannel, stage uint32) bool {
 // PortAtomicAdd is goep_pc_atomic_add_id.
 func PortAtomicAdd(c PortChannel, dst uint32, off, value uint64, stage uint32) bool {
 	_, ok := portPush(c, Trigger{Type: TriggerAtomicAdd, Dst: dst, DstOff: off, Value: value}, stage)
+	return ok
+}
+
+// PortStore is goep_pc_store.
+func PortStore(c PortChannel, off, value uint64, stage uint32) bool {
+	_, ok := portPush(c, Trigger{Type: TriggerStore, Dst: c.Dst, DstOff: off, Value: value}, stage)
 	return ok
 }
 

@@ -17,7 +17,7 @@ func TestTriggerRoundTrip(t *testing.T) {
 		tr.Dst = uint32(rng.IntN(TriggerMaxMemories))
 		tr.DstOff = uint64(rng.Uint32())
 		if i%3 == 0 {
-			tr.Type = TriggerAtomicAdd
+			tr.Type = []uint32{TriggerAtomicAdd, TriggerStore}[i%2]
 			tr.Value = rng.Uint64()
 			if i%6 == 0 {
 				tr.Value |= 1 << 63

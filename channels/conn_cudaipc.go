@@ -145,6 +145,24 @@ func (k *cudaIPCConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, valu
 	return nil
 }
 
+// settled reports, without waiting, whether every operation queued on the
+// connection's stream has finished (the proxy's flow control: settler).
+func (k *cudaIPCConnection) settled() bool {
+	n := k.enqueued.Load()
+	if n == k.idleAt.Load() {
+		return true
+	}
+	_, memops, err := k.streams()
+	if err != nil || memops == nil {
+		return false
+	}
+	if idle, err := memops.Query(); err == nil && idle {
+		k.idleAt.Store(n)
+		return true
+	}
+	return false
+}
+
 // setHostToken raises a token in shared host memory (host_tokens.go) to v,
 // after every earlier Write of the connection. With nothing in flight on
 // the connection's stream it is one CPU store, visible to the polling GPU

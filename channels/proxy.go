@@ -309,6 +309,31 @@ const (
 	busyCheck   = 64
 )
 
+// Flow control counts work in flight: every settleCheck empty polls (a
+// hundred microseconds or so of spinning; and once per idle stretch at
+// least, as the count passes it) the proxy forgets the count of every
+// connection whose queued work has all landed, so that work finished
+// between two steps no longer counts towards MaxPending. Without it the
+// count ran on across steps and the bound's flush fell inside a later one
+// (measured: a 111 us stall of the proxy inside an EP2 dispatch over the
+// port, which pushes 33 operations a step, session 19).
+const settleCheck = 1024
+
+// settler is a connection that can tell, without waiting, whether every
+// operation queued on it has landed (cudaIPCConnection: its stream is
+// idle).
+type settler interface{ settled() bool }
+
+// forgetSettled drops the pending count of every settled connection. The
+// goroutine's own.
+func (p *Proxy) forgetSettled() {
+	for conn := range p.pending {
+		if s, ok := conn.(settler); ok && s.settled() {
+			delete(p.pending, conn)
+		}
+	}
+}
+
 // backlogger is a connection that can tell how much queued work it has not
 // started sending (tcpConnection).
 type backlogger interface{ backlog() int64 }
@@ -337,6 +362,9 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 		t, ok := p.fifo.peek(pos)
 		if !ok {
 			idle++
+			if idle%settleCheck == 0 {
+				p.forgetSettled()
+			}
 			if idle%busyCheck == 0 && p.busy() {
 				// Not counted as idle: once the backlog drains the
 				// proxy spins again for the next step's triggers.

@@ -8,18 +8,18 @@ import (
 	"github.com/goep-dev/goep/internode"
 )
 
-// Forwarding by sender block (ForwardBlocks): each sender block adds a
+// Forwarding by sender block (ForwardBlocks): each sender block stores a
 // word per node naming its run of relay rows after its last put there, and
-// forwarder block f of F takes the source's sender blocks congruent to f
-// mod min(S, F) as they land. The grids cover every way the two counts can
-// relate: one of each, forwarders sharing a unit (F > S), a forwarder
-// taking several units (F < S), pieces (several puts before a block's
+// the forwarder blocks claim runs of rows of the landed units. The grids
+// cover one of each, more forwarders than senders (several claim one
+// unit), fewer (one claims several), pieces (several puts before a block's
 // word), the shared grid, and ranks that launch different splits (a
 // forwarder learns a source's S from its words, not from its own grid).
 // Dispatch (2 x 2 and 3 x 2, 4 formats) byte for byte and combine (2 x 4)
 // bit for bit against the reference; then the graph-shaped sequence
-// (cached and route-only dispatches: the words are cleared between rounds
-// with no notify round) and the device-pointer rounds with resumed layouts.
+// (cached and route-only dispatches: the words and claims are cleared
+// between rounds with no notify round) and the device-pointer rounds with
+// resumed layouts.
 func TestEmulatedForwardBlocks(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
 	withForward(t, internode.ForwardBlocks)

@@ -75,10 +75,11 @@ const (
 	ForwardNodes Forward = iota
 	// ForwardBlocks: each sender block's rows as soon as they landed.
 	// Every sender block stores a word per node after its last put there,
-	// naming its run of rows; forwarder blocks take the source's sender
-	// blocks in turn (block f those congruent to f), so the NVLink leg of
-	// the first blocks' rows runs while later blocks' rows are still on
-	// the network. One store per node and sender block (a port channel
+	// naming its run of rows; forwarder blocks claim runs of rows of any
+	// landed unit (an atomic counter per unit), so the NVLink leg of the
+	// first blocks' rows runs while later blocks' rows are still on the
+	// network, and the last unit's rows are spread over every forwarder
+	// block. One store per node and sender block (a port channel
 	// word store: a stream write over CUDA IPC and TCP, where an atomic
 	// add is a kernel launch).
 	ForwardBlocks

@@ -342,6 +342,13 @@ __device__ __forceinline__ int goep_inn_unit_blocks(u64 v) { return (int)(v >> 5
 __device__ __forceinline__ int goep_inn_unit_lo(u64 v) { return (int)(v >> 25 & 0x1ffffffu); }
 __device__ __forceinline__ int goep_inn_unit_hi(u64 v) { return (int)(v & 0x1ffffffu); }
 
+// The claim counters of the unit words (GOEP_INN_FLAG_UNITS): u32
+// [N][GOEP_INN_MAX_UNITS] right after the words, rows of each unit that this
+// rank's forwarder blocks claimed so far (0 between rounds).
+__device__ __forceinline__ u32* goep_inn_unit_claims(u8* rdma, const goep_inn_dispatch_layout& dl, int nodes) {
+  return (u32*)(rdma + dl.unit_words + 8ull * (u64)nodes * GOEP_INN_MAX_UNITS);
+}
+
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
 #define GOEP_INN_STAGE_DISPATCH_NVL 52
@@ -735,10 +742,12 @@ __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 bloc
     // so they land on 0.
     for (int src = 0; src < nodes; ++src) {
       u64* ws = (u64*)(units + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
+      u32* cs = goep_inn_unit_claims(units, dl, nodes) + (u64)src * GOEP_INN_MAX_UNITS;
       const int sent = goep_inn_unit_blocks(*(volatile const u64*)ws);
       __syncthreads();
       for (int b = threadIdx.x; b < sent; b += blockDim.x) {
         ws[b] = 0;
+        cs[b] = 0;
       }
     }
     __syncthreads();
@@ -902,40 +911,56 @@ __device__ __forceinline__ void goep_inn_row_from(u32* row, const u8* x, const f
 }
 #define GOEP_INN_MAX_NODES 64
 
-// Thread 0 of forwarder block f of F: waits for the first unit word it
-// takes from a source (GOEP_INN_FLAG_UNITS), sender block b = f mod
-// min(S, F) of the source's S. S comes with every word, so b starts from
-// guess (this rank's own sender blocks: ranks normally launch the same
-// grid) and is corrected from word 0 once that lands naming another S, so
-// the block never waits for a word the source does not send. b receives
-// the word's index; false when the wait gave up.
-__device__ __forceinline__ bool goep_inn_first_unit(const u64* words, int guess, int f, int fcnt, goep_watchdog* wd,
-                                                    u32 id, u32 peer, u32 stage, int& b) {
-  b = f % max(1, min(guess, fcnt));
+// Thread 0 of a forwarder block: the source's sender blocks S, from the
+// first of its unit words to land. Every word names S and every source has
+// a word 0, so polling words [0, guess) (guess: this rank's own sender
+// blocks; ranks normally launch the same grid) ends. False when the wait
+// gave up.
+__device__ __forceinline__ bool goep_inn_unit_senders(const u64* words, int guess, goep_watchdog* wd, u32 id, u32 peer,
+                                                      u32 stage, int& senders) {
+  const int n = min(max(guess, 1), GOEP_INN_MAX_UNITS);
   goep_spin sp = goep_spin_start();
   for (;;) {
-    const u64 v = goep_chan_ld_relaxed_sys_u64(words + b);
-    const u64 named = b == 0 ? v : goep_chan_ld_relaxed_sys_u64(words);
-    const u64 any = named != 0 ? named : v;
-    if (any != 0) {
-      const int m = min(goep_inn_unit_blocks(any), fcnt);
-      if (m <= 0) {
-        break;  // not a unit word: the caller flags it
-      }
-      if (f % m != b) {
-        b = f % m;
-        continue;
-      }
+    for (int u = 0; u < n; ++u) {
+      const u64 v = goep_chan_ld_relaxed_sys_u64(words + u);
       if (v != 0) {
-        break;
+        senders = goep_inn_unit_blocks(v);
+        return true;
       }
     }
     if (!goep_spin_ok(sp, wd, GOEP_OP_VALUE, id, peer, stage, 1, 0)) {
       return false;
     }
   }
-  (void)goep_ld_acquire_sys_u64(words + b);
-  return true;
+}
+
+// Thread 0 of a forwarder block: the next claim on a source's landed
+// units. From unit at on, the first unit not in done (the units this
+// block found exhausted) whose word has landed: claims the next chunk of
+// its rows with an atomic add on its counter (c receives the first claimed
+// row, from the unit's lo; v its word). Spins under the watchdog while none
+// of them has landed. False when the wait gave up.
+__device__ __forceinline__ bool goep_inn_claim(const u64* words, u32* claims, const u32* done, int senders, int at,
+                                               int chunk, goep_watchdog* wd, u32 id, u32 peer, u32 stage, int& b,
+                                               int& c, u64& v) {
+  goep_spin sp = goep_spin_start();
+  for (;;) {
+    for (int k = 0, u = at; k < senders; ++k, u = u + 1 < senders ? u + 1 : 0) {
+      if ((done[u >> 5] >> (u & 31) & 1u) != 0) {
+        continue;
+      }
+      if (goep_chan_ld_relaxed_sys_u64(words + u) == 0) {
+        continue;
+      }
+      v = goep_ld_acquire_sys_u64(words + u);
+      b = u;
+      c = (int)atomicAdd(claims + u, (u32)chunk);
+      return true;
+    }
+    if (!goep_spin_ok(sp, wd, GOEP_OP_VALUE, id, peer, stage, 1, 0)) {
+      return false;
+    }
+  }
 }
 
 extern "C" {
@@ -1002,9 +1027,12 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   // its chunk, then its end row ([n][pieces]).
   __shared__ int piece_row[GOEP_INN_MAX_NODES * (GOEP_INN_MAX_PIECES + 1)];
   __shared__ int last;
-  // Forwarding by units: the landed word and its index, in two slots.
+  // Forwarding by units: a claim's word, unit and first row, in two
+  // slots; the units this block found exhausted (thread 0's).
   __shared__ u64 unit_word[2];
   __shared__ int unit_idx[2];
+  __shared__ int unit_claim[2];
+  __shared__ u32 unit_done[GOEP_INN_MAX_UNITS / 32];
 
   // 1. Block 0 publishes the receive bases (first row of each source rank
   // here). Where they change without a notify round (bit 2), only once
@@ -1414,54 +1442,72 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           }
           continue;
         }
-        // By units: forwarder block f of F takes the source's sender blocks
-        // b = f mod M, f mod M + M, ... (M the lesser of the source's S
-        // sender blocks and F) as each one's word lands, and shares each
-        // one's rows with the other forwarder blocks of its class mod M.
+        // By units, shared out as they land: the forwarder blocks claim
+        // runs of rows (chunk: two a warp) of any landed unit with an
+        // atomic add on the unit's claim counter, so that the rows of the
+        // last unit to land are spread over every forwarder block. Each
+        // block starts at a unit of its own (f mod S) and stays on a unit
+        // until it finds it exhausted.
         const u64* words = (const u64*)(rdma + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
-        int b = 0, senders = 0, m = 1;
-        for (int it = 0; it == 0 || b < senders; ++it) {
+        u32* claims = goep_inn_unit_claims(rdma, dl, nodes) + (u64)src * GOEP_INN_MAX_UNITS;
+        const int chunk = 2 * warps;
+        if (tid == 0) {
+          int senders = 0;
+          ok &= goep_inn_unit_senders(words, ro.s_cnt, wd, wait_ids[src], (u32)(src * p + local),
+                                      GOEP_INN_STAGE_DISPATCH_NET, senders);
+          unit_idx[turn & 1] = senders;
+        }
+        for (int q = tid; q < GOEP_INN_MAX_UNITS / 32; q += nt) {
+          unit_done[q] = 0;
+        }
+        // A barrier; the slots alternate from use to use (across sources
+        // too), so thread 0 never overwrites one a warp may still read.
+        if (goep_block_any_failed(!ok)) {
+          return;
+        }
+        const int senders = unit_idx[turn & 1];
+        ++turn;
+        if (senders <= 0 || senders > GOEP_INN_MAX_UNITS) {
           if (tid == 0) {
-            ok &= it == 0 ? goep_inn_first_unit(words, ro.s_cnt, ro.f_idx, ro.f_cnt, wd, wait_ids[src],
-                                                (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, b)
-                          : goep_wait_ge_u64(words + b, 1, wd, wait_ids[src], (u32)(src * p + local),
-                                             GOEP_INN_STAGE_DISPATCH_NET);
-            unit_word[turn & 1] = *(volatile const u64*)(words + b);
-            unit_idx[turn & 1] = b;
+            out[1] = 1;
           }
-          // A barrier; the two slots alternate from word to word (across
-          // sources too), so thread 0 never overwrites one that a warp of
-          // the block may still read.
+          continue;
+        }
+        int left = senders, at = ro.f_idx % senders;
+        while (left > 0) {
+          if (tid == 0) {
+            int ub = 0, uc = 0;
+            u64 uv = 0;
+            ok &= goep_inn_claim(words, claims, unit_done, senders, at, chunk, wd, wait_ids[src],
+                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, ub, uc, uv);
+            unit_word[turn & 1] = uv;
+            unit_idx[turn & 1] = ub;
+            unit_claim[turn & 1] = uc;
+          }
           if (goep_block_any_failed(!ok)) {
             return;
           }
           const u64 v = unit_word[turn & 1];
-          b = unit_idx[turn & 1];
+          const int ub = unit_idx[turn & 1], c = unit_claim[turn & 1];
           ++turn;
-          if (it == 0) {
-            senders = goep_inn_unit_blocks(v);
-            m = min(senders, ro.f_cnt);
-            if (m <= 0) {
-              if (tid == 0) {
-                out[1] = 1;
-              }
-              break;
-            }
-          }
+          at = ub;
           const int lo = goep_inn_unit_lo(v), hi = goep_inn_unit_hi(v);
-          if (!rows_ok || lo > hi || hi > rows || goep_inn_unit_blocks(v) != senders) {
-            if (tid == 0) {
-              out[1] = 1;
-            }
-          } else {
-            // This block is number f / m of the (F - b mod m + m - 1) / m
-            // forwarder blocks f = b mod m that share the unit.
-            const int share = (ro.f_cnt - b % m + m - 1) / m;
-            for (int j = lo + (ro.f_idx / m) * warps + warp; j < hi; j += share * warps) {
-              forward_row(j);
-            }
+          const bool valid = rows_ok && lo <= hi && hi <= rows && goep_inn_unit_blocks(v) == senders;
+          if (!valid && tid == 0) {
+            out[1] = 1;
           }
-          b += m;
+          const int n = valid ? hi - lo : 0;
+          for (int j = lo + c + warp; j < lo + min(c + chunk, n); j += warps) {
+            forward_row(j);
+          }
+          if (c + chunk >= n) {
+            // Nothing of it left to claim (other blocks may still be
+            // forwarding their claims).
+            if (tid == 0) {
+              unit_done[ub >> 5] |= 1u << (ub & 31);
+            }
+            --left;
+          }
         }
         if (half == 1) {
           GOEP_INN_TR(GOEP_INN_EV_D_NET_LANDED);

@@ -80,7 +80,8 @@ type dispatchLayout struct {
 	// unitWords in the RDMA buffer: u64 [Nodes][maxBlocks], dispatch's
 	// landed units when forwarding by block (ForwardBlocks; internode.cu's
 	// goep_inn_unit_word), then u32 [Nodes][maxBlocks], the rows of each
-	// that this rank's forwarder blocks claimed; 0 between rounds.
+	// that this rank's forwarder blocks claimed, and u32 [Nodes][maxBlocks/32],
+	// a bit per unit whose rows are all claimed; 0 between rounds.
 	unitWords                      int
 	rdmaBytes, nvlBytes, sendBytes int
 	// The send memory's base, where kernels and twins write the rows, and
@@ -117,7 +118,7 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	combRecv := align16(combCounters + 8*n)
 	doneNet := combRecv + n*mt*partialRow
 	unitWords := align16(doneNet + 8*n)
-	rdmaBytes := unitWords + 12*n*maxBlocks
+	rdmaBytes := unitWords + 12*n*maxBlocks + 4*n*(maxBlocks/32)
 	// The send memory: dispatch's rows, then combine's partials.
 	send := int64(0)
 	combSend := send + n*mt*relayRow

@@ -348,6 +348,11 @@ __device__ __forceinline__ int goep_inn_unit_hi(u64 v) { return (int)(v & 0x1fff
 __device__ __forceinline__ u32* goep_inn_unit_claims(u8* rdma, const goep_inn_dispatch_layout& dl, int nodes) {
   return (u32*)(rdma + dl.unit_words + 8ull * (u64)nodes * GOEP_INN_MAX_UNITS);
 }
+// Then u32 [N][GOEP_INN_MAX_UNITS / 32]: a bit per unit whose rows are all
+// claimed (0 between rounds).
+__device__ __forceinline__ u32* goep_inn_unit_done(u8* rdma, const goep_inn_dispatch_layout& dl, int nodes) {
+  return goep_inn_unit_claims(rdma, dl, nodes) + (u64)nodes * GOEP_INN_MAX_UNITS;
+}
 
 #define GOEP_INN_STAGE_DISPATCH_NET 50
 #define GOEP_INN_STAGE_DISPATCH_READY 51
@@ -745,9 +750,13 @@ __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 bloc
       u32* cs = goep_inn_unit_claims(units, dl, nodes) + (u64)src * GOEP_INN_MAX_UNITS;
       const int sent = goep_inn_unit_blocks(*(volatile const u64*)ws);
       __syncthreads();
+      u32* ds = goep_inn_unit_done(units, dl, nodes) + (u64)src * (GOEP_INN_MAX_UNITS / 32);
       for (int b = threadIdx.x; b < sent; b += blockDim.x) {
         ws[b] = 0;
         cs[b] = 0;
+        if ((b & 31) == 0) {
+          ds[b >> 5] = 0;
+        }
       }
     }
     __syncthreads();
@@ -934,30 +943,58 @@ __device__ __forceinline__ bool goep_inn_unit_senders(const u64* words, int gues
   }
 }
 
-// Thread 0 of a forwarder block: the next claim on a source's landed
-// units. From unit at on, the first unit not in done (the units this
-// block found exhausted) whose word has landed: claims the next chunk of
-// its rows with an atomic add on its counter (c receives the first claimed
-// row, from the unit's lo; v its word). Spins under the watchdog while none
-// of them has landed. False when the wait gave up.
-__device__ __forceinline__ bool goep_inn_claim(const u64* words, u32* claims, const u32* done, int senders, int at,
-                                               int chunk, goep_watchdog* wd, u32 id, u32 peer, u32 stage, int& b,
-                                               int& c, u64& v) {
+// A landed unit's row count, 0 for a word that cannot be one of the
+// source's senders units within its rows relay rows (the caller flags it).
+__device__ __forceinline__ int goep_inn_unit_rows(u64 v, int senders, int rows) {
+  const int lo = goep_inn_unit_lo(v), hi = goep_inn_unit_hi(v);
+  return lo <= hi && hi <= rows && goep_inn_unit_blocks(v) == senders ? hi - lo : 0;
+}
+
+// Warp 0 of a forwarder block (every lane): the next claim on a source's
+// landed units. The lanes look at 32 units at once, from unit at on, for
+// the first whose rows are not all claimed yet (done: a bit per unit, set
+// by the block that claims its last rows) and whose word has landed; lane
+// 0 claims the next chunk of its rows with an atomic add on its counter.
+// b receives the unit (-1 once every unit's rows are claimed), c the first
+// claimed row (from the unit's lo), v its word. Spins under the watchdog
+// while none of the units left has landed; false when the wait gave up.
+__device__ __forceinline__ bool goep_inn_claim(const u64* words, u32* claims, u32* done, int senders, int rows,
+                                               int at, int chunk, goep_watchdog* wd, u32 id, u32 peer, u32 stage,
+                                               int lane, int& b, int& c, u64& v) {
   goep_spin sp = goep_spin_start();
   for (;;) {
-    for (int k = 0, u = at; k < senders; ++k, u = u + 1 < senders ? u + 1 : 0) {
-      if ((done[u >> 5] >> (u & 31) & 1u) != 0) {
-        continue;
+    bool left = false;
+    for (int base = 0; base < senders; base += 32) {
+      const int k = base + lane;
+      int u = at + k;
+      u = u >= senders ? u - senders : u;
+      const bool open = k < senders && (goep_ld_relaxed_sys_u32(done + (u >> 5)) >> (u & 31) & 1u) == 0;
+      const bool landed = open && goep_chan_ld_relaxed_sys_u64(words + u) != 0;
+      left |= __any_sync(0xffffffffu, open);
+      const u32 ready = __ballot_sync(0xffffffffu, landed);
+      if (ready != 0) {
+        b = __shfl_sync(0xffffffffu, u, __ffs(ready) - 1);
+        if (lane == 0) {
+          v = goep_ld_acquire_sys_u64(words + b);
+          c = (int)atomicAdd(claims + b, (u32)chunk);
+          if (c + chunk >= goep_inn_unit_rows(v, senders, rows)) {
+            atomicOr(done + (b >> 5), 1u << (b & 31));
+          }
+        }
+        c = __shfl_sync(0xffffffffu, c, 0);
+        v = __shfl_sync(0xffffffffu, v, 0);
+        return true;
       }
-      if (goep_chan_ld_relaxed_sys_u64(words + u) == 0) {
-        continue;
-      }
-      v = goep_ld_acquire_sys_u64(words + u);
-      b = u;
-      c = (int)atomicAdd(claims + u, (u32)chunk);
+    }
+    if (!left) {
+      b = -1;
       return true;
     }
-    if (!goep_spin_ok(sp, wd, GOEP_OP_VALUE, id, peer, stage, 1, 0)) {
+    int go = 1;
+    if (lane == 0) {
+      go = goep_spin_ok(sp, wd, GOEP_OP_VALUE, id, peer, stage, 1, 0) ? 1 : 0;
+    }
+    if (__shfl_sync(0xffffffffu, go, 0) == 0) {
       return false;
     }
   }
@@ -1028,11 +1065,10 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
   __shared__ int piece_row[GOEP_INN_MAX_NODES * (GOEP_INN_MAX_PIECES + 1)];
   __shared__ int last;
   // Forwarding by units: a claim's word, unit and first row, in two
-  // slots; the units this block found exhausted (thread 0's).
+  // slots.
   __shared__ u64 unit_word[2];
   __shared__ int unit_idx[2];
   __shared__ int unit_claim[2];
-  __shared__ u32 unit_done[GOEP_INN_MAX_UNITS / 32];
 
   // 1. Block 0 publishes the receive bases (first row of each source rank
   // here). Where they change without a notify round (bit 2), only once
@@ -1443,46 +1479,45 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           continue;
         }
         // By units, shared out as they land: the forwarder blocks claim
-        // runs of rows (chunk: two a warp) of any landed unit with an
+        // runs of rows (chunk: four a warp) of any landed unit with an
         // atomic add on the unit's claim counter, so that the rows of the
         // last unit to land are spread over every forwarder block. Each
-        // block starts at a unit of its own (f mod S) and stays on a unit
-        // until it finds it exhausted.
+        // block looks from a unit of its own (f mod S) on and stays on a
+        // unit while it has rows left.
         const u64* words = (const u64*)(rdma + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
         u32* claims = goep_inn_unit_claims(rdma, dl, nodes) + (u64)src * GOEP_INN_MAX_UNITS;
-        const int chunk = 2 * warps;
+        u32* done = goep_inn_unit_done(rdma, dl, nodes) + (u64)src * (GOEP_INN_MAX_UNITS / 32);
+        const int chunk = 4 * warps;
         if (tid == 0) {
           int senders = 0;
           ok &= goep_inn_unit_senders(words, ro.s_cnt, wd, wait_ids[src], (u32)(src * p + local),
                                       GOEP_INN_STAGE_DISPATCH_NET, senders);
           unit_idx[turn & 1] = senders;
         }
-        for (int q = tid; q < GOEP_INN_MAX_UNITS / 32; q += nt) {
-          unit_done[q] = 0;
-        }
         // A barrier; the slots alternate from use to use (across sources
-        // too), so thread 0 never overwrites one a warp may still read.
+        // too), so warp 0 never overwrites one a warp may still read.
         if (goep_block_any_failed(!ok)) {
           return;
         }
         const int senders = unit_idx[turn & 1];
         ++turn;
-        if (senders <= 0 || senders > GOEP_INN_MAX_UNITS) {
+        if (senders <= 0 || senders > GOEP_INN_MAX_UNITS || !rows_ok) {
           if (tid == 0) {
             out[1] = 1;
           }
           continue;
         }
-        int left = senders, at = ro.f_idx % senders;
-        while (left > 0) {
-          if (tid == 0) {
-            int ub = 0, uc = 0;
+        for (int at = ro.f_idx % senders;;) {
+          if (warp == 0) {
+            int ub = -1, uc = 0;
             u64 uv = 0;
-            ok &= goep_inn_claim(words, claims, unit_done, senders, at, chunk, wd, wait_ids[src],
-                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, ub, uc, uv);
-            unit_word[turn & 1] = uv;
-            unit_idx[turn & 1] = ub;
-            unit_claim[turn & 1] = uc;
+            ok &= goep_inn_claim(words, claims, done, senders, rows, at, chunk, wd, wait_ids[src],
+                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, lane, ub, uc, uv);
+            if (lane == 0) {
+              unit_word[turn & 1] = uv;
+              unit_idx[turn & 1] = ub;
+              unit_claim[turn & 1] = uc;
+            }
           }
           if (goep_block_any_failed(!ok)) {
             return;
@@ -1490,23 +1525,16 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           const u64 v = unit_word[turn & 1];
           const int ub = unit_idx[turn & 1], c = unit_claim[turn & 1];
           ++turn;
-          at = ub;
-          const int lo = goep_inn_unit_lo(v), hi = goep_inn_unit_hi(v);
-          const bool valid = rows_ok && lo <= hi && hi <= rows && goep_inn_unit_blocks(v) == senders;
-          if (!valid && tid == 0) {
-            out[1] = 1;
+          if (ub < 0) {
+            break;  // every unit's rows are claimed
           }
-          const int n = valid ? hi - lo : 0;
+          at = ub;
+          const int n = goep_inn_unit_rows(v, senders, rows), lo = goep_inn_unit_lo(v);
+          if (n == 0 && (goep_inn_unit_hi(v) != lo || goep_inn_unit_blocks(v) != senders) && tid == 0) {
+            out[1] = 1;  // not a unit of this source
+          }
           for (int j = lo + c + warp; j < lo + min(c + chunk, n); j += warps) {
             forward_row(j);
-          }
-          if (c + chunk >= n) {
-            // Nothing of it left to claim (other blocks may still be
-            // forwarding their claims).
-            if (tid == 0) {
-              unit_done[ub >> 5] |= 1u << (ub & 31);
-            }
-            --left;
           }
         }
         if (half == 1) {

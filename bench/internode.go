@@ -819,7 +819,7 @@ type interReport struct {
 	// Forward is when the dispatch's forwarders started on another node's
 	// rows ($GOEP_INTERNODE_FORWARD, or the transport's default:
 	// internode.DefaultForwardOver): "nodes" once all landed, "blocks" as
-	// each sender block's landed.
+	// each sender block's landed, "auto" by block for large calls.
 	Forward string `json:"forward"`
 	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
 	// (empty: channels' default).
@@ -1001,7 +1001,7 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		default:
 			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}
-		fmt.Fprintf(w, "the dispatch kernel's forwarders start on another node's rows by %s ($%s)\n", rep.Forward, internode.ForwardEnv)
+		fmt.Fprintf(w, "dispatch forwarding: %s ($%s: nodes, blocks or auto)\n", rep.Forward, internode.ForwardEnv)
 		if rep.ProxyPending != "" {
 			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)
 		}

@@ -38,8 +38,8 @@ func TestInternodeOnHostOverPort(t *testing.T) {
 	require.Zero(t, rep.NetworkStaging)
 	require.Zero(t, rep.PutBytesUsed)
 	assert.Contains(t, stdout, "puts: one per node and block (the default over the port over CUDA IPC")
-	require.Equal(t, "blocks", rep.Forward)
-	assert.Contains(t, stdout, "forwarders start on another node's rows by blocks")
+	require.Equal(t, "auto", rep.Forward)
+	assert.Contains(t, stdout, "dispatch forwarding: auto")
 	require.NotEmpty(t, rep.Rows)
 	for _, r := range rep.Rows {
 		require.Positive(t, r.Traffic.Network, "%+v", r)
@@ -81,7 +81,7 @@ func TestInternodeOnHost(t *testing.T) {
 	require.Equal(t, internode.DefaultPutBytes, rep.PutBytesUsed)
 	assert.Contains(t, stdout, "puts in pieces of 1024 KiB (the default over TCP")
 	require.Equal(t, "nodes", rep.Forward)
-	assert.Contains(t, stdout, "forwarders start on another node's rows by nodes")
+	assert.Contains(t, stdout, "dispatch forwarding: nodes")
 	require.Len(t, rep.Checks, 2*2)
 	// Per token count: bf16 cached, combine, full, older-handle; fp8 cached.
 	require.Len(t, rep.Rows, 2*5)

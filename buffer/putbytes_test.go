@@ -37,7 +37,8 @@ func TestNotifyConfigPutBytes(t *testing.T) {
 }
 
 // notifyConfig's forwarding: $GOEP_INTERNODE_FORWARD when set, else by
-// block over the port over CUDA IPC and by node over TCP; a value it
+// block for large calls (auto) over the port over CUDA IPC and by node over
+// TCP; a value it
 // cannot parse is an error naming the variable.
 func TestNotifyConfigForward(t *testing.T) {
 	c := Config{MaxTokens: 8}
@@ -47,7 +48,7 @@ func TestNotifyConfigForward(t *testing.T) {
 	}{
 		{"", "", internode.ForwardNodes},
 		{"tcp", "", internode.ForwardNodes},
-		{"ipc", "", internode.ForwardBlocks},
+		{"ipc", "", internode.ForwardAuto},
 		{"ipc", "nodes", internode.ForwardNodes},
 		{"tcp", " Blocks ", internode.ForwardBlocks},
 	} {

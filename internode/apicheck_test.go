@@ -19,7 +19,7 @@ func TestAPITable(t *testing.T) {
 		internode.Topology{}, internode.Topology{Nodes: -1, RanksPerNode: -1},
 		internode.Split{}, internode.Split{Senders: -1, Forwarders: 1 << 40, Receivers: -7, Shared: true},
 		internode.SendDevice, internode.SendHost, internode.SendMemory(-3), internode.SendMemory(99),
-		internode.ForwardNodes, internode.ForwardBlocks, internode.Forward(-1), internode.Forward(7),
+		internode.ForwardNodes, internode.ForwardBlocks, internode.ForwardAuto, internode.Forward(-1), internode.Forward(7),
 		internode.Memory{}, internode.Memory{RDMA: -1, Send: 5, SendHost: true, Kernels: -7},
 		internode.KernelTrace{}, internode.KernelTrace{Events: []string{"entry", "exit"}, Blocks: []internode.BlockTrace{{Round: 3}, {Round: 3, Stamps: []uint64{5}}}},
 	}, apicheck.Options{})

@@ -7,6 +7,14 @@ import (
 	"github.com/goep-dev/goep/internal/device"
 )
 
+// SetForwardAutoBytes sets where ForwardAuto forwards by block for Notifys
+// made after it, and returns the previous value.
+func SetForwardAutoBytes(n int) int {
+	prev := forwardAutoBytes
+	forwardAutoBytes = n
+	return prev
+}
+
 // LaunchSplitFor is launchSplit: the split a launch runs.
 var LaunchSplitFor = launchSplit
 

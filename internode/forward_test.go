@@ -51,6 +51,19 @@ func TestEmulatedForwardBlocks(t *testing.T) {
 	t.Run("device-pointers", func(t *testing.T) {
 		checkDeviceRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 4500, false)
 	})
+	// ForwardAuto with its bar at a few rows: in each round some sources'
+	// rows at a node go by block and others by node, and a pair changes
+	// from one to the other between rounds (the node counters advance in
+	// every round either way).
+	t.Run("auto", func(t *testing.T) {
+		withForward(t, internode.ForwardAuto)
+		prev := internode.SetForwardAutoBytes(4 << 10)
+		t.Cleanup(func() { internode.SetForwardAutoBytes(prev) })
+		withSplits(t, internode.Split{Senders: 2, Forwarders: 2, Receivers: 1})
+		checkDispatchRounds(t, emuBackend, internode.Topology{Nodes: 3, RanksPerNode: 2}, 4600)
+		checkCombineRounds(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, 4700)
+		checkGraphReplays(t, emuBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 4800, 4, internode.Split{Shared: true})
+	})
 }
 
 // The same on the GPUs present, over TCP and over the port over CUDA IPC:
@@ -83,6 +96,14 @@ func TestForwardBlocksGPU(t *testing.T) {
 		t.Run(tr+"/device-pointers", func(t *testing.T) {
 			t.Setenv(channels.NetTransportEnv, tr)
 			checkDeviceRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, 4900, false)
+		})
+		t.Run(tr+"/auto", func(t *testing.T) {
+			t.Setenv(channels.NetTransportEnv, tr)
+			withForward(t, internode.ForwardAuto)
+			prev := internode.SetForwardAutoBytes(8 << 10)
+			t.Cleanup(func() { internode.SetForwardAutoBytes(prev) })
+			checkDispatchRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 2}, 5000)
+			checkCombineRounds(t, cudaBackend, internode.Topology{Nodes: 2, RanksPerNode: 4}, 5100)
 		})
 	}
 }

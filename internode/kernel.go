@@ -655,7 +655,7 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 152
+const dlayBytes = 160
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -694,12 +694,19 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, cfg NotifyConfig) []byte {
 	le.PutUint64(lay[120:], uint64(dl.doneNVL))
 	le.PutUint64(lay[128:], uint64(dl.sendBase))
 	le.PutUint32(lay[136:], dl.sendID)
-	var flags uint32
-	if cfg.Forward == ForwardBlocks {
+	var flags, minRows uint32
+	switch cfg.Forward {
+	case ForwardBlocks:
 		flags |= flagUnits
+	case ForwardAuto:
+		flags |= flagUnits
+		if dl.relayRow > 0 {
+			minRows = uint32(min((forwardAutoBytes+dl.relayRow-1)/dl.relayRow, math.MaxUint32))
+		}
 	}
 	le.PutUint32(lay[140:], flags)
 	le.PutUint64(lay[144:], uint64(dl.unitWords))
+	le.PutUint32(lay[152:], minRows)
 	return lay
 }
 

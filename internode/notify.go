@@ -349,8 +349,8 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
 		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)
 	}
-	if cfg.Forward != ForwardNodes && cfg.Forward != ForwardBlocks {
-		return nil, fail("%v: want ForwardNodes or ForwardBlocks", cfg.Forward)
+	if cfg.Forward < ForwardNodes || cfg.Forward > ForwardAuto {
+		return nil, fail("%v: want ForwardNodes, ForwardBlocks or ForwardAuto", cfg.Forward)
 	}
 	if cfg.SendMemory < SendDevice || cfg.SendMemory > SendHost {
 		return nil, fail("%v: want SendDevice or SendHost", cfg.SendMemory)

@@ -395,5 +395,5 @@ func TestDefaultPutBytesOver(t *testing.T) {
 func TestDefaultForwardOver(t *testing.T) {
 	require.Equal(t, internode.ForwardNodes, internode.DefaultForwardOver(channels.TransportEthernet))
 	require.Equal(t, internode.ForwardNodes, internode.DefaultForwardOver(channels.TransportIB))
-	require.Equal(t, internode.ForwardBlocks, internode.DefaultForwardOver(channels.TransportCudaIPC))
+	require.Equal(t, internode.ForwardAuto, internode.DefaultForwardOver(channels.TransportCudaIPC))
 }

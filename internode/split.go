@@ -83,7 +83,18 @@ const (
 	// word store: a stream write over CUDA IPC and TCP, where an atomic
 	// add is a kernel launch).
 	ForwardBlocks
+	// ForwardAuto: ForwardBlocks where a source's rows at a node come to
+	// forwardAutoBytes or more, ForwardNodes below (the sender and the
+	// forwarder decide from the same count, per call and node).
+	ForwardAuto
 )
+
+// forwardAutoBytes is where ForwardAuto switches to forwarding by block:
+// relay rows of one source at one node, in bytes. Measured (EP2 over the
+// port on 2 H200s, session 19, PERFORMANCE.md): by block took 4096-token
+// dispatch (58 MB a node) from 502-507 to 485-487 us, but 1024 tokens
+// (15 MB) from 183-191 to 222-224 us. A variable for tests.
+var forwardAutoBytes = 32 << 20
 
 func (f Forward) String() string {
 	switch f {
@@ -91,6 +102,8 @@ func (f Forward) String() string {
 		return "nodes"
 	case ForwardBlocks:
 		return "blocks"
+	case ForwardAuto:
+		return "auto"
 	}
 	return fmt.Sprintf("Forward(%d)", int(f))
 }
@@ -99,8 +112,8 @@ func (f Forward) String() string {
 // NotifyConfig.Forward from (ParseForward's forms).
 const ForwardEnv = "GOEP_INTERNODE_FORWARD"
 
-// ParseForward reads a NotifyConfig.Forward: "nodes" or "blocks"; ""
-// gives def (the Buffer's: DefaultForwardOver its transport).
+// ParseForward reads a NotifyConfig.Forward: "nodes", "blocks" or "auto";
+// "" gives def (the Buffer's: DefaultForwardOver its transport).
 func ParseForward(v string, def Forward) (Forward, error) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "":
@@ -109,20 +122,22 @@ func ParseForward(v string, def Forward) (Forward, error) {
 		return ForwardNodes, nil
 	case "blocks", "block":
 		return ForwardBlocks, nil
+	case "auto":
+		return ForwardAuto, nil
 	}
-	return 0, fmt.Errorf("forward %q: want nodes or blocks", v)
+	return 0, fmt.Errorf("forward %q: want nodes, blocks or auto", v)
 }
 
 // DefaultForwardOver is the forwarding the Buffer asks for over network
-// transport t when $GOEP_INTERNODE_FORWARD is unset: ForwardBlocks over
-// the port over CUDA IPC, where the rows land in a few hundred
-// microseconds and forwarding them only after the last one was the tail
-// of the call (session 18's kernel trace); ForwardNodes over TCP, whose
-// receiver applies every atomic add with a kernel launch in its serial
-// order (session 12: per-piece adds in combine cost 1-1.5 ms).
+// transport t when $GOEP_INTERNODE_FORWARD is unset: ForwardAuto over the
+// port over CUDA IPC, where the rows land in a few hundred microseconds
+// and forwarding them only after the last one was the tail of a large
+// call (session 18's kernel trace); ForwardNodes over TCP, where the
+// words cost more than they save (session 19: 128-token dispatch 550-578
+// against 662-706 us by block; 4096 tokens within the hosts' spread).
 func DefaultForwardOver(t channels.Transport) Forward {
 	if t == channels.TransportCudaIPC {
-		return ForwardBlocks
+		return ForwardAuto
 	}
 	return ForwardNodes
 }

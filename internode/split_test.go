@@ -72,12 +72,12 @@ func TestLaunchSplitFollowsTokens(t *testing.T) {
 
 // ParseForward's forms and refusals, and the default per transport.
 func TestParseForward(t *testing.T) {
-	for in, want := range map[string]internode.Forward{"nodes": internode.ForwardNodes, " Blocks ": internode.ForwardBlocks, "node": internode.ForwardNodes, "block": internode.ForwardBlocks} {
+	for in, want := range map[string]internode.Forward{"nodes": internode.ForwardNodes, " Blocks ": internode.ForwardBlocks, "node": internode.ForwardNodes, "block": internode.ForwardBlocks, "Auto": internode.ForwardAuto} {
 		got, err := internode.ParseForward(in, internode.ForwardNodes)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
-	for _, def := range []internode.Forward{internode.ForwardNodes, internode.ForwardBlocks} {
+	for _, def := range []internode.Forward{internode.ForwardNodes, internode.ForwardBlocks, internode.ForwardAuto} {
 		got, err := internode.ParseForward(" ", def)
 		require.NoError(t, err)
 		require.Equal(t, def, got, "unset gives the default")
@@ -87,5 +87,6 @@ func TestParseForward(t *testing.T) {
 		require.ErrorContains(t, err, bad)
 	}
 	require.Equal(t, "blocks", internode.ForwardBlocks.String())
+	require.Equal(t, "auto", internode.ForwardAuto.String())
 	require.Equal(t, "Forward(7)", internode.Forward(7).String())
 }

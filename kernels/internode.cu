@@ -315,8 +315,11 @@ struct goep_inn_dispatch_layout {
   // RDMA buffer: u64 [N][GOEP_INN_MAX_UNITS], dispatch's landed units
   // (goep_inn_unit_word) when GOEP_INN_FLAG_UNITS is set.
   u64 unit_words;
+  // With GOEP_INN_FLAG_UNITS: the fewest relay rows of a source at a node
+  // that go by units (goep_inn_by_units).
+  u32 unit_min_rows, pad;
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 152, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 160, "goep: goep_inn_dispatch_layout layout");
 
 // Dispatch forwards by units (NotifyConfig.Forward = ForwardBlocks): every
 // sender block tells each node, right after its last put there, which run
@@ -326,6 +329,15 @@ static_assert(sizeof(goep_inn_dispatch_layout) == 152, "goep: goep_inn_dispatch_
 // block adds one counter per node after every block's puts, and the
 // forwarders start on a source node's rows only once all have landed.
 #define GOEP_INN_FLAG_UNITS 1u
+
+// Whether a source's rows at a node (rows of them) go by units: the sender
+// decides from its count of rows to the node, the forwarder from its relay
+// count of the source, the same number (notify's), so both always agree.
+// Below unit_min_rows a call's few rows do not pay for the words
+// (ForwardAuto; measured in session 19).
+__device__ __forceinline__ bool goep_inn_by_units(const goep_inn_dispatch_layout& dl, i64 rows) {
+  return (dl.flags & GOEP_INN_FLAG_UNITS) != 0 && rows >= (i64)dl.unit_min_rows;
+}
 // Sender blocks a unit table holds per source node (internode's
 // maxBlocks: a launch has at most this many blocks).
 #define GOEP_INN_MAX_UNITS 1024
@@ -1320,13 +1332,25 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     if (goep_block_any_failed(!ok)) {
       return;
     }
-    if (units) {
-      // This block's unit at every node: its run of rows there, stored on
+    // The nodes this rank's rows go to by units: this rank's row count to
+    // each (notify's per-node counts, which precede the relay counts in
+    // its output: status, invalid, per rank, per node, per expert, from
+    // rank, relay) decides, as the forwarder's relay count does there.
+    const i32* sent_rows = relay_count - (nodes + num_experts + w);
+    u64 by_units = 0;
+    for (int n = 0; n < nodes; ++n) {
+      by_units |= goep_inn_by_units(dl, sent_rows[n]) ? 1ull << n : 0ull;
+    }
+    if (by_units != 0) {
+      // This block's unit at every such node: its run of rows there, stored on
       // the channel that carried them (so it lands after them; a store,
       // not an atomic add, which over CUDA IPC is a kernel launch between
       // the copies), or directly at this node with a release (the block's
       // relay rows were written before the barrier above).
       for (int n = tid; n < nodes; n += nt) {
+        if ((by_units >> n & 1ull) == 0) {
+          continue;
+        }
         const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         const u64 v = goep_inn_unit_word(ro.s_cnt, min(prow[0], dl.max_tokens), min(prow[pieces], dl.max_tokens));
         const u64 off = dl.unit_words + 8ull * ((u64)node * GOEP_INN_MAX_UNITS + ro.s_idx);
@@ -1339,9 +1363,14 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       if (goep_block_any_failed(!ok)) {
         return;
       }
-    } else if (goep_inn_arrive(arrive, &last, ro.s_cnt) &&
-               goep_block_any_failed(!goep_inn_count_to_nodes(rdma, dl.net_counters, node, nodes, ports,
-                                                              GOEP_INN_STAGE_DISPATCH_PUT))) {
+    }
+    // Every node's counter advances each round, whichever way its rows
+    // went: a later round that forwards by node waits for it to reach the
+    // round (the add is pushed after every block's puts and words, so it
+    // is off the path of a round that goes by units).
+    if (goep_inn_arrive(arrive, &last, ro.s_cnt) &&
+        goep_block_any_failed(!goep_inn_count_to_nodes(rdma, dl.net_counters, node, nodes, ports,
+                                                       GOEP_INN_STAGE_DISPATCH_PUT))) {
       return;
     }
     GOEP_INN_TR(GOEP_INN_EV_D_SENT);
@@ -1456,7 +1485,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
             }
           }
         };
-        if (!units) {
+        if (!goep_inn_by_units(dl, rows)) {
           if (tid == 0) {
             ok &= goep_wait_ge_u64((const u64*)(rdma + dl.net_counters) + src, round, wd, wait_ids[src],
                                    (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET);

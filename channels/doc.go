@@ -45,9 +45,13 @@
 //     per peer; UploadMemoryChannels puts their handles in device memory.
 //   - Port channels: a Proxy (NewProxy) owns a FIFO of 16-byte triggers in
 //     pinned host memory and a goroutine on a locked OS thread that drains
-//     it in order; kernels push put, signal, flush and atomic-add triggers
-//     through kernels/port_device.cuh and the proxy carries them out on the
-//     channel's connection with the copy engines, leaving the SMs free.
+//     it in order; kernels push put, signal, flush, atomic-add and store
+//     triggers through kernels/port_device.cuh and the proxy carries them
+//     out on the channel's connection with the copy engines, leaving the
+//     SMs free (a store is the connection's UpdateAndSync: a stream write
+//     where an atomic add over CUDA IPC is a kernel launch). Its flow
+//     control flushes a connection after MaxPending operations in flight,
+//     forgetting those of a CUDA IPC stream that went idle.
 //     Memory is registered with the proxy (AddMemory) so triggers carry
 //     small ids; NewPortChannel / NewPortChannelMesh build channels over
 //     host-to-device semaphores, UploadPortChannels uploads their handles.

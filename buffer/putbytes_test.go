@@ -9,58 +9,42 @@ import (
 	"github.com/goep-dev/goep/internode"
 )
 
-// notifyConfig's put size: $GOEP_INTERNODE_PUT_BYTES when set, else the
-// default of the network transport in $GOEP_NET_TRANSPORT (TCP unset); a
-// transport it cannot parse is an error naming the variable.
-func TestNotifyConfigPutBytes(t *testing.T) {
+// notifyConfig's network tuning (NetworkTuningFromEnv): the put size from
+// $GOEP_INTERNODE_PUT_BYTES and the forwarding from $GOEP_INTERNODE_FORWARD
+// when set, else the defaults of the network transport in
+// $GOEP_NET_TRANSPORT (TCP unset: 1 MiB pieces, by node; the port over
+// CUDA IPC: one put per block, auto); a value it cannot parse is an error
+// naming its variable.
+func TestNotifyConfigNetwork(t *testing.T) {
 	c := Config{MaxTokens: 8}
 	for _, tc := range []struct {
-		transport, put string
-		want           int
+		transport, put, forward string
+		wantPut                 int
+		wantForward             internode.Forward
 	}{
-		{"", "", internode.DefaultPutBytes},
-		{"tcp", "", internode.DefaultPutBytes},
-		{"ipc", "", 0},
-		{"ipc", "4m", 4 << 20},
-		{"tcp", "0", 0},
+		{"", "", "", internode.DefaultPutBytes, internode.ForwardNodes},
+		{"tcp", "", "", internode.DefaultPutBytes, internode.ForwardNodes},
+		{"ipc", "", "", 0, internode.ForwardAuto},
+		{"ipc", "4m", "nodes", 4 << 20, internode.ForwardNodes},
+		{"tcp", "0", " Blocks ", 0, internode.ForwardBlocks},
 	} {
 		t.Setenv(channels.NetTransportEnv, tc.transport)
 		t.Setenv(internode.PutBytesEnv, tc.put)
-		nc, err := c.notifyConfig()
-		require.NoError(t, err, "%+v", tc)
-		require.Equal(t, tc.want, nc.PutBytes, "%+v", tc)
-	}
-	t.Setenv(internode.PutBytesEnv, "")
-	t.Setenv(channels.NetTransportEnv, "nvlink")
-	_, err := c.notifyConfig()
-	require.ErrorContains(t, err, channels.NetTransportEnv)
-}
-
-// notifyConfig's forwarding: $GOEP_INTERNODE_FORWARD when set, else by
-// block for large calls (auto) over the port over CUDA IPC and by node over
-// TCP; a value it
-// cannot parse is an error naming the variable.
-func TestNotifyConfigForward(t *testing.T) {
-	c := Config{MaxTokens: 8}
-	for _, tc := range []struct {
-		transport, forward string
-		want               internode.Forward
-	}{
-		{"", "", internode.ForwardNodes},
-		{"tcp", "", internode.ForwardNodes},
-		{"ipc", "", internode.ForwardAuto},
-		{"ipc", "nodes", internode.ForwardNodes},
-		{"tcp", " Blocks ", internode.ForwardBlocks},
-	} {
-		t.Setenv(channels.NetTransportEnv, tc.transport)
 		t.Setenv(internode.ForwardEnv, tc.forward)
 		nc, err := c.notifyConfig()
 		require.NoError(t, err, "%+v", tc)
-		require.Equal(t, tc.want, nc.Forward, "%+v", tc)
+		require.Equal(t, tc.wantPut, nc.PutBytes, "%+v", tc)
+		require.Equal(t, tc.wantForward, nc.Forward, "%+v", tc)
 	}
-	t.Setenv(channels.NetTransportEnv, "")
-	t.Setenv(internode.ForwardEnv, "pieces")
-	_, err := c.notifyConfig()
-	require.ErrorContains(t, err, internode.ForwardEnv)
-	require.ErrorContains(t, err, "pieces")
+	for _, bad := range []struct{ env, value string }{
+		{channels.NetTransportEnv, "nvlink"}, {internode.PutBytesEnv, "lots"}, {internode.ForwardEnv, "pieces"},
+	} {
+		for _, env := range []string{channels.NetTransportEnv, internode.PutBytesEnv, internode.ForwardEnv} {
+			t.Setenv(env, "")
+		}
+		t.Setenv(bad.env, bad.value)
+		_, err := c.notifyConfig()
+		require.ErrorContains(t, err, bad.env)
+		require.ErrorContains(t, err, bad.value)
+	}
 }

@@ -844,6 +844,8 @@ func TestEmulatedResumeRefused(t *testing.T) {
 			refused("Resume(-1)", nt.Resume(-1), "layout -1", "want 0..1"),
 			refused("Resume(2)", nt.Resume(2), "layout 2", "want 0..1"),
 			refused("Resume(0) before any round", nt.Resume(0), "layout 0", "no dispatched"),
+			// A grid beyond the unit tables (a word per sender block).
+			refused("SetLaunch(1025)", nt.SetLaunch(1025, 0), "1025 blocks", "at most 1024"),
 		} {
 			if e != nil {
 				return nt, free, e

@@ -344,9 +344,9 @@ __device__ __forceinline__ bool goep_inn_by_units(const goep_inn_dispatch_layout
 // A landed unit's word: the sender's block count (12 bits, so a forwarder
 // learns from word 0 how many words to wait for) and the block's run
 // [lo, hi) of relay rows at this node (25 bits each: rows are at most
-// MaxTokens = 2^24). Never 0, which means "not landed": the forwarders'
-// last block clears the words it read before the step ends, so the next
-// round's add lands on 0.
+// MaxTokens = 2^24). Never 0, which means "not landed": the grid's last
+// block clears the words it read before the step ends (goep_inn_finish),
+// so the next round's store lands on 0.
 __device__ __forceinline__ u64 goep_inn_unit_word(int blocks, int lo, int hi) {
   return (u64)blocks << 50 | (u64)lo << 25 | (u64)hi;
 }
@@ -754,9 +754,10 @@ __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 bloc
   }
   if (units != nullptr) {
     // Every forwarder block has read its words (each source's word 0
-    // says how many it sent). The next round's adds come only after this
-    // step is done (a notify round, or a cached dispatch's wait for it),
-    // so they land on 0.
+    // says how many it sent; 0 where its rows went by node), with their
+    // claim counters and done bits. The next round's stores come only
+    // after this step is done (a notify round, or a cached dispatch's wait
+    // for it), so they land on 0.
     for (int src = 0; src < nodes; ++src) {
       u64* ws = (u64*)(units + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
       u32* cs = goep_inn_unit_claims(units, dl, nodes) + (u64)src * GOEP_INN_MAX_UNITS;

@@ -1278,10 +1278,16 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     __syncthreads();
     GOEP_INN_TR(GOEP_INN_EV_D_PACKED);
     for (int pc = 0; pc < pieces; ++pc) {
-      const int ta = t0 + pl.start(pc), tb = min(t1, t0 + pl.start(pc + 1));
-      for (int item = ta * nodes + warp; item < tb * nodes; item += warps) {
-        const int t = item / nodes, n = item % nodes;
-        const int row = scratch[item];
+      const int ta = t0 + pl.start(pc), tb = min(t1, t0 + pl.start(pc + 1)), cnt = tb - ta;
+      // A warp a (node, token) item, node-major: item i is token ta + i % cnt
+      // at node i / cnt. (Token-major, item t * nodes + n, pinned warp w to
+      // node w % nodes whenever the warps were a multiple of the nodes, so
+      // the warps of the own node, whose rows carry no payload, idled while
+      // the others copied: half the warps at 2 nodes, and half the bytes in
+      // flight an SM.)
+      for (int item = warp; item < cnt * nodes; item += warps) {
+        const int n = item / cnt, t = ta + item % cnt;
+        const int row = scratch[(i64)t * nodes + n];
         if (row < 0 || row >= dl.max_tokens) {
           continue;
         }

@@ -2,6 +2,7 @@ package channels
 
 import (
 	"encoding/binary"
+	"errors"
 	"sync"
 	"sync/atomic"
 
@@ -36,6 +37,9 @@ type cudaIPCConnection struct {
 	// last time the stream was seen idle. Equal, nothing is in flight and a
 	// signal skips asking the driver (setHostToken).
 	enqueued, idleAt atomic.Uint64
+	// markEv is the proxy's flow-control mark in the stream (windowed),
+	// made at the first mark; guarded by streamMu.
+	markEv device.Event
 }
 
 func newCudaIPCConnection(base *connBase, dev device.Device) *cudaIPCConnection {
@@ -82,12 +86,52 @@ func (k *cudaIPCConnection) closeStream() error {
 	if k.stream == nil {
 		return nil
 	}
-	var err error
+	var errs []error
+	if k.markEv != nil {
+		errs = append(errs, k.markEv.Close())
+		k.markEv = nil
+	}
 	if !k.sharedStream {
-		err = k.stream.Close()
+		errs = append(errs, k.stream.Close())
 	}
 	k.stream, k.memops = nil, nil
-	return err
+	return errors.Join(errs...)
+}
+
+// mark records the proxy's flow-control mark after the work queued so far
+// (windowed). Work queued later may run on while the proxy waits for it.
+func (k *cudaIPCConnection) mark() error {
+	stream, _, err := k.streams()
+	if err != nil {
+		return err
+	}
+	k.streamMu.Lock()
+	defer k.streamMu.Unlock()
+	if k.markEv == nil {
+		if k.markEv, err = k.c.dev.NewEvent(); err != nil {
+			k.markEv = nil
+			return k.errorf("flow-control mark: %w", err)
+		}
+	}
+	if err := k.markEv.Record(stream); err != nil {
+		return k.errorf("flow-control mark: %w", err)
+	}
+	return nil
+}
+
+// waitMark waits until the work queued before the last mark has landed
+// (the whole queue when no mark was recorded).
+func (k *cudaIPCConnection) waitMark() error {
+	k.streamMu.Lock()
+	ev := k.markEv
+	k.streamMu.Unlock()
+	if ev == nil {
+		return k.syncStream()
+	}
+	if err := ev.Synchronize(); err != nil {
+		return k.errorf("flow-control wait: %w", err)
+	}
+	return nil
 }
 
 func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {

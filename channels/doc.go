@@ -50,8 +50,11 @@
 //     out on the channel's connection with the copy engines, leaving the
 //     SMs free (a store is the connection's UpdateAndSync: a stream write
 //     where an atomic add over CUDA IPC is a kernel launch). Its flow
-//     control flushes a connection after MaxPending operations in flight,
-//     forgetting those of a CUDA IPC stream that went idle.
+//     control keeps at most MaxPending operations in flight on a
+//     connection: on a CUDA IPC stream it waits at the bound for a mark
+//     recorded half a bound earlier (never emptying the queue) and forgets
+//     the count of a stream that went idle; other connections are flushed
+//     at the bound, except TCP, whose sockets bound its queues.
 //     Memory is registered with the proxy (AddMemory) so triggers carry
 //     small ids; NewPortChannel / NewPortChannelMesh build channels over
 //     host-to-device semaphores, UploadPortChannels uploads their handles.

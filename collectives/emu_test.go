@@ -166,6 +166,42 @@ func TestEmulatedOddGeometry(t *testing.T) {
 	})
 }
 
+// Matched ll2 allreduces of a few words back to back, where two or more
+// ranks' pieces are empty (3 ranks: one word; 4 ranks: two words): a rank
+// must never overwrite a packet of such a call that a peer has yet to read
+// with one of its next call (the presence packets of goep_coll_ar_ll2 in
+// kernels/coll_ll.cu; with one a pair instead of one a round, both subtests
+// stalled within 500 calls in every run tried). A short wait timeout, so
+// that a lost packet fails in seconds; the results of these sizes are
+// checked by TestEmulatedKernelsMatchReference.
+func TestEmulatedTinyLL2BackToBack(t *testing.T) {
+	for _, tc := range []struct{ ranks, count int }{{3, 1}, {4, 5}} {
+		t.Run(fmt.Sprint(tc.ranks), func(t *testing.T) {
+			cfg := emuConfig()
+			cfg.Channels.Timeouts.Wait = 20 * time.Second
+			runEmu(t, tc.ranks, cfg, func(ctx context.Context, c *collectives.Communicator) error {
+				b, err := colltest.NewBuffers(ctx, c, 1<<20, true)
+				if err != nil {
+					return err
+				}
+				defer b.Free()
+				s := c.Device().DefaultStream()
+				for i := 0; i < 500; i++ {
+					w, err := c.AllReduce(ctx, s, b.Send.Ptr, b.Recv.Ptr, tc.count, ref.BF16, ref.Sum,
+						collectives.WithAlgorithm(collectives.AlgoLL2))
+					if err == nil {
+						err = w.Sync(ctx)
+					}
+					if err != nil {
+						return fmt.Errorf("call %d: %w", i, err)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
 // The real kernels in the CPU emulation: every case against every kernel
 // family, as on the host.
 func TestEmulatedMismatchedCalls(t *testing.T) {

@@ -118,9 +118,12 @@ func mmCases(algo string) []mmCase {
 	}
 	if algo == collectives.AlgoLL2 {
 		// One word in all: the pieces of ranks 1.. are empty, so those ranks
-		// exchange no data packet (only their presence packets, which must
-		// carry the call's tag too): a matched tiny call, then count 1
-		// against 2 (still one word) on the deviant rank.
+		// exchange no data packet (only their presence packets, one a round,
+		// which must carry the call's tag too): a matched tiny call, then
+		// count 1 against 2 (still one word) on the deviant rank. (With one
+		// presence packet a pair, read last, the matched call could lose one
+		// under load and the mismatched call then ended in a 2-minute
+		// timeout instead of ErrMismatch; kernels/coll_ll.cu.)
 		cases = append(cases, mmCase{name: "tiny-count", bad: 1, field: "count", calls: func(r, w int, base mmCall) []mmCall {
 			x := base
 			x.count = 1

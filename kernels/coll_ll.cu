@@ -15,7 +15,7 @@
 // packets it did before fingerprints, with the same load and compares;
 // only a wait that is behind publishes and looks at the peers' words.
 // Every launch reads at least one packet from every peer (a count-0 call
-// and ll2's empty pieces send one packet each for that), so no rank
+// and ll2's empty pieces send one packet a round each for that), so no rank
 // finishes a launch that any peer made differently. Packets go only into
 // the peers' packet buffers at offsets the launcher checked against them,
 // so a mismatched peer can make the data wrong but never write out of
@@ -146,9 +146,16 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
   // Two ranks whose pieces are both empty (few words, W - 2 or more empty
   // pieces) would exchange no packet at all, and one of them could finish
   // a call the other made differently: each sends the other one presence
-  // packet in round 1, in the owner's slot [sender] at 0, where no piece
-  // data goes (the owner's piece is empty). Both decide alike from the same
-  // shape; a rank of another shape never accepts it (its tag).
+  // packet in each round, in the owner's slot [sender] at 0, where no piece
+  // data goes (the owner's piece is empty), the round-2 one only after
+  // reading the peer's round-1 one. Both decide alike from the same shape;
+  // a rank of another shape never accepts them (their tag). One packet a
+  // pair (round 1 only, read last) broke the halves' bound: a launch takes
+  // two flags, so a rank's next launch wrote its first round into the same
+  // half and slot, and could overwrite the packet before the peer read it
+  // (matched 1-word calls on 3 ranks stalled within a few hundred calls;
+  // TestEmulatedTinyLL2BackToBack). An exchange both ways in each half
+  // keeps each rank within one round of the other, as the data pairs are.
   // (None without fingerprints: nothing to check.)
   const u64 len_me = (u64)me * P < words ? min(P, words - (u64)me * P) : 0;
   const bool presence = !GOEP_NO_FINGERPRINT && len_me == 0;
@@ -204,12 +211,23 @@ __device__ __forceinline__ bool goep_coll_ar_ll2_run(const goep_coll_ctx& c, con
       goep_ll_scatter(out, lo + kk, 8, bytes, aout, x);
     }
   }
-  // The presence packets of the peers whose pieces are empty, as this one's.
+  // The presence packets of the peers whose pieces are empty, as this one's:
+  // round 1's, then this rank's round-2 one to that peer, then the peer's.
   if (presence) {
+    for (u64 q = tid; q < W; q += n) {
+      if (q == me || (u64)q * P < words) {
+        continue;
+      }
+      u64 x;
+      if (!goep_coll_get_word(c, goep_coll_pkt(c, me, b1, (u32)q, P, 0), t1, (u32)q, GOEP_COLL_STAGE_LL1, fp, x)) {
+        return false;
+      }
+      goep_coll_ll_store(goep_coll_pkt(c, (u32)q, b2, me, P, 0), fp, t2);
+    }
     for (u64 q = tid; q < W; q += n) {
       u64 x;
       if (q != me && (u64)q * P >= words &&
-          !goep_coll_get_word(c, goep_coll_pkt(c, me, b1, (u32)q, P, 0), t1, (u32)q, GOEP_COLL_STAGE_LL1, fp, x)) {
+          !goep_coll_get_word(c, goep_coll_pkt(c, me, b2, (u32)q, P, 0), t2, (u32)q, GOEP_COLL_STAGE_LL2, fp, x)) {
         return false;
       }
     }

@@ -903,6 +903,25 @@ __device__ __forceinline__ void goep_inn_source_rows(const i32* rank_prefix, int
   hi = hi < lo ? lo : (hi > n ? n : hi);
 }
 
+// Token t's targets at node n: bit l where one of its k experts lives on
+// local rank l there (an id out of range names no rank). Unrolled so that
+// the token's loads are in flight together.
+__device__ __forceinline__ u32 goep_inn_node_mask(const i64* ids, int t, int k, int num_experts, int le, int p,
+                                                  int n) {
+  u32 mask = 0;
+#pragma unroll 8
+  for (int j = 0; j < k; ++j) {
+    const i64 e = ids[(i64)t * k + j];
+    if (e >= 0 && e < num_experts) {
+      const int r = (int)(e / le);
+      if (r / p == n) {
+        mask |= 1u << (r % p);
+      }
+    }
+  }
+  return mask;
+}
+
 // Writes the x part of a relay or receive row (BF16 x, or FP8 x then fp32
 // scales as words) to row r of the caller's dispatch outputs (a warp).
 __device__ __forceinline__ void goep_inn_out_x(const u32* row, i64 r, int h, int fp8, u8* out_x, float* out_scales,
@@ -1171,20 +1190,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       }
       for (int tt = 0; tt < t0; tt += nt) {
         const int t = tt + tid;
-        u32 mask = 0;
-        if (t < t0) {
-          // Unrolled so that a token's loads are in flight together.
-#pragma unroll 8
-          for (int j = 0; j < k; ++j) {
-            const i64 e = ids[(i64)t * k + j];
-            if (e >= 0 && e < num_experts) {
-              const int r = (int)(e / le);
-              if (r / p == n) {
-                mask |= 1u << (r % p);
-              }
-            }
-          }
-        }
+        const u32 mask = t < t0 ? goep_inn_node_mask(ids, t, k, num_experts, le, p, n) : 0u;
 #pragma unroll
         for (int c = 0; c <= GOEP_INN_MAX_P; ++c) {
           if (c <= p) {
@@ -1222,18 +1228,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
         int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         for (int tt = t0; tt < t1; tt += nt) {
           const int t = tt + tid;
-          u32 mask = 0;
-          if (t < t1) {
-            for (int j = 0; j < k; ++j) {
-              const i64 e = ids[(i64)t * k + j];
-              if (e >= 0 && e < num_experts) {
-                const int r = (int)(e / le);
-                if (r / p == n) {
-                  mask |= 1u << (r % p);
-                }
-              }
-            }
-          }
+          const u32 mask = t < t1 ? goep_inn_node_mask(ids, t, k, num_experts, le, p, n) : 0u;
           // Column 0 counts rows (mask != 0), column 1 + l slots at l.
           int pre[1 + GOEP_INN_MAX_P];
           for (int c = 0; c <= p; ++c) {

@@ -263,6 +263,35 @@ func TestThousandBackToBack(t *testing.T) {
 	}
 }
 
+// Matched ll2 allreduces of one and two words back to back on the GPUs,
+// where most ranks' pieces are empty and exchange only presence packets
+// (kernels/coll_ll.cu): every result checked, no packet lost to the next
+// launch (TestEmulatedTinyLL2BackToBack runs the same kernel in the CPU
+// emulation).
+func TestTinyLL2BackToBackGPU(t *testing.T) {
+	for _, w := range gpuWorlds(t) {
+		if w.ranks < 3 {
+			continue // one empty piece at most: nothing to exchange
+		}
+		t.Run(w.String(), func(t *testing.T) {
+			run(t, w, configFor(w), func(ctx context.Context, c *collectives.Communicator) error {
+				b, err := colltest.NewBuffers(ctx, c, 1<<20, true)
+				if err != nil {
+					return err
+				}
+				defer b.Free()
+				for _, count := range []int{1, 5} { // BF16: one word, two words
+					cs := colltest.Case{Kind: collectives.AllReduce, Count: count, DType: ref.BF16, Op: ref.Sum, Seed: 17}
+					if _, err := b.BackToBack(ctx, cs, 2000, []string{collectives.AlgoLL2}); err != nil {
+						return fmt.Errorf("count %d: %w", count, err)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
 // 100 replays of a captured graph holding two calls with different data,
 // for every algorithm.
 func TestGraphReplays(t *testing.T) {

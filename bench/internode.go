@@ -222,13 +222,17 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 // sweepSplits are the splits --sweep times for a grid of sms blocks (0:
-// internode.DefaultSMs): shared, then senders and receivers of an eighth,
-// a quarter and three eighths of the grid each (at least one), the rest
-// forwarders (at least one).
+// the Buffer's default grid over the network transport in use,
+// buffer.NetworkTuningFromEnv's SMs): shared, then senders and receivers
+// of an eighth, a quarter and three eighths of the grid each (at least
+// one), the rest forwarders (at least one).
 func sweepSplits(sms int) []internode.Split {
 	g := sms
 	if g == 0 {
 		g = internode.DefaultSMs
+		if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
+			g = nw.SMs
+		}
 	}
 	out := []internode.Split{{Shared: true}}
 	seen := map[internode.Split]bool{}

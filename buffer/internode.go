@@ -238,6 +238,9 @@ type NetworkTuning struct {
 	// Forward is internode.NotifyConfig.Forward: $GOEP_INTERNODE_FORWARD,
 	// unset internode.DefaultForwardOver the transport.
 	Forward internode.Forward
+	// SMs is internode.NotifyConfig.DefaultSMs, the grid where the caller
+	// names none: internode.DefaultSMsOver the transport.
+	SMs int
 }
 
 // NetworkTuningFromEnv is the network tuning every Buffer in internode
@@ -266,6 +269,7 @@ func NetworkTuningFromEnv() (NetworkTuning, error) {
 		return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.ForwardEnv, err)
 	}
 	nw.Forward = f
+	nw.SMs = internode.DefaultSMsOver(nw.Transport)
 	return nw, nil
 }
 
@@ -303,7 +307,8 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	if err != nil {
 		return internode.NotifyConfig{}, fmt.Errorf("$%s: %w", internode.SendMemoryEnv, err)
 	}
-	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, Threads: c.Dispatch.Threads, Split: split,
+	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, DefaultSMs: nw.SMs,
+		Threads: c.Dispatch.Threads, Split: split,
 		PutBytes: nw.PutBytes, Forward: nw.Forward, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
 		// One kept layout per handle slot: a cached dispatch or combine of
 		// any live handle resumes its round (internode_device.go).

@@ -21,12 +21,13 @@ func TestNotifyConfigNetwork(t *testing.T) {
 		transport, put, forward string
 		wantPut                 int
 		wantForward             internode.Forward
+		wantSMs                 int
 	}{
-		{"", "", "", internode.DefaultPutBytes, internode.ForwardNodes},
-		{"tcp", "", "", internode.DefaultPutBytes, internode.ForwardNodes},
-		{"ipc", "", "", 0, internode.ForwardAuto},
-		{"ipc", "4m", "nodes", 4 << 20, internode.ForwardNodes},
-		{"tcp", "0", " Blocks ", 0, internode.ForwardBlocks},
+		{"", "", "", internode.DefaultPutBytes, internode.ForwardNodes, 16},
+		{"tcp", "", "", internode.DefaultPutBytes, internode.ForwardNodes, 16},
+		{"ipc", "", "", 0, internode.ForwardAuto, 24},
+		{"ipc", "4m", "nodes", 4 << 20, internode.ForwardNodes, 24},
+		{"tcp", "0", " Blocks ", 0, internode.ForwardBlocks, 16},
 	} {
 		t.Setenv(channels.NetTransportEnv, tc.transport)
 		t.Setenv(internode.PutBytesEnv, tc.put)
@@ -35,6 +36,8 @@ func TestNotifyConfigNetwork(t *testing.T) {
 		require.NoError(t, err, "%+v", tc)
 		require.Equal(t, tc.wantPut, nc.PutBytes, "%+v", tc)
 		require.Equal(t, tc.wantForward, nc.Forward, "%+v", tc)
+		require.Equal(t, tc.wantSMs, nc.DefaultSMs, "%+v", tc)
+		require.Zero(t, nc.SMs, "%+v: the caller named no grid", tc)
 	}
 	for _, bad := range []struct{ env, value string }{
 		{channels.NetTransportEnv, "nvlink"}, {internode.PutBytesEnv, "lots"}, {internode.ForwardEnv, "pieces"},

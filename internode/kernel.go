@@ -145,13 +145,11 @@ func (nt *Notify) resolveLaunch(sms, threads int, sp Split) (blocks, thr int, sp
 		blocks = total
 	}
 	if blocks == 0 {
-		blocks = DefaultSMs
-		if dev.SMs > 0 && blocks > dev.SMs {
-			blocks = dev.SMs
+		spin := 0
+		if pl, err := nt.comm.Placement(context.Background()); err == nil {
+			spin = pl.SpinBlocks
 		}
-		if pl, err := nt.comm.Placement(context.Background()); err == nil && pl.SpinBlocks > 0 && blocks > pl.SpinBlocks {
-			blocks = pl.SpinBlocks
-		}
+		blocks = defaultGrid(nt.cfg.DefaultSMs, dev.SMs, spin)
 	}
 	if blocks > maxBlocks {
 		return 0, 0, Split{}, fmt.Errorf("%d blocks: the dispatch and combine kernels take at most %d", blocks, maxBlocks)
@@ -160,6 +158,23 @@ func (nt *Notify) resolveLaunch(sms, threads int, sp Split) (blocks, thr int, sp
 		return 0, 0, Split{}, err
 	}
 	return blocks, thr, sp.resolve(blocks), nil
+}
+
+// defaultGrid is the grid when the caller names none: want
+// (NotifyConfig.DefaultSMs; DefaultSMs where 0), capped by the device's
+// SMs and the spin budget of ranks sharing a GPU (each 0 where unknown).
+func defaultGrid(want, devSMs, spin int) int {
+	blocks := DefaultSMs
+	if want > 0 {
+		blocks = want
+	}
+	if devSMs > 0 {
+		blocks = min(blocks, devSMs)
+	}
+	if spin > 0 {
+		blocks = min(blocks, spin)
+	}
+	return blocks
 }
 
 // reduceGrid resolves NotifyConfig.ReduceSMs: -1 is 0 (inside the combine

@@ -79,6 +79,10 @@ type NotifyConfig struct {
 	// the spin budget is refused at setup. Ranks may pass different
 	// values (each grid counts its own blocks).
 	SMs int
+	// DefaultSMs replaces DefaultSMs as the grid when SMs is 0, capped the
+	// same way (0: DefaultSMs). The Buffer passes DefaultSMsOver its
+	// network transport.
+	DefaultSMs int
 	// Threads per block of the dispatch and combine kernels: a multiple of
 	// 32 in 32..512; 0 means DefaultThreads on a GPU and
 	// DefaultEmulatedThreads in the CPU emulation (its threads are OS

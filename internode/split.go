@@ -47,6 +47,27 @@ const MaxPutBytes = 1 << 30
 // the proxy and the sockets).
 const DefaultPutBytes = 1 << 20
 
+// PortSMs is the dispatch and combine grid the Buffer asks for over the
+// port over CUDA IPC when its caller names none (DefaultSMsOver). Measured
+// (docs/PERFORMANCE.md, session 20; EP2 on 2 H200s, two passes): 24 blocks
+// against DefaultSMs' 16 took the combine at 4096 tokens 626-630 -> 471-473
+// us and left the dispatch where it was (437-438 against 439-440 us; at
+// 1024 tokens 177-193 against 179-208). The same grid as DeepEP's own
+// tests and intranode.DefaultSMs.
+const PortSMs = 24
+
+// DefaultSMsOver is the dispatch and combine grid the Buffer asks for over
+// network transport t when its caller names none (NotifyConfig.DefaultSMs,
+// still capped by the device's SMs and the spin budget): PortSMs over the
+// port over CUDA IPC, DefaultSMs elsewhere (over TCP the sockets pace the
+// call, and the model keeps the SMs).
+func DefaultSMsOver(t channels.Transport) int {
+	if t == channels.TransportCudaIPC {
+		return PortSMs
+	}
+	return DefaultSMs
+}
+
 // DefaultPutBytesOver is the put size the Buffer asks for over network
 // transport t when $GOEP_INTERNODE_PUT_BYTES is unset: DefaultPutBytes,
 // except over the port over CUDA IPC (channels.TransportCudaIPC between

@@ -1,10 +1,13 @@
 package internode_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -89,4 +92,59 @@ func TestParseForward(t *testing.T) {
 	require.Equal(t, "blocks", internode.ForwardBlocks.String())
 	require.Equal(t, "auto", internode.ForwardAuto.String())
 	require.Equal(t, "Forward(7)", internode.Forward(7).String())
+}
+
+// The grid a Notify launches when its caller names none: NotifyConfig's
+// DefaultSMs (the Buffer's pick per transport) in place of DefaultSMs,
+// capped alike by the device's SMs and the spin budget; a named grid or a
+// split's total wins over both. Checked in the CPU emulation against the
+// caps read from the rank's own device and placement (its 2 SMs cap both
+// defaults: TestDefaultGrid tells them apart).
+func TestEmulatedDefaultGrid(t *testing.T) {
+	topo := internode.Topology{Nodes: 2, RanksPerNode: 1}
+	s := internode.Shape{Topology: topo, Hidden: 64, TopK: 2, Experts: 4}
+	for _, tc := range []struct {
+		name            string
+		sms, defaultSMs int
+		split           internode.Split
+		want            func(capped func(int) int) int
+	}{
+		{"default", 0, 0, internode.Split{}, func(c func(int) int) int { return c(internode.DefaultSMs) }},
+		{"port default", 0, internode.PortSMs, internode.Split{}, func(c func(int) int) int { return c(internode.PortSMs) }},
+		{"small default", 0, 3, internode.Split{}, func(c func(int) int) int { return c(3) }},
+		{"named grid", 5, internode.PortSMs, internode.Split{}, func(func(int) int) int { return 5 }},
+		{"split total", 0, internode.PortSMs, internode.Split{Senders: 1, Forwarders: 2, Receivers: 1}, func(func(int) int) int { return 4 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, want := make([]int, topo.World()), make([]int, topo.World())
+			errs := runNotifyRanksOn(t, emuBackend, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+				nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 91, MaxTokens: 8, SMs: tc.sms,
+					DefaultSMs: tc.defaultSMs, Split: tc.split})
+				if err != nil {
+					return nil, err
+				}
+				pl, err := c.Placement(ctx)
+				if err != nil {
+					return nt, err
+				}
+				capped := func(b int) int {
+					if n := c.Device().Info().SMs; n > 0 {
+						b = min(b, n)
+					}
+					if pl.SpinBlocks > 0 {
+						b = min(b, pl.SpinBlocks)
+					}
+					return b
+				}
+				got[c.Rank()], _ = nt.Launch()
+				want[c.Rank()] = tc.want(capped)
+				return nt, nil
+			})
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+			require.Equal(t, want, got)
+			require.NotZero(t, got[0])
+		})
+	}
 }

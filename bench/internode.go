@@ -112,7 +112,7 @@ func runInternode(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	gpus := addGPUsFlag(fs)
 	fs.DurationVar(&o.timeout, "timeout", 0, "device-side wait timeout (default $GOEP_CHANNEL_TIMEOUT or 60s)")
 	fs.StringVar(&o.jsonPath, "json", "", "also write checks and figures as JSON to this file (rank 0)")
-	interSMs := fs.Int("sms", 0, "blocks of the internode dispatch and combine kernels (0: internode.DefaultSMs within the spin budget of ranks sharing a GPU)")
+	interSMs := fs.Int("sms", 0, "blocks of the internode dispatch and combine kernels (0: the Buffer's default over the network transport, internode.DefaultSMsOver, within the spin budget of ranks sharing a GPU)")
 	interThreads := fs.Int("threads", 0, "threads per block of the internode dispatch and combine kernels (0: internode.DefaultThreads)")
 	fs.StringVar(&xo.split, "split", "", "the internode grid's blocks as senders,forwarders,receivers (e.g. 4,8,4: the grid is their total), shared (every block every role) or default (internode.DefaultSplit of the grid); empty: $"+internode.SplitEnv+" or the default")
 	fs.BoolVar(&xo.traceProxy, "trace-proxy", false, "after the timings, trace one cached dispatch, one combine and one all-ranks port put with the channels proxy trace on and print where the network leg's time goes (rank 0 and the slowest rank)")
@@ -825,6 +825,10 @@ type interReport struct {
 	// internode.DefaultForwardOver): "nodes" once all landed, "blocks" as
 	// each sender block's landed, "auto" by block for large calls.
 	Forward string `json:"forward"`
+	// SMs is the grid asked for: --sms, or where 0 the Buffer's default
+	// over the transport (internode.DefaultSMsOver; the launch caps it by
+	// the GPU's SMs and the spin budget of ranks sharing a GPU).
+	SMs int `json:"sms"`
 	// ProxyPending is $GOEP_INTERNODE_PROXY_PENDING as the Buffer read it
 	// (empty: channels' default).
 	ProxyPending string `json:"proxy_pending,omitempty"`
@@ -863,7 +867,10 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	// What the Buffers used (they read the same environment); the run
 	// itself failed before here if it does not parse.
 	if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
-		rep.PutBytesUsed, rep.Forward = nw.PutBytes, nw.Forward.String()
+		rep.PutBytesUsed, rep.Forward, rep.SMs = nw.PutBytes, nw.Forward.String(), nw.SMs
+	}
+	if o.interSMs != 0 {
+		rep.SMs = o.interSMs
 	}
 	if rep.Split == "" {
 		rep.Split = "default"
@@ -1006,6 +1013,9 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}
 		fmt.Fprintf(w, "dispatch forwarding: %s ($%s: nodes, blocks or auto)\n", rep.Forward, internode.ForwardEnv)
+		if rep.Split == "default" || rep.Split == "shared" {
+			fmt.Fprintf(w, "grid: %d blocks asked for (--sms, else the default over the transport; capped by the GPU and by ranks sharing it)\n", rep.SMs)
+		}
 		if rep.ProxyPending != "" {
 			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)
 		}

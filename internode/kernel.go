@@ -134,6 +134,9 @@ func (nt *Notify) resolveLaunch(sms, threads int, sp Split) (blocks, thr int, sp
 	if sms < 0 {
 		return 0, 0, Split{}, fmt.Errorf("%d SMs: want >= 0", sms)
 	}
+	if nt.cfg.DefaultSMs < 0 {
+		return 0, 0, Split{}, fmt.Errorf("default grid of %d SMs: want >= 0", nt.cfg.DefaultSMs)
+	}
 	if err := sp.Validate(); err != nil {
 		return 0, 0, Split{}, err
 	}

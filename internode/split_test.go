@@ -2,6 +2,7 @@ package internode_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -147,4 +148,16 @@ func TestEmulatedDefaultGrid(t *testing.T) {
 			require.NotZero(t, got[0])
 		})
 	}
+	t.Run("negative default refused", func(t *testing.T) {
+		errs := runNotifyRanksOn(t, emuBackend, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
+			nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 92, MaxTokens: 8, DefaultSMs: -1})
+			if err == nil || !containsAll(err.Error(), "default grid of -1 SMs") {
+				return nt, fmt.Errorf("want the negative default grid refused, got %v", err)
+			}
+			return nt, nil
+		})
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d", r)
+		}
+	})
 }

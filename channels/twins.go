@@ -40,6 +40,8 @@ func init() {
 	kernels.Register(kernels.Module{Name: "proxy", File: "proxy_kernels.cu", Kernels: []string{devapi.KernelProxyAtomicAdd}})
 	// sem_lab.cu has no twin: it measures GPU latencies (TestSemaphoreLatencyLab).
 	kernels.Register(kernels.Module{Name: "semlab", File: "sem_lab.cu", Kernels: []string{devapi.KernelSemLabPingPong}})
+	// ce_lab.cu has no twin either: it loads the SMs beside a port put (TestCopyEngineLab).
+	kernels.Register(kernels.Module{Name: "celab", File: "ce_lab.cu", Kernels: []string{devapi.KernelCELabLoad}})
 
 	// goep_chan_put(chans, u32 idx, u64 dst_off, u64 src_off, u64 bytes, u32 signal)
 	device.RegisterHostKernel(devapi.KernelChanPut, func(l *device.HostLaunch) error {

@@ -4,7 +4,8 @@ package devapi
 // (with the host twins of these kernels): kernels/channel_kernels.cu
 // exercises and measures the memory-channel API, port_kernels.cu the port
 // channels, proxy_kernels.cu holds what the CPU proxy launches itself, and
-// sem_lab.cu measures a signal/wait round trip piece by piece.
+// sem_lab.cu measures a signal/wait round trip piece by piece; ce_lab.cu
+// loads the SMs beside a port put.
 const (
 	KernelChanPut        = "goep_chan_put"
 	KernelChanGet        = "goep_chan_get"
@@ -28,4 +29,5 @@ const (
 	KernelProxyAtomicAdd = "goep_proxy_atomic_add"
 
 	KernelSemLabPingPong = "goep_sem_lab_pingpong"
+	KernelCELabLoad      = "goep_ce_lab_load"
 )

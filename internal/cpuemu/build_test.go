@@ -43,9 +43,9 @@ func TestEveryCUFileIsKnown(t *testing.T) {
 		}
 	}
 	sort.Strings(files)
-	// Not emulated: sem_lab.cu measures GPU latencies; intranode_tma.cu is
-	// Hopper's bulk-copy engine (its plain build is intranode.cu's kernel).
-	skip := map[string]bool{"sem_lab.cu": true, "intranode_tma.cu": true}
+	// Not emulated: sem_lab.cu and ce_lab.cu measure GPUs; intranode_tma.cu
+	// is Hopper's bulk-copy engine (its plain build is intranode.cu's kernel).
+	skip := map[string]bool{"sem_lab.cu": true, "ce_lab.cu": true, "intranode_tma.cu": true}
 	for _, f := range files {
 		if !skip[f] {
 			require.Contains(t, emulated, f, "a new kernel source: add it to the emulated modules and give it an emulated test")

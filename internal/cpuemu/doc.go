@@ -53,8 +53,8 @@
 //     emulated kernels are orders of magnitude slower; timeouts in tests
 //     must be generous. Performance says nothing here.
 //   - Hopper-only paths (TMA, mbarrier expect-tx): kernels/intranode_tma.cu
-//     is not emulated (its plain build is intranode.cu's dispatch), nor is
-//     sem_lab.cu (it measures GPU latencies).
+//     is not emulated (its plain build is intranode.cu's dispatch), nor are
+//     sem_lab.cu and ce_lab.cu (they measure GPUs).
 //   - Device memory faults beyond the null page and misalignment: an
 //     out-of-bounds access reads or writes whatever host memory is there.
 //

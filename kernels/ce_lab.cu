@@ -17,8 +17,7 @@ enum goep_ce_load_mode : u32 {
 // as the internode warp copy keeps), walking the n16 words of src and dst
 // round after round. out[0] += bytes read, out[1] = the longest block's
 // time (ns).
-extern "C" __global__ void __launch_bounds__(512) goep_ce_lab_load(const uint4* src, uint4* dst, u64 n16, u64 ns,
-                                                                   u32 mode, u64* out) {
+extern "C" __global__ void goep_ce_lab_load(const uint4* src, uint4* dst, u64 n16, u64 ns, u32 mode, u64* out) {
   const u64 t0 = goep_globaltimer();
   const u64 stride = (u64)gridDim.x * blockDim.x;
   const u64 span = 8 * stride;

@@ -28,8 +28,7 @@ var ceLabModes = []string{"copy", "read", "spin"}
 // the count in one put or cut into back-to-back pieces. It measures, it
 // does not check: it runs only with GOEP_CE_LAB=1 on a machine with 2+
 // GPUs. GOEP_CE_LAB_BYTES sets the count (default 58720256: an EP2
-// dispatch's network bytes at 4096 tokens of 7168 BF16); the copy streams
-// are the environment's ($GOEP_IPC_COPY_STREAMS, $GOEP_IPC_COPY_BAND).
+// dispatch's network bytes at 4096 tokens of 7168 BF16).
 func TestCopyEngineLab(t *testing.T) {
 	if os.Getenv("GOEP_CE_LAB") != "1" {
 		t.Skip("set GOEP_CE_LAB=1 to run the copy-engine lab")
@@ -43,17 +42,12 @@ func TestCopyEngineLab(t *testing.T) {
 			t.Fatalf("GOEP_CE_LAB_BYTES=%q: want a positive multiple of 1024", s)
 		}
 	}
-	// GOEP_CE_LAB_SHORT=1: no load and 24 copying blocks only.
-	loads, modes := []int{8, 24, 48, 96}, len(ceLabModes)
-	if os.Getenv("GOEP_CE_LAB_SHORT") == "1" {
-		loads, modes = []int{24}, 1
-	}
 	type cfg struct{ blocks, mode, pieces int }
 	var cfgs []cfg
 	for _, pieces := range []int{1, 4, 16, 64} {
 		cfgs = append(cfgs, cfg{0, 0, pieces})
-		for _, blocks := range loads {
-			for mode := range modes {
+		for _, blocks := range []int{8, 24, 48, 96} {
+			for mode := range ceLabModes {
 				cfgs = append(cfgs, cfg{blocks, mode, pieces})
 			}
 		}
@@ -156,12 +150,8 @@ func TestCopyEngineLab(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	nc, err := ccfg.Network.Resolve(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fmt.Fprintf(&b, "port put of %d bytes GPU0<->GPU1 at once (one flush a launch), %d copy streams (band %d), median of %d; load = SMs of each GPU running ce_lab for %d us:\n",
-		size, nc.CopyStreams, nc.CopyBand, reps-1, loadNS/1000)
+	fmt.Fprintf(&b, "port put of %d bytes GPU0<->GPU1 at once (one flush a launch), median of %d; load = SMs of each GPU running ce_lab for %d us:\n",
+		size, reps-1, loadNS/1000)
 	fmt.Fprintf(&b, "  %6s  %6s  %4s  %9s  %9s  %8s  %8s  %12s\n", "pieces", "blocks", "load", "us r0", "us r1", "GB/s r0", "GB/s r1", "load GB/s r0")
 	for i, c := range cfgs {
 		mode := "-"

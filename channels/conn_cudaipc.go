@@ -16,15 +16,6 @@ import (
 // the peer's mapped memory, so a CPU proxy never needs an SM (kernels may
 // occupy them all, spinning on the very tokens it updates). AtomicAdd is
 // the exception: a one-thread kernel on the same stream.
-//
-// With NetworkConfig.CopyStreams > 1 the connection has lanes, more
-// streams beside its own: a write is cut at the CopyBand boundaries of its
-// destination and band b goes on stream b mod CopyStreams (stream 0 the
-// connection's own), so copies overlap while writes to the same bytes keep
-// their order. Everything else (signals, atomic adds, marks) goes on the
-// connection's own stream after it has joined every lane written since
-// the last join (an event each), so it still lands after every earlier
-// write.
 type cudaIPCConnection struct {
 	*connBase
 	dev device.Device
@@ -49,19 +40,6 @@ type cudaIPCConnection struct {
 	// markEv is the proxy's flow-control mark in the stream (windowed),
 	// made at the first mark; guarded by streamMu.
 	markEv device.Event
-	// lanes are the extra copy streams (none with one stream), made with
-	// the stream; band is the destination band that picks one. Lane state
-	// is guarded by streamMu.
-	lanes []copyLane
-	band  uintptr
-}
-
-// copyLane is one extra copy stream of a connection.
-type copyLane struct {
-	stream device.Stream
-	cs     *cuda.Stream // the same stream, for events
-	ev     *cuda.Event  // recorded here at a join, waited for by the connection's stream
-	dirty  bool         // written since the last join
 }
 
 func newCudaIPCConnection(base *connBase, dev device.Device) *cudaIPCConnection {
@@ -86,114 +64,20 @@ func (k *cudaIPCConnection) streams() (device.Stream, *cuda.Stream, error) {
 		// back to a copy or a kernel, as where memops is nil).
 		if cd, ok := k.dev.(interface{ Context() *cuda.Context }); ok && cd.Context() != nil {
 			k.memops = cuda.WrapStream(cd.Context(), s.Handle())
-			if n := k.c.net.cfg.CopyStreams; n > 1 && !shared {
-				if err := k.addLanesLocked(cd.Context(), n-1); err != nil {
-					return nil, nil, k.errorf("copy streams: %w", err)
-				}
-			}
 		}
 	}
 	return k.stream, k.memops, nil
 }
 
-// addLanesLocked makes n lanes (streamMu held). On an error it keeps none.
-func (k *cudaIPCConnection) addLanesLocked(ctx *cuda.Context, n int) (err error) {
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, k.closeLanesLocked())
-		}
-	}()
-	for range n {
-		s, err := k.dev.NewStream()
-		if err != nil {
-			return err
-		}
-		ev, err := cuda.NewEvent(ctx, cuda.EventDisableTiming)
-		if err != nil {
-			return errors.Join(err, s.Close())
-		}
-		k.lanes = append(k.lanes, copyLane{stream: s, cs: cuda.WrapStream(ctx, s.Handle()), ev: ev})
-	}
-	k.band = uintptr(k.c.net.cfg.CopyBand)
-	return nil
-}
-
-// closeLanesLocked waits for and frees the lanes (streamMu held).
-func (k *cudaIPCConnection) closeLanesLocked() error {
-	var errs []error
-	for _, l := range k.lanes {
-		errs = append(errs, l.stream.Synchronize(), l.ev.Destroy(), l.stream.Close())
-	}
-	k.lanes = nil
-	return errors.Join(errs...)
-}
-
-// joinLocked makes the connection's stream wait for every lane written
-// since the last join (streamMu held): what is queued on it next lands
-// after every earlier write.
-func (k *cudaIPCConnection) joinLocked() error {
-	for i := range k.lanes {
-		l := &k.lanes[i]
-		if !l.dirty {
-			continue
-		}
-		if err := l.ev.Record(l.cs); err != nil {
-			return k.errorf("join copy stream %d: %w", i+1, err)
-		}
-		if err := k.memops.WaitEvent(l.ev); err != nil {
-			return k.errorf("join copy stream %d: %w", i+1, err)
-		}
-		l.dirty = false
-	}
-	return nil
-}
-
-// join is joinLocked for callers without streamMu.
-func (k *cudaIPCConnection) join() error {
-	k.streamMu.Lock()
-	defer k.streamMu.Unlock()
-	return k.joinLocked()
-}
-
-// syncStream waits for the stream and its lanes, if there are any yet.
+// syncStream waits for the stream, if there is one yet.
 func (k *cudaIPCConnection) syncStream() error {
 	k.streamMu.Lock()
 	s := k.stream
-	lanes := make([]device.Stream, 0, len(k.lanes))
-	for _, l := range k.lanes {
-		lanes = append(lanes, l.stream)
-	}
 	k.streamMu.Unlock()
 	if s == nil {
 		return nil
 	}
-	for _, l := range lanes {
-		if err := l.Synchronize(); err != nil {
-			return err
-		}
-	}
 	return s.Synchronize()
-}
-
-// idle reports, without waiting, whether the stream and every lane have
-// finished what was queued on them.
-func (k *cudaIPCConnection) idle() bool {
-	k.streamMu.Lock()
-	memops := k.memops
-	lanes := make([]*cuda.Stream, 0, len(k.lanes))
-	for _, l := range k.lanes {
-		lanes = append(lanes, l.cs)
-	}
-	k.streamMu.Unlock()
-	if memops == nil {
-		return false
-	}
-	for _, cs := range append(lanes, memops) {
-		if idle, err := cs.Query(); err != nil || !idle {
-			return false
-		}
-	}
-	return true
 }
 
 func (k *cudaIPCConnection) closeStream() error {
@@ -202,7 +86,7 @@ func (k *cudaIPCConnection) closeStream() error {
 	if k.stream == nil {
 		return nil
 	}
-	errs := []error{k.closeLanesLocked()}
+	var errs []error
 	if k.markEv != nil {
 		errs = append(errs, k.markEv.Close())
 		k.markEv = nil
@@ -223,9 +107,6 @@ func (k *cudaIPCConnection) mark() error {
 	}
 	k.streamMu.Lock()
 	defer k.streamMu.Unlock()
-	if err := k.joinLocked(); err != nil {
-		return err
-	}
 	if k.markEv == nil {
 		if k.markEv, err = k.c.dev.NewEvent(); err != nil {
 			k.markEv = nil
@@ -265,29 +146,8 @@ func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src Register
 		return err
 	}
 	k.enqueued.Add(1)
-	to, from := dst.Ptr()+uintptr(dstOff), src.Ptr()+uintptr(srcOff)
-	k.streamMu.Lock()
-	defer k.streamMu.Unlock()
-	if len(k.lanes) == 0 {
-		if err := k.c.dev.CopyAsync(to, from, size, stream); err != nil {
-			return k.errorf("write %d bytes: %w", size, err)
-		}
-		return nil
-	}
-	// Band by band of the destination, each band on its own stream.
-	streams := uintptr(len(k.lanes) + 1)
-	for left := uintptr(size); left > 0; {
-		b := to / k.band
-		n := min(left, (b+1)*k.band-to)
-		s := stream
-		if i := b % streams; i > 0 {
-			s = k.lanes[i-1].stream
-			k.lanes[i-1].dirty = true
-		}
-		if err := k.c.dev.CopyAsync(to, from, int(n), s); err != nil {
-			return k.errorf("write %d bytes: %d at %#x: %w", size, n, to, err)
-		}
-		to, from, left = to+n, from+n, left-n
+	if err := k.c.dev.CopyAsync(dst.Ptr()+uintptr(dstOff), src.Ptr()+uintptr(srcOff), size, stream); err != nil {
+		return k.errorf("write %d bytes: %w", size, err)
 	}
 	return nil
 }
@@ -314,9 +174,6 @@ func (k *cudaIPCConnection) UpdateAndSync(dst RegisteredMemory, dstOff int, valu
 		return err
 	}
 	if memops != nil && !k.noMemops.Load() {
-		if err := k.join(); err != nil {
-			return err
-		}
 		k.enqueued.Add(1)
 		if err := memops.WriteValue64(cuda.DevicePtr(p), value, cuda.WriteValueDefault); err == nil {
 			return nil
@@ -339,10 +196,11 @@ func (k *cudaIPCConnection) settled() bool {
 	if n == k.idleAt.Load() {
 		return true
 	}
-	if _, _, err := k.streams(); err != nil {
+	_, memops, err := k.streams()
+	if err != nil || memops == nil {
 		return false
 	}
-	if k.idle() {
+	if idle, err := memops.Query(); err == nil && idle {
 		k.idleAt.Store(n)
 		return true
 	}
@@ -370,15 +228,12 @@ func (k *cudaIPCConnection) setHostToken(t hostToken, v uint64) error {
 	}
 	if memops != nil {
 		// Work enqueued after n was read is not covered by this query.
-		if k.idle() {
+		if idle, err := memops.Query(); err == nil && idle {
 			k.idleAt.Store(n)
 			t.store(v)
 			return nil
 		}
 		if !k.noMemops.Load() {
-			if err := k.join(); err != nil {
-				return err
-			}
 			k.enqueued.Add(1)
 			if err := memops.WriteValue64(cuda.DevicePtr(t.dev), v, cuda.WriteValueDefault); err == nil {
 				return nil
@@ -405,9 +260,6 @@ func (k *cudaIPCConnection) AtomicAdd(dst RegisteredMemory, dstOff int, value ui
 	}
 	stream, _, err := k.streams()
 	if err != nil {
-		return err
-	}
-	if err := k.join(); err != nil {
 		return err
 	}
 	args := device.NewArgs(2).Ptr(dst.Ptr() + uintptr(dstOff)).U64(value)

@@ -79,13 +79,7 @@ type Connection interface {
 	Tag() int
 	// Write copies size bytes from src[srcOff:] (local memory) to
 	// dst[dstOff:] (the peer's memory, or local), asynchronously, after
-	// every earlier Write and UpdateAndSync of this connection. A CUDA IPC
-	// connection with several copy streams (NetworkConfig.CopyStreams)
-	// keeps that order only between Writes to the same bytes: Writes to
-	// other bytes, and a Write after an UpdateAndSync or AtomicAdd, may
-	// land in either order (as an RDMA write may pass an earlier atomic),
-	// while UpdateAndSync, AtomicAdd and Flush still come after every
-	// earlier Write.
+	// every earlier Write and UpdateAndSync of this connection.
 	Write(dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error
 	// UpdateAndSync stores value into the 64-bit word dst[dstOff:] once
 	// every earlier Write has landed, as one aligned 8-byte store (device

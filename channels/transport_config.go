@@ -67,23 +67,6 @@ type NetworkConfig struct {
 	// one message (2 buffers) and waits for its turn to apply it itself.
 	// Receive side only: ranks may differ.
 	ReceiveAhead int
-	// CopyStreams is how many copy streams each CUDA IPC connection (the
-	// port over CUDA IPC, and port channels inside a node) spreads its
-	// writes over ($GOEP_IPC_COPY_STREAMS; 1 to 8). Copies queued on one
-	// stream run one after another, each paying the copy engine's start
-	// and completion (about 2-3 us: 16 puts of a 58.5 MB count took 216
-	// us against 164 us for one, TestCopyEngineLab); on several streams
-	// they overlap. Writes are cut at CopyBand boundaries of the
-	// destination address and each band always goes on the same stream,
-	// so writes to the same bytes still land in issue order; a signal,
-	// atomic add or flush waits for every stream. Ranks sharing a GPU keep
-	// one stream for all their connections whatever this says (see
-	// connStream). Zero means the environment, else 1.
-	CopyStreams int
-	// CopyBand is the destination band (bytes, a power of two from 64 KiB
-	// to 64 MiB; $GOEP_IPC_COPY_BAND) that picks a write's copy stream
-	// when CopyStreams > 1. Zero means the environment, else 1 MiB.
-	CopyBand int
 	// ListenHost is the address this rank listens on for its peers' TCP
 	// sockets and advertises to them ($GOEP_NET_LISTEN_HOST). Empty means
 	// every interface, advertising loopback to ranks of this host and this
@@ -99,8 +82,6 @@ const (
 	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
 	TCPAheadEnv     = "GOEP_TCP_RECEIVE_AHEAD"
 	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
-	IPCStreamsEnv   = "GOEP_IPC_COPY_STREAMS"
-	IPCBandEnv      = "GOEP_IPC_COPY_BAND"
 	// tcpStageEnv=always makes the host backend stage its TCP traffic
 	// through host-mapped buffers as GPUs do, so CI runs the staging
 	// pipeline too.
@@ -118,12 +99,6 @@ const (
 	maxTCPChunk     = 64 << 20
 	maxTCPAhead     = 16
 	defaultTCPAhead = 4
-
-	maxCopyStreams     = 8
-	defaultCopyStreams = 1
-	defaultCopyBand    = 1 << 20
-	minCopyBand        = 64 << 10
-	maxCopyBand        = 64 << 20
 )
 
 // defaultTCPAhead: measured in session 14 (docs/PERFORMANCE.md) with 8
@@ -209,8 +184,7 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	for _, e := range []struct {
 		name string
 		v    *int
-	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes},
-		{IPCStreamsEnv, &n.CopyStreams}, {IPCBandEnv, &n.CopyBand}} {
+	}{{VirtualNodesEnv, &n.VirtualNodes}, {TCPSocketsEnv, &n.Sockets}, {TCPChunkEnv, &n.ChunkBytes}} {
 		if err := envInt(e.name, e.v); err != nil {
 			return fail("%v", err)
 		}
@@ -238,12 +212,6 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	if n.ChunkBytes == 0 {
 		n.ChunkBytes = defaultTCPChunk
 	}
-	if n.CopyStreams == 0 {
-		n.CopyStreams = defaultCopyStreams
-	}
-	if n.CopyBand == 0 {
-		n.CopyBand = defaultCopyBand
-	}
 	switch {
 	case n.Transport == TransportIB:
 		return fail("%w", errVerbsNotBuilt)
@@ -259,10 +227,6 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		return fail("Sockets %d: want 1 to %d", n.Sockets, maxTCPSockets)
 	case n.ChunkBytes < minTCPChunk || n.ChunkBytes > maxTCPChunk:
 		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
-	case n.CopyStreams < 1 || n.CopyStreams > maxCopyStreams:
-		return fail("CopyStreams %d: want 1 to %d (set by Config or $%s)", n.CopyStreams, maxCopyStreams, IPCStreamsEnv)
-	case n.CopyBand < minCopyBand || n.CopyBand > maxCopyBand || n.CopyBand&(n.CopyBand-1) != 0:
-		return fail("CopyBand %d: want a power of two from %d to %d (set by Config or $%s)", n.CopyBand, minCopyBand, maxCopyBand, IPCBandEnv)
 	case n.ReceiveAhead != ReceiveAheadOff && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
 		return fail("ReceiveAhead %d: want ReceiveAheadOff (-1) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
 	}

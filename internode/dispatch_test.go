@@ -123,7 +123,7 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 		got[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), SendMemory: testSendMemory, Forward: forward()})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroup: testPutGroup, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), SendMemory: testSendMemory, Forward: forward()})
 		if err != nil {
 			return nil, err
 		}

@@ -107,8 +107,15 @@ const (
 
 // outWords is the dispatch/combine words
 // (internode.cu's GOEP_INN_OUT_WORDS: status, bad, four block arrival
-// counters), cleared before each launch.
-const outWords = 6
+// counters, the dispatch's put groups' arrival counters), cleared before
+// each launch; groupRangeWords follow them, not cleared (each put group's
+// first and end row at every node, written before they are read).
+const (
+	maxPutGroups    = 64 // internode.cu's GOEP_INN_MAX_GROUPS
+	maxNodes        = 64 // internode.cu's GOEP_INN_MAX_NODES
+	outWords        = 6 + maxPutGroups
+	groupRangeWords = 2 * maxPutGroups * maxNodes
+)
 
 // epochWords is the device epochs' u64 words (internode.cu's
 // GOEP_INN_EPOCH_*: notify, dispatch, combine, steps).
@@ -309,7 +316,7 @@ func (s Shape) kernelRegions(maxTokens, maxIDs, layouts int) kernelRegions {
 	o.ports = take(n * devapi.PortChannelSize)
 	o.peers = take(8 * p)
 	o.waits = take(4 * (n + p))
-	o.out = take(4 * outWords) // dispatch's and combine's words
+	o.out = take(4 * (outWords + groupRangeWords)) // dispatch's and combine's words
 	o.notifyStride = int(align16(int64(4 * s.notifyOutInts())))
 	o.notifyOut = take(layouts * o.notifyStride) // the caller bounds layouts (MaxLayouts)
 	o.ids = take(8 * maxIDs)
@@ -725,6 +732,7 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, cfg NotifyConfig) []byte {
 	le.PutUint32(lay[140:], flags)
 	le.PutUint64(lay[144:], uint64(dl.unitWords))
 	le.PutUint32(lay[152:], minRows)
+	le.PutUint32(lay[156:], uint32(cfg.PutGroup))
 	return lay
 }
 

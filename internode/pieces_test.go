@@ -19,6 +19,17 @@ import (
 // (withPutBytes).
 var testPutBytes int
 
+// testPutGroup is their NotifyConfig.PutGroup (0: a put per block),
+// likewise (withPutGroup).
+var testPutGroup int
+
+func withPutGroup(t *testing.T, n int) {
+	t.Helper()
+	prev := testPutGroup
+	testPutGroup = n
+	t.Cleanup(func() { testPutGroup = prev })
+}
+
 // testProxyPending is their NotifyConfig.ProxyMaxPending, likewise.
 var testProxyPending int
 
@@ -396,4 +407,63 @@ func TestDefaultForwardOver(t *testing.T) {
 	require.Equal(t, internode.ForwardNodes, internode.DefaultForwardOver(channels.TransportEthernet))
 	require.Equal(t, internode.ForwardNodes, internode.DefaultForwardOver(channels.TransportIB))
 	require.Equal(t, internode.ForwardAuto, internode.DefaultForwardOver(channels.TransportCudaIPC))
+}
+
+func TestParsePutGroup(t *testing.T) {
+	for in, want := range map[string]int{"": 7, "0": 0, " 1 ": 1, "4": 4, "1024": internode.MaxPutGroup} {
+		got, err := internode.ParsePutGroup(in, 7)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"-1", "1025", "two", "4k"} {
+		_, err := internode.ParsePutGroup(bad, 1)
+		require.ErrorContains(t, err, "want a block count in 0..1024", bad)
+	}
+}
+
+// putGroupCases: five sender blocks in groups of 2 (2, 2, 1), 3 (3, 2)
+// and 8 (one group of all five), forwarding by units (a group is one
+// unit) and by node counters, on 2 x 2 and 2 x 4 ranks; one case with
+// ranks of different sender counts (groups differ from rank to rank).
+func runPutGroupCases(t *testing.T, b backend, seed int64) {
+	split := internode.Split{Senders: 5, Forwarders: 2, Receivers: 1}
+	for _, c := range []struct {
+		group int
+		fwd   internode.Forward
+		topo  internode.Topology
+	}{
+		{2, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+		{3, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 4}},
+		{8, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+		{2, internode.ForwardNodes, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+	} {
+		t.Run(fmt.Sprintf("%v/group=%d/%v", c.topo, c.group, c.fwd), func(t *testing.T) {
+			withGrid(t, 0, split)
+			withPutGroup(t, c.group)
+			withForward(t, c.fwd)
+			checkDispatchRounds(t, b, c.topo, seed+int64(c.group))
+			if c.group == 3 {
+				checkCombineRounds(t, b, c.topo, seed+100)
+			}
+		})
+	}
+	t.Run("mixed-grids", func(t *testing.T) {
+		withSplits(t, split, internode.Split{Senders: 3, Forwarders: 1, Receivers: 1})
+		withPutGroup(t, 2)
+		withForward(t, internode.ForwardBlocks)
+		checkDispatchRounds(t, b, internode.Topology{Nodes: 2, RanksPerNode: 2}, seed+200)
+	})
+}
+
+// Put groups (NotifyConfig.PutGroup) in the CPU emulation: dispatch byte
+// for byte and combine bit for bit against the reference.
+func TestEmulatedPutGroups(t *testing.T) {
+	cpuemu.SkipUnavailable(t)
+	runPutGroupCases(t, emuBackend, 5100)
+}
+
+// The same on the GPUs present.
+func TestPutGroupsGPU(t *testing.T) {
+	skipNoGPU(t)
+	runPutGroupCases(t, cudaBackend, 5300)
 }

@@ -186,6 +186,34 @@ func ParsePutBytes(v string) (int, error) {
 	return n * mult, nil
 }
 
+// PutGroupEnv names the environment variable the Buffer reads
+// NotifyConfig.PutGroup from (ParsePutGroup).
+const PutGroupEnv = "GOEP_INTERNODE_PUT_GROUP"
+
+// MaxPutGroup bounds NotifyConfig.PutGroup (a launch's blocks).
+const MaxPutGroup = maxBlocks
+
+// DefaultPutGroupOver is NotifyConfig.PutGroup where
+// $GOEP_INTERNODE_PUT_GROUP is unset: 1 (a put per block) on every
+// transport for now.
+func DefaultPutGroupOver(t channels.Transport) int {
+	return 1
+}
+
+// ParsePutGroup reads a NotifyConfig.PutGroup: "" (def), or a block
+// count in 0..MaxPutGroup (0 and 1: a put per block).
+func ParsePutGroup(v string, def int) (int, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > MaxPutGroup {
+		return 0, fmt.Errorf("put group %q: want a block count in 0..%d", v, MaxPutGroup)
+	}
+	return n, nil
+}
+
 // ReduceSMsEnv names the environment variable the Buffer reads
 // NotifyConfig.ReduceSMs from (ParseReduceSMs).
 const ReduceSMsEnv = "GOEP_INTERNODE_REDUCE_SMS"

@@ -317,7 +317,13 @@ struct goep_inn_dispatch_layout {
   u64 unit_words;
   // With GOEP_INN_FLAG_UNITS: the fewest relay rows of a source at a node
   // that go by units (goep_inn_by_units).
-  u32 unit_min_rows, pad;
+  u32 unit_min_rows;
+  // put_group: where each dispatch block puts once per node (put_bytes <=
+  // 0), about this many consecutive sender blocks put their rows as one:
+  // the last of them to finish packing puts the group's run of rows at
+  // each node, and the group is one unit (goep_inn_put_groups). <= 1: a
+  // put per block.
+  i32 put_group;
 };
 static_assert(sizeof(goep_inn_dispatch_layout) == 160, "goep: goep_inn_dispatch_layout layout");
 
@@ -377,10 +383,15 @@ __device__ __forceinline__ u32* goep_inn_unit_done(u8* rdma, const goep_inn_disp
 // the receive region, or more relayed rows than the region holds: the row
 // is skipped and the host reports it), then four arrival counters of the
 // grid's blocks (u32: senders, forwarders' first half, all blocks,
-// forwarders' second half). The launcher clears all six in
-// stream order before each launch, so a kernel that gives up leaves the
-// status clear and the next launch starts its counters from 0.
-#define GOEP_INN_OUT_WORDS 6
+// forwarders' second half), then the dispatch's put groups' arrival
+// counters (u32 [GOEP_INN_MAX_GROUPS]). The launcher clears these
+// GOEP_INN_OUT_WORDS in stream order before each launch, so a kernel that
+// gives up leaves the status clear and the next launch starts its counters
+// from 0. After them, never cleared (written before they are read in
+// every launch): each put group's first row and end row at every node
+// (i32 [2][GOEP_INN_MAX_GROUPS][GOEP_INN_MAX_NODES]).
+#define GOEP_INN_MAX_GROUPS 64
+#define GOEP_INN_OUT_WORDS (6 + GOEP_INN_MAX_GROUPS)
 
 // Multi-block kernels. Every block of a launch takes every role in turn
 // (sender, forwarder, receiver) on its share of the rows; no block ever
@@ -680,6 +691,32 @@ __device__ __forceinline__ void goep_inn_chunk(int n, int b, int g, int& lo, int
   lo = min(n, b * per);
   hi = min(n, lo + per);
 }
+
+// Dispatch put groups (goep_inn_dispatch_layout.put_group): sender blocks
+// [first, first + members) put their rows at each node as one, since their
+// runs of rows there are consecutive (rows follow token order and the
+// chunks are consecutive). Every put over the port over CUDA IPC costs the
+// copy engine about 3 us beside its bytes, whatever stream it is on
+// (TestCopyEngineLab, session 21), so fewer, larger puts move the same
+// rows sooner. Only where each block puts once per node (put_bytes <= 0:
+// decided from the layout, never from a block's own piece count, which is
+// 0 for an empty chunk, so that every block of the grid agrees); at most
+// GOEP_INN_MAX_GROUPS groups (the size grows to fit). Size 1 is a put per
+// block (count = s_cnt, idx = s_idx).
+struct goep_inn_put_groups {
+  int size, count, idx, first, members;
+  __device__ goep_inn_put_groups(int want, int put_bytes, int s_idx, int s_cnt) {
+    size = 1;
+    if (want > 1 && put_bytes <= 0) {
+      size = max(min(want, s_cnt), (s_cnt + GOEP_INN_MAX_GROUPS - 1) / GOEP_INN_MAX_GROUPS);
+    }
+    count = (s_cnt + size - 1) / size;
+    idx = s_idx / size;
+    first = idx * size;
+    members = min(s_cnt, first + size) - first;
+  }
+  __device__ bool grouped() const { return size > 1; }
+};
 
 // A block's roles in a dispatch or combine launch. Shared (split_s = 0):
 // every block takes every role in turn, on its share (index blk of g).
@@ -1170,6 +1207,15 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     // put_bytes asks for more), each put as soon as it is packed.
     const goep_inn_pieces pl = goep_inn_plan_pieces(t1 - t0, dl.put_bytes, (u64)dl.relay_row);
     const int pieces = pl.count;
+    const goep_inn_put_groups grp(dl.put_group, dl.put_bytes, ro.s_idx, ro.s_cnt);
+    // The put of rows [lo, hi) at node n (not this one).
+    auto put_rows = [&](int n, int lo, int hi) {
+      ok &= goep_pc_put_ids(ports[n], ports[n].dst, dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
+                            dl.send_id, dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row,
+                            (u64)(hi - lo) * dl.relay_row, GOEP_INN_STAGE_DISPATCH_PUT);
+      GOEP_INN_TR_FIRST(GOEP_INN_EV_D_FIRST_PUT);
+      GOEP_INN_TR_THIS(GOEP_INN_EV_D_LAST_PUT);
+    };
     for (int j = tid; j < nodes * (1 + GOEP_INN_MAX_P); j += nt) {
       base[j] = 0;
     }
@@ -1333,20 +1379,54 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
       if (goep_block_any_failed(!ok)) {
         return;
       }
-      for (int n = tid; n < nodes; n += nt) {
+      for (int n = tid; n < nodes && !grp.grouped(); n += nt) {
         const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
         const int lo = min(prow[pc], dl.max_tokens), hi = min(prow[pc + 1], dl.max_tokens);
         if (n != node && hi > lo && !relay_in_place) {
-          ok &= goep_pc_put_ids(ports[n], ports[n].dst, dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
-                                dl.send_id, dl.send + ((u64)n * dl.max_tokens + lo) * dl.relay_row,
-                                (u64)(hi - lo) * dl.relay_row, GOEP_INN_STAGE_DISPATCH_PUT);
-          GOEP_INN_TR_FIRST(GOEP_INN_EV_D_FIRST_PUT);
-          GOEP_INN_TR_THIS(GOEP_INN_EV_D_LAST_PUT);
+          put_rows(n, lo, hi);
         }
       }
     }
     if (goep_block_any_failed(!ok)) {
       return;
+    }
+    // A put group's first block records where the group's rows start at
+    // each node and its last block where they end; the last of its blocks
+    // to arrive (after every member's rows are written: goep_inn_arrive's
+    // fences) puts the group's rows and, below, stores its unit words.
+    // run(n) is the rows [lo, hi) this block puts or names at node n: its
+    // own, or its group's.
+    int* glo = out + GOEP_INN_OUT_WORDS + grp.idx * GOEP_INN_MAX_NODES;
+    int* ghi = glo + GOEP_INN_MAX_GROUPS * GOEP_INN_MAX_NODES;
+    auto run = [&](int n, int& lo, int& hi) {
+      const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
+      lo = min(grp.grouped() ? ((volatile int*)glo)[n] : prow[0], dl.max_tokens);
+      hi = min(grp.grouped() ? ((volatile int*)ghi)[n] : prow[pieces], dl.max_tokens);
+    };
+    bool group_last = true;
+    if (grp.grouped()) {
+      for (int n = tid; n < nodes; n += nt) {
+        const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
+        if (ro.s_idx == grp.first) {
+          glo[n] = prow[0];
+        }
+        if (ro.s_idx == grp.first + grp.members - 1) {
+          ghi[n] = prow[pieces];
+        }
+      }
+      group_last = goep_inn_arrive((u32*)(out + 6) + grp.idx, &last, grp.members);
+      if (group_last) {
+        for (int n = tid; n < nodes; n += nt) {
+          int lo, hi;
+          run(n, lo, hi);
+          if (n != node && hi > lo && !relay_in_place) {
+            put_rows(n, lo, hi);
+          }
+        }
+        if (goep_block_any_failed(!ok)) {
+          return;
+        }
+      }
     }
     // The nodes this rank's rows go to by units: this rank's row count to
     // each (notify's per-node counts, which precede the relay counts in
@@ -1357,19 +1437,21 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     for (int n = 0; n < nodes; ++n) {
       by_units |= goep_inn_by_units(dl, sent_rows[n]) ? 1ull << n : 0ull;
     }
-    if (by_units != 0) {
-      // This block's unit at every such node: its run of rows there, stored on
-      // the channel that carried them (so it lands after them; a store,
-      // not an atomic add, which over CUDA IPC is a kernel launch between
-      // the copies), or directly at this node with a release (the block's
-      // relay rows were written before the barrier above).
+    if (by_units != 0 && group_last) {
+      // This block's (or put group's) unit at every such node: its run of
+      // rows there, stored on the channel that carried them (so it lands
+      // after them; a store, not an atomic add, which over CUDA IPC is a
+      // kernel launch between the copies), or directly at this node with a
+      // release (the relay rows were written before the barrier above, or
+      // before the group's arrival).
       for (int n = tid; n < nodes; n += nt) {
         if ((by_units >> n & 1ull) == 0) {
           continue;
         }
-        const int* prow = piece_row + n * (GOEP_INN_MAX_PIECES + 1);
-        const u64 v = goep_inn_unit_word(ro.s_cnt, min(prow[0], dl.max_tokens), min(prow[pieces], dl.max_tokens));
-        const u64 off = dl.unit_words + 8ull * ((u64)node * GOEP_INN_MAX_UNITS + ro.s_idx);
+        int lo, hi;
+        run(n, lo, hi);
+        const u64 v = goep_inn_unit_word(grp.count, lo, hi);
+        const u64 off = dl.unit_words + 8ull * ((u64)node * GOEP_INN_MAX_UNITS + grp.idx);
         if (n == node) {
           goep_st_release_sys_u64((u64*)(rdma + off), v);
         } else {

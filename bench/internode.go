@@ -820,6 +820,11 @@ type interReport struct {
 	// the network transport's default (internode.DefaultPutBytesOver); 0
 	// is one put per node and block.
 	PutBytesUsed int `json:"put_bytes_used"`
+	// PutGroup is the dispatch's put group the Buffers asked for
+	// ($GOEP_INTERNODE_PUT_GROUP, or internode.DefaultPutGroupOver the
+	// transport): consecutive sender blocks whose rows at a node go in one
+	// put where each block puts once (1: a put per block).
+	PutGroup int `json:"put_group"`
 	// Forward is when the dispatch's forwarders started on another node's
 	// rows ($GOEP_INTERNODE_FORWARD, or the transport's default:
 	// internode.DefaultForwardOver): "nodes" once all landed, "blocks" as
@@ -867,7 +872,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	// What the Buffers used (they read the same environment); the run
 	// itself failed before here if it does not parse.
 	if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
-		rep.PutBytesUsed, rep.Forward, rep.SMs = nw.PutBytes, nw.Forward.String(), nw.SMs
+		rep.PutBytesUsed, rep.PutGroup, rep.Forward, rep.SMs = nw.PutBytes, nw.PutGroup, nw.Forward.String(), nw.SMs
 	}
 	if o.interSMs != 0 {
 		rep.SMs = o.interSMs
@@ -1007,8 +1012,11 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		switch {
 		case rep.PutBytes != "":
 			fmt.Fprintf(w, "puts in pieces of $%s=%s\n", internode.PutBytesEnv, rep.PutBytes)
+		case rep.PutBytesUsed == 0 && rep.PutGroup > 1:
+			fmt.Fprintf(w, "puts: one per node and block, the dispatch's in groups of %d blocks (the defaults over the port over CUDA IPC; $%s, $%s)\n",
+				rep.PutGroup, internode.PutBytesEnv, internode.PutGroupEnv)
 		case rep.PutBytesUsed == 0:
-			fmt.Fprintf(w, "puts: one per node and block (the default over the port over CUDA IPC; $%s)\n", internode.PutBytesEnv)
+			fmt.Fprintf(w, "puts: one per node and block ($%s, $%s)\n", internode.PutBytesEnv, internode.PutGroupEnv)
 		default:
 			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}

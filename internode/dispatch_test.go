@@ -123,7 +123,7 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 		got[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroup: testPutGroup, ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), SendMemory: testSendMemory, Forward: forward()})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroup: putGroup(), ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), SendMemory: testSendMemory, Forward: forward()})
 		if err != nil {
 			return nil, err
 		}
@@ -213,6 +213,11 @@ func TestDispatchBadInput(t *testing.T) {
 		for _, n := range []int{-1, internode.MaxLayouts + 1} {
 			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, Layouts: n}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("layouts %d", n)) {
 				return nil, fmt.Errorf("rank %d: layouts %d: %v, want a refusal naming them", me, n, err)
+			}
+		}
+		for _, pg := range []int{-1, internode.MaxPutGroup + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, PutGroup: pg}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("put group %d: want 0..1024", pg)) {
+				return nil, fmt.Errorf("rank %d: put group %d: %v, want a refusal naming it", me, pg, err)
 			}
 		}
 		for _, pb := range []int{-1, internode.MaxPutBytes + 1} {

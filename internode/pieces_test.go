@@ -19,14 +19,27 @@ import (
 // (withPutBytes).
 var testPutBytes int
 
-// testPutGroup is their NotifyConfig.PutGroup (0: a put per block),
-// likewise (withPutGroup).
-var testPutGroup int
+// testPutGroup, when set (withPutGroup), is their NotifyConfig.PutGroup;
+// unset they take the Buffer's default for the network transport of the
+// test, as forward does (putGroup).
+var testPutGroup *int
+
+// putGroup is the round helpers' NotifyConfig.PutGroup.
+func putGroup() int {
+	if testPutGroup != nil {
+		return *testPutGroup
+	}
+	tr, err := channels.ParseTransport(os.Getenv(channels.NetTransportEnv))
+	if err != nil {
+		tr = channels.TransportEthernet
+	}
+	return internode.DefaultPutGroupOver(tr)
+}
 
 func withPutGroup(t *testing.T, n int) {
 	t.Helper()
 	prev := testPutGroup
-	testPutGroup = n
+	testPutGroup = &n
 	t.Cleanup(func() { testPutGroup = prev })
 }
 
@@ -421,9 +434,10 @@ func TestParsePutGroup(t *testing.T) {
 	}
 }
 
-// putGroupCases: five sender blocks in groups of 2 (2, 2, 1), 3 (3, 2)
+// runPutGroupCases: five sender blocks in groups of 2 (2, 2, 1), 3 (3, 2)
 // and 8 (one group of all five), forwarding by units (a group is one
-// unit) and by node counters, on 2 x 2 and 2 x 4 ranks; one case with
+// unit) and by node counters, on 2 x 2, 2 x 4 and 3 x 2 ranks, the
+// combine's reducer blocks (seven here) grouped likewise; one case with
 // ranks of different sender counts (groups differ from rank to rank).
 func runPutGroupCases(t *testing.T, b backend, seed int64) {
 	split := internode.Split{Senders: 5, Forwarders: 2, Receivers: 1}
@@ -436,14 +450,15 @@ func runPutGroupCases(t *testing.T, b backend, seed int64) {
 		{3, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 4}},
 		{8, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
 		{2, internode.ForwardNodes, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+		{2, internode.ForwardBlocks, internode.Topology{Nodes: 3, RanksPerNode: 2}},
 	} {
 		t.Run(fmt.Sprintf("%v/group=%d/%v", c.topo, c.group, c.fwd), func(t *testing.T) {
 			withGrid(t, 0, split)
 			withPutGroup(t, c.group)
 			withForward(t, c.fwd)
 			checkDispatchRounds(t, b, c.topo, seed+int64(c.group))
-			if c.group == 3 {
-				checkCombineRounds(t, b, c.topo, seed+100)
+			if c.fwd == internode.ForwardBlocks {
+				checkCombineRounds(t, b, c.topo, seed+100+int64(c.group))
 			}
 		})
 	}
@@ -466,4 +481,10 @@ func TestEmulatedPutGroups(t *testing.T) {
 func TestPutGroupsGPU(t *testing.T) {
 	skipNoGPU(t)
 	runPutGroupCases(t, cudaBackend, 5300)
+}
+
+func TestDefaultPutGroupOver(t *testing.T) {
+	require.Equal(t, 1, internode.DefaultPutGroupOver(channels.TransportEthernet))
+	require.Equal(t, 1, internode.DefaultPutGroupOver(channels.TransportIB))
+	require.Equal(t, internode.PortPutGroup, internode.DefaultPutGroupOver(channels.TransportCudaIPC))
 }

@@ -193,10 +193,27 @@ const PutGroupEnv = "GOEP_INTERNODE_PUT_GROUP"
 // MaxPutGroup bounds NotifyConfig.PutGroup (a launch's blocks).
 const MaxPutGroup = maxBlocks
 
+// PortPutGroup is NotifyConfig.PutGroup over the port over CUDA IPC where
+// $GOEP_INTERNODE_PUT_GROUP is unset (DefaultPutGroupOver). Each put there
+// is a copy that costs the copy engine about 3 us beside its bytes on any
+// stream (TestCopyEngineLab: one put of an EP2 dispatch's 58.5 MB 164 us,
+// the same bytes in 16 puts 216 us, in 64 puts 300 us; copies spread over
+// 2 to 8 streams no faster). Measured (docs/PERFORMANCE.md, session 21;
+// EP2 on 2 H200s, 24 blocks, two passes where marked): dispatch at 4096
+// tokens a put per block 435-439 us, groups of 2 375, 3 353, 4 343 and
+// 339, 6 343 and 340, 12 357, 24 (one put) 403; at 1024 tokens 174-191
+// us, groups of 4 140 and 145, 6 135 and 135, 12 130, 24 133. The
+// combine, which puts per block, unchanged.
+const PortPutGroup = 6
+
 // DefaultPutGroupOver is NotifyConfig.PutGroup where
-// $GOEP_INTERNODE_PUT_GROUP is unset: 1 (a put per block) on every
-// transport for now.
+// $GOEP_INTERNODE_PUT_GROUP is unset: PortPutGroup over the port over
+// CUDA IPC, 1 (a put per block) elsewhere (TCP cuts puts in pieces, which
+// groups do not apply to).
 func DefaultPutGroupOver(t channels.Transport) int {
+	if t == channels.TransportCudaIPC {
+		return PortPutGroup
+	}
 	return 1
 }
 

@@ -701,14 +701,16 @@ __device__ __forceinline__ void goep_inn_chunk(int n, int b, int g, int& lo, int
 // rows sooner. Only where each block puts once per node (put_bytes <= 0:
 // decided from the layout, never from a block's own piece count, which is
 // 0 for an empty chunk, so that every block of the grid agrees); at most
-// GOEP_INN_MAX_GROUPS groups (the size grows to fit). Size 1 is a put per
-// block (count = s_cnt, idx = s_idx).
+// slots groups (the size grows to fit). Size 1 is a put per block (count =
+// s_cnt, idx = s_idx). The combine's reducer blocks put their partial rows
+// in the same groups (their runs are consecutive chunks too).
 struct goep_inn_put_groups {
   int size, count, idx, first, members;
-  __device__ goep_inn_put_groups(int want, int put_bytes, int s_idx, int s_cnt) {
+  __device__ goep_inn_put_groups(int want, int put_bytes, int s_idx, int s_cnt, int slots) {
     size = 1;
     if (want > 1 && put_bytes <= 0) {
-      size = max(min(want, s_cnt), (s_cnt + GOEP_INN_MAX_GROUPS - 1) / GOEP_INN_MAX_GROUPS);
+      slots = max(slots, 1);
+      size = max(min(want, s_cnt), (s_cnt + slots - 1) / slots);
     }
     count = (s_cnt + size - 1) / size;
     idx = s_idx / size;
@@ -1207,7 +1209,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     // put_bytes asks for more), each put as soon as it is packed.
     const goep_inn_pieces pl = goep_inn_plan_pieces(t1 - t0, dl.put_bytes, (u64)dl.relay_row);
     const int pieces = pl.count;
-    const goep_inn_put_groups grp(dl.put_group, dl.put_bytes, ro.s_idx, ro.s_cnt);
+    const goep_inn_put_groups grp(dl.put_group, dl.put_bytes, ro.s_idx, ro.s_cnt, GOEP_INN_MAX_GROUPS);
     // The put of rows [lo, hi) at node n (not this one).
     auto put_rows = [&](int n, int lo, int hi) {
       ok &= goep_pc_put_ids(ports[n], ports[n].dst, dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
@@ -1981,6 +1983,21 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     // network are put while this block reduces the ones that stay here
     // (each source node's partials go to their own region, and the source
     // sums them in ascending node whatever order they were made in).
+    // Put groups (goep_inn_put_groups): the last of a group's blocks to
+    // finish a source's partials puts the group's run, on an arrival
+    // counter per other node and group (the dispatch's, cleared again
+    // before this launch).
+    const goep_inn_put_groups grp(dl.put_group, dl.put_bytes, blk, red_cnt, GOEP_INN_MAX_GROUPS / max(nodes - 1, 1));
+    // Partial rows [a, b) of source node src to that node (thread 0; the
+    // FIFO push fences after the barrier or the group's arrival).
+    auto put_partials = [&](int src, u64 stride, int a, int b) {
+      ok &= goep_pc_put_ids(ports[src], ports[src].dst,
+                            dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride, dl.send_id,
+                            dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
+                            (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
+      GOEP_INN_TR_FIRST(GOEP_INN_EV_C_FIRST_PUT);
+      GOEP_INN_TR_THIS(GOEP_INN_EV_C_LAST_PUT);
+    };
     for (int i = 0; i < nodes; ++i) {
       const int src = (node + 1 + i) % nodes;
       const int rows = relay_count[src], src_rank = src * p + local;
@@ -2056,13 +2073,17 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
         // This piece of the block's partial rows to the source's node (the
         // FIFO push fences after the barrier).
         __syncthreads();
-        if (src != node && tid == 0) {
-          ok &= goep_pc_put_ids(ports[src], ports[src].dst,
-                               dl.comb_recv + (u64)node * dl.max_tokens * dl.partial_row + (u64)a * stride, dl.send_id,
-                               dl.comb_send + (u64)src * dl.max_tokens * dl.partial_row + (u64)a * stride,
-                               (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
-          GOEP_INN_TR_FIRST(GOEP_INN_EV_C_FIRST_PUT);
-          GOEP_INN_TR_THIS(GOEP_INN_EV_C_LAST_PUT);
+        if (src != node && tid == 0 && !grp.grouped()) {
+          put_partials(src, stride, a, b);
+        }
+      }
+      if (src != node && grp.grouped() &&
+          goep_inn_arrive((u32*)(out + 6) + i * grp.count + grp.idx, &last, grp.members) && tid == 0) {
+        int ga, gb, unused;
+        goep_inn_chunk(rows, grp.first, red_cnt, ga, unused);
+        goep_inn_chunk(rows, grp.first + grp.members - 1, red_cnt, unused, gb);
+        if (gb > ga) {
+          put_partials(src, stride, ga, gb);
         }
       }
     }

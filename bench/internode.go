@@ -820,11 +820,11 @@ type interReport struct {
 	// the network transport's default (internode.DefaultPutBytesOver); 0
 	// is one put per node and block.
 	PutBytesUsed int `json:"put_bytes_used"`
-	// PutGroup is the dispatch's put group the Buffers asked for
-	// ($GOEP_INTERNODE_PUT_GROUP, or internode.DefaultPutGroupOver the
-	// transport): consecutive sender blocks whose rows at a node go in one
-	// put where each block puts once (1: a put per block).
-	PutGroup int `json:"put_group"`
+	// PutGroups is how many puts the Buffers asked the blocks' rows to
+	// each node to go in ($GOEP_INTERNODE_PUT_GROUPS, or
+	// internode.DefaultPutGroupsOver the transport), where each block puts
+	// once (0: a put per block).
+	PutGroups int `json:"put_groups"`
 	// Forward is when the dispatch's forwarders started on another node's
 	// rows ($GOEP_INTERNODE_FORWARD, or the transport's default:
 	// internode.DefaultForwardOver): "nodes" once all landed, "blocks" as
@@ -872,7 +872,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	// What the Buffers used (they read the same environment); the run
 	// itself failed before here if it does not parse.
 	if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
-		rep.PutBytesUsed, rep.PutGroup, rep.Forward, rep.SMs = nw.PutBytes, nw.PutGroup, nw.Forward.String(), nw.SMs
+		rep.PutBytesUsed, rep.PutGroups, rep.Forward, rep.SMs = nw.PutBytes, nw.PutGroups, nw.Forward.String(), nw.SMs
 	}
 	if o.interSMs != 0 {
 		rep.SMs = o.interSMs
@@ -1012,11 +1012,11 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		switch {
 		case rep.PutBytes != "":
 			fmt.Fprintf(w, "puts in pieces of $%s=%s\n", internode.PutBytesEnv, rep.PutBytes)
-		case rep.PutBytesUsed == 0 && rep.PutGroup > 1:
-			fmt.Fprintf(w, "puts: one per node and block, the dispatch's in groups of %d blocks (the defaults over the port over CUDA IPC; $%s, $%s)\n",
-				rep.PutGroup, internode.PutBytesEnv, internode.PutGroupEnv)
+		case rep.PutBytesUsed == 0 && rep.PutGroups > 0:
+			fmt.Fprintf(w, "puts: %d per node, each a group of consecutive blocks' rows (the defaults over the port over CUDA IPC; $%s, $%s)\n",
+				rep.PutGroups, internode.PutBytesEnv, internode.PutGroupsEnv)
 		case rep.PutBytesUsed == 0:
-			fmt.Fprintf(w, "puts: one per node and block ($%s, $%s)\n", internode.PutBytesEnv, internode.PutGroupEnv)
+			fmt.Fprintf(w, "puts: one per node and block ($%s, $%s)\n", internode.PutBytesEnv, internode.PutGroupsEnv)
 		default:
 			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}

@@ -235,9 +235,9 @@ type NetworkTuning struct {
 	// unset internode.DefaultPutBytesOver the transport (0: one put per
 	// node and block).
 	PutBytes int
-	// PutGroup is internode.NotifyConfig.PutGroup: $GOEP_INTERNODE_PUT_GROUP,
-	// unset internode.DefaultPutGroupOver the transport.
-	PutGroup int
+	// PutGroups is internode.NotifyConfig.PutGroups: $GOEP_INTERNODE_PUT_GROUPS,
+	// unset internode.DefaultPutGroupsOver the transport.
+	PutGroups int
 	// Forward is internode.NotifyConfig.Forward: $GOEP_INTERNODE_FORWARD,
 	// unset internode.DefaultForwardOver the transport.
 	Forward internode.Forward
@@ -267,11 +267,11 @@ func NetworkTuningFromEnv() (NetworkTuning, error) {
 		}
 		nw.PutBytes = v
 	}
-	g, err := internode.ParsePutGroup(os.Getenv(internode.PutGroupEnv), internode.DefaultPutGroupOver(nw.Transport))
+	g, err := internode.ParsePutGroups(os.Getenv(internode.PutGroupsEnv), internode.DefaultPutGroupsOver(nw.Transport))
 	if err != nil {
-		return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.PutGroupEnv, err)
+		return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.PutGroupsEnv, err)
 	}
-	nw.PutGroup = g
+	nw.PutGroups = g
 	f, err := internode.ParseForward(os.Getenv(internode.ForwardEnv), internode.DefaultForwardOver(nw.Transport))
 	if err != nil {
 		return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.ForwardEnv, err)
@@ -317,7 +317,7 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	}
 	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, DefaultSMs: nw.SMs,
 		Threads: c.Dispatch.Threads, Split: split,
-		PutBytes: nw.PutBytes, PutGroup: nw.PutGroup, Forward: nw.Forward, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
+		PutBytes: nw.PutBytes, PutGroups: nw.PutGroups, Forward: nw.Forward, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
 		// One kept layout per handle slot: a cached dispatch or combine of
 		// any live handle resumes its round (internode_device.go).
 		Layouts: c.handles()}, nil

@@ -283,7 +283,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 			}
 		}
 		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs, SendMemory: testSendMemory,
-			Layouts: len(rounds), Forward: forward(), PutGroup: putGroup()})
+			Layouts: len(rounds), Forward: forward(), PutGroups: putGroups()})
 		if err != nil {
 			if st != nil {
 				_ = st.Close()

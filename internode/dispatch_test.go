@@ -123,7 +123,7 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 		got[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroup: putGroup(), ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), SendMemory: testSendMemory, Forward: forward()})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 11, Alignment: align, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroups: putGroups(), ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), SendMemory: testSendMemory, Forward: forward()})
 		if err != nil {
 			return nil, err
 		}
@@ -215,9 +215,9 @@ func TestDispatchBadInput(t *testing.T) {
 				return nil, fmt.Errorf("rank %d: layouts %d: %v, want a refusal naming them", me, n, err)
 			}
 		}
-		for _, pg := range []int{-1, internode.MaxPutGroup + 1} {
-			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, PutGroup: pg}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("put group %d: want 0..1024", pg)) {
-				return nil, fmt.Errorf("rank %d: put group %d: %v, want a refusal naming it", me, pg, err)
+		for _, pg := range []int{-1, internode.MaxPutGroups + 1} {
+			if _, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 23, MaxTokens: 2, PutGroups: pg}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("put groups %d: want 0..1024", pg)) {
+				return nil, fmt.Errorf("rank %d: put groups %d: %v, want a refusal naming it", me, pg, err)
 			}
 		}
 		for _, pb := range []int{-1, internode.MaxPutBytes + 1} {

@@ -732,7 +732,7 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, cfg NotifyConfig) []byte {
 	le.PutUint32(lay[140:], flags)
 	le.PutUint64(lay[144:], uint64(dl.unitWords))
 	le.PutUint32(lay[152:], minRows)
-	le.PutUint32(lay[156:], uint32(cfg.PutGroup))
+	le.PutUint32(lay[156:], uint32(cfg.PutGroups))
 	return lay
 }
 

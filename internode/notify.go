@@ -104,16 +104,18 @@ type NotifyConfig struct {
 	// DefaultPutBytes, the measured best). Ranks may pass different values
 	// (the receiver counts arrivals, not puts).
 	PutBytes int
-	// PutGroup, where each dispatch block puts once per node (PutBytes 0),
-	// has about this many consecutive sender blocks put their rows at a
-	// node as one put: the last of them to finish packing puts the
-	// group's run (rows of consecutive blocks are consecutive there), and
-	// the group is one unit for ForwardBlocks. Fewer, larger puts: the
-	// port over CUDA IPC pays a fixed cost a put. 0 or 1 means a put per
-	// block; at most MaxPutGroup. The Buffer reads it from
-	// $GOEP_INTERNODE_PUT_GROUP (PutGroupEnv, ParsePutGroup; unset:
-	// DefaultPutGroupOver the transport). Ranks may pass different values.
-	PutGroup int
+	// PutGroups, where each block puts once per node (PutBytes 0), is how
+	// many puts the dispatch's sender blocks, and the combine's reducer
+	// blocks, send their rows to each node in: consecutive blocks make a
+	// group (their runs of rows there are consecutive), the last of a
+	// group to finish puts the group's run, and for ForwardBlocks a group
+	// is one unit. Fewer, larger puts: the port over CUDA IPC pays a fixed
+	// cost a put. 0 means a put per block, as does a count of at least the
+	// blocks; at most MaxPutGroups (the kernels cap it at 64 groups, fewer
+	// for the combine with many nodes). The Buffer reads it from
+	// $GOEP_INTERNODE_PUT_GROUPS (PutGroupsEnv, ParsePutGroups; unset:
+	// DefaultPutGroupsOver the transport). Ranks may pass different values.
+	PutGroups int
 	// ProxyMaxPending is the MaxPending of this Notify's proxy
 	// (channels.ProxyConfig): how many operations (puts, atomic adds) it
 	// queues on a network connection before it stops to flush it, i.e.
@@ -360,8 +362,8 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	if cfg.PutBytes < 0 || cfg.PutBytes > MaxPutBytes {
 		return nil, fail("put bytes %d: want 0..%d", cfg.PutBytes, MaxPutBytes)
 	}
-	if cfg.PutGroup < 0 || cfg.PutGroup > MaxPutGroup {
-		return nil, fail("put group %d: want 0..%d", cfg.PutGroup, MaxPutGroup)
+	if cfg.PutGroups < 0 || cfg.PutGroups > MaxPutGroups {
+		return nil, fail("put groups %d: want 0..%d", cfg.PutGroups, MaxPutGroups)
 	}
 	if cfg.ProxyMaxPending < 0 || cfg.ProxyMaxPending > MaxProxyPending {
 		return nil, fail("proxy max pending %d: want 0..%d", cfg.ProxyMaxPending, MaxProxyPending)

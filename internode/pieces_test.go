@@ -19,28 +19,28 @@ import (
 // (withPutBytes).
 var testPutBytes int
 
-// testPutGroup, when set (withPutGroup), is their NotifyConfig.PutGroup;
+// testPutGroups, when set (withPutGroups), is their NotifyConfig.PutGroups;
 // unset they take the Buffer's default for the network transport of the
 // test, as forward does (putGroup).
-var testPutGroup *int
+var testPutGroups *int
 
-// putGroup is the round helpers' NotifyConfig.PutGroup.
-func putGroup() int {
-	if testPutGroup != nil {
-		return *testPutGroup
+// putGroup is the round helpers' NotifyConfig.PutGroups.
+func putGroups() int {
+	if testPutGroups != nil {
+		return *testPutGroups
 	}
 	tr, err := channels.ParseTransport(os.Getenv(channels.NetTransportEnv))
 	if err != nil {
 		tr = channels.TransportEthernet
 	}
-	return internode.DefaultPutGroupOver(tr)
+	return internode.DefaultPutGroupsOver(tr)
 }
 
-func withPutGroup(t *testing.T, n int) {
+func withPutGroups(t *testing.T, n int) {
 	t.Helper()
-	prev := testPutGroup
-	testPutGroup = &n
-	t.Cleanup(func() { testPutGroup = prev })
+	prev := testPutGroups
+	testPutGroups = &n
+	t.Cleanup(func() { testPutGroups = prev })
 }
 
 // testProxyPending is their NotifyConfig.ProxyMaxPending, likewise.
@@ -422,55 +422,56 @@ func TestDefaultForwardOver(t *testing.T) {
 	require.Equal(t, internode.ForwardAuto, internode.DefaultForwardOver(channels.TransportCudaIPC))
 }
 
-func TestParsePutGroup(t *testing.T) {
-	for in, want := range map[string]int{"": 7, "0": 0, " 1 ": 1, "4": 4, "1024": internode.MaxPutGroup} {
-		got, err := internode.ParsePutGroup(in, 7)
+func TestParsePutGroups(t *testing.T) {
+	for in, want := range map[string]int{"": 7, "0": 0, " 1 ": 1, "4": 4, "1024": internode.MaxPutGroups} {
+		got, err := internode.ParsePutGroups(in, 7)
 		require.NoError(t, err, in)
 		require.Equal(t, want, got, in)
 	}
 	for _, bad := range []string{"-1", "1025", "two", "4k"} {
-		_, err := internode.ParsePutGroup(bad, 1)
-		require.ErrorContains(t, err, "want a block count in 0..1024", bad)
+		_, err := internode.ParsePutGroups(bad, 1)
+		require.ErrorContains(t, err, "want a put count in 0..1024", bad)
 	}
 }
 
-// runPutGroupCases: five sender blocks in groups of 2 (2, 2, 1), 3 (3, 2)
-// and 8 (one group of all five), forwarding by units (a group is one
+// runPutGroupCases: five sender blocks in 3 puts a node (groups of 2, 2,
+// 1), 2 (3, 2) and 1 (all five), forwarding by units (a group is one
 // unit) and by node counters, on 2 x 2, 2 x 4 and 3 x 2 ranks, the
-// combine's reducer blocks (seven here) grouped likewise; one case with
-// ranks of different sender counts (groups differ from rank to rank).
+// combine's seven reducer blocks grouped likewise (3, 3, 1; 4, 3; 7); one
+// case with ranks of different sender counts (groups differ from rank to
+// rank).
 func runPutGroupCases(t *testing.T, b backend, seed int64) {
 	split := internode.Split{Senders: 5, Forwarders: 2, Receivers: 1}
 	for _, c := range []struct {
-		group int
-		fwd   internode.Forward
-		topo  internode.Topology
+		puts int
+		fwd  internode.Forward
+		topo internode.Topology
 	}{
-		{2, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
-		{3, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 4}},
-		{8, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
-		{2, internode.ForwardNodes, internode.Topology{Nodes: 2, RanksPerNode: 2}},
-		{2, internode.ForwardBlocks, internode.Topology{Nodes: 3, RanksPerNode: 2}},
+		{3, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+		{2, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 4}},
+		{1, internode.ForwardBlocks, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+		{3, internode.ForwardNodes, internode.Topology{Nodes: 2, RanksPerNode: 2}},
+		{3, internode.ForwardBlocks, internode.Topology{Nodes: 3, RanksPerNode: 2}},
 	} {
-		t.Run(fmt.Sprintf("%v/group=%d/%v", c.topo, c.group, c.fwd), func(t *testing.T) {
+		t.Run(fmt.Sprintf("%v/puts=%d/%v", c.topo, c.puts, c.fwd), func(t *testing.T) {
 			withGrid(t, 0, split)
-			withPutGroup(t, c.group)
+			withPutGroups(t, c.puts)
 			withForward(t, c.fwd)
-			checkDispatchRounds(t, b, c.topo, seed+int64(c.group))
+			checkDispatchRounds(t, b, c.topo, seed+int64(c.puts))
 			if c.fwd == internode.ForwardBlocks {
-				checkCombineRounds(t, b, c.topo, seed+100+int64(c.group))
+				checkCombineRounds(t, b, c.topo, seed+100+int64(c.puts))
 			}
 		})
 	}
 	t.Run("mixed-grids", func(t *testing.T) {
 		withSplits(t, split, internode.Split{Senders: 3, Forwarders: 1, Receivers: 1})
-		withPutGroup(t, 2)
+		withPutGroups(t, 2)
 		withForward(t, internode.ForwardBlocks)
 		checkDispatchRounds(t, b, internode.Topology{Nodes: 2, RanksPerNode: 2}, seed+200)
 	})
 }
 
-// Put groups (NotifyConfig.PutGroup) in the CPU emulation: dispatch byte
+// Put groups (NotifyConfig.PutGroups) in the CPU emulation: dispatch byte
 // for byte and combine bit for bit against the reference.
 func TestEmulatedPutGroups(t *testing.T) {
 	cpuemu.SkipUnavailable(t)
@@ -483,8 +484,8 @@ func TestPutGroupsGPU(t *testing.T) {
 	runPutGroupCases(t, cudaBackend, 5300)
 }
 
-func TestDefaultPutGroupOver(t *testing.T) {
-	require.Equal(t, 1, internode.DefaultPutGroupOver(channels.TransportEthernet))
-	require.Equal(t, 1, internode.DefaultPutGroupOver(channels.TransportIB))
-	require.Equal(t, internode.PortPutGroup, internode.DefaultPutGroupOver(channels.TransportCudaIPC))
+func TestDefaultPutGroupsOver(t *testing.T) {
+	require.Zero(t, internode.DefaultPutGroupsOver(channels.TransportEthernet))
+	require.Zero(t, internode.DefaultPutGroupsOver(channels.TransportIB))
+	require.Equal(t, internode.PortPutGroups, internode.DefaultPutGroupsOver(channels.TransportCudaIPC))
 }

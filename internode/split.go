@@ -186,47 +186,48 @@ func ParsePutBytes(v string) (int, error) {
 	return n * mult, nil
 }
 
-// PutGroupEnv names the environment variable the Buffer reads
-// NotifyConfig.PutGroup from (ParsePutGroup).
-const PutGroupEnv = "GOEP_INTERNODE_PUT_GROUP"
+// PutGroupsEnv names the environment variable the Buffer reads
+// NotifyConfig.PutGroups from (ParsePutGroups).
+const PutGroupsEnv = "GOEP_INTERNODE_PUT_GROUPS"
 
-// MaxPutGroup bounds NotifyConfig.PutGroup (a launch's blocks).
-const MaxPutGroup = maxBlocks
+// MaxPutGroups bounds NotifyConfig.PutGroups (a launch's blocks).
+const MaxPutGroups = maxBlocks
 
-// PortPutGroup is NotifyConfig.PutGroup over the port over CUDA IPC where
-// $GOEP_INTERNODE_PUT_GROUP is unset (DefaultPutGroupOver). Each put there
-// is a copy that costs the copy engine about 3 us beside its bytes on any
-// stream (TestCopyEngineLab: one put of an EP2 dispatch's 58.5 MB 164 us,
-// the same bytes in 16 puts 216 us, in 64 puts 300 us; copies spread over
-// 2 to 8 streams no faster). Measured (docs/PERFORMANCE.md, session 21;
-// EP2 on 2 H200s, 24 blocks, two passes where marked): dispatch at 4096
-// tokens a put per block 435-439 us, groups of 2 375, 3 353, 4 343 and
-// 339, 6 343 and 340, 12 357, 24 (one put) 403; at 1024 tokens 174-191
-// us, groups of 4 140 and 145, 6 135 and 135, 12 130, 24 133. The
-// combine, which puts per block, unchanged.
-const PortPutGroup = 6
+// PortPutGroups is NotifyConfig.PutGroups over the port over CUDA IPC
+// where $GOEP_INTERNODE_PUT_GROUPS is unset (DefaultPutGroupsOver). Each
+// put there is a copy that costs the copy engine about 3 us beside its
+// bytes on any stream (TestCopyEngineLab: one put of an EP2 dispatch's
+// 58.5 MB 164 us, the same bytes in 16 puts 216 us, in 64 puts 300 us;
+// copies spread over 2 to 8 streams no faster), while too few puts start
+// the copies late. Measured (docs/PERFORMANCE.md, session 21; EP2 on 2
+// H200s, 4096 tokens, dispatch us), 24 blocks: a put per block 431-439,
+// 12 puts 375, 8 353, 6 339-344, 4 340-345, 2 357, 1 403; 48 blocks: 8
+// puts 318-319, 4 299-300; 64 blocks in 4 puts 289; 32 blocks in 4 puts
+// 318 (in 6: 324-327). The combine likewise (24 blocks, 4 puts against a
+// put per block: 464 against 478-479 us; 48 blocks in 4 puts 364-368).
+const PortPutGroups = 4
 
-// DefaultPutGroupOver is NotifyConfig.PutGroup where
-// $GOEP_INTERNODE_PUT_GROUP is unset: PortPutGroup over the port over
-// CUDA IPC, 1 (a put per block) elsewhere (TCP cuts puts in pieces, which
+// DefaultPutGroupsOver is NotifyConfig.PutGroups where
+// $GOEP_INTERNODE_PUT_GROUPS is unset: PortPutGroups over the port over
+// CUDA IPC, 0 (a put per block) elsewhere (TCP cuts puts in pieces, which
 // groups do not apply to).
-func DefaultPutGroupOver(t channels.Transport) int {
+func DefaultPutGroupsOver(t channels.Transport) int {
 	if t == channels.TransportCudaIPC {
-		return PortPutGroup
+		return PortPutGroups
 	}
-	return 1
+	return 0
 }
 
-// ParsePutGroup reads a NotifyConfig.PutGroup: "" (def), or a block
-// count in 0..MaxPutGroup (0 and 1: a put per block).
-func ParsePutGroup(v string, def int) (int, error) {
+// ParsePutGroups reads a NotifyConfig.PutGroups: "" (def), or a put count
+// in 0..MaxPutGroups (0: a put per block).
+func ParsePutGroups(v string, def int) (int, error) {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > MaxPutGroup {
-		return 0, fmt.Errorf("put group %q: want a block count in 0..%d", v, MaxPutGroup)
+	if err != nil || n < 0 || n > MaxPutGroups {
+		return 0, fmt.Errorf("put groups %q: want a put count in 0..%d (0: a put per block)", v, MaxPutGroups)
 	}
 	return n, nil
 }

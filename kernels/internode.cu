@@ -318,12 +318,13 @@ struct goep_inn_dispatch_layout {
   // With GOEP_INN_FLAG_UNITS: the fewest relay rows of a source at a node
   // that go by units (goep_inn_by_units).
   u32 unit_min_rows;
-  // put_group: where each dispatch block puts once per node (put_bytes <=
-  // 0), about this many consecutive sender blocks put their rows as one:
-  // the last of them to finish packing puts the group's run of rows at
-  // each node, and the group is one unit (goep_inn_put_groups). <= 1: a
-  // put per block.
-  i32 put_group;
+  // put_groups: where each block puts once per node (put_bytes <= 0), the
+  // dispatch's sender blocks (and the combine's reducer blocks) put their
+  // rows at each node in this many puts, consecutive blocks in a group:
+  // the last of a group to finish puts the group's run, and in the
+  // dispatch a group is one unit (goep_inn_put_groups). <= 0: a put per
+  // block.
+  i32 put_groups;
 };
 static_assert(sizeof(goep_inn_dispatch_layout) == 160, "goep: goep_inn_dispatch_layout layout");
 
@@ -692,25 +693,26 @@ __device__ __forceinline__ void goep_inn_chunk(int n, int b, int g, int& lo, int
   hi = min(n, lo + per);
 }
 
-// Dispatch put groups (goep_inn_dispatch_layout.put_group): sender blocks
+// Dispatch put groups (goep_inn_dispatch_layout.put_groups): sender blocks
 // [first, first + members) put their rows at each node as one, since their
 // runs of rows there are consecutive (rows follow token order and the
 // chunks are consecutive). Every put over the port over CUDA IPC costs the
 // copy engine about 3 us beside its bytes, whatever stream it is on
 // (TestCopyEngineLab, session 21), so fewer, larger puts move the same
-// rows sooner. Only where each block puts once per node (put_bytes <= 0:
+// rows sooner. want groups of s_cnt blocks, at most slots (arrival
+// counters); only where each block puts once per node (put_bytes <= 0:
 // decided from the layout, never from a block's own piece count, which is
-// 0 for an empty chunk, so that every block of the grid agrees); at most
-// slots groups (the size grows to fit). Size 1 is a put per block (count =
-// s_cnt, idx = s_idx). The combine's reducer blocks put their partial rows
-// in the same groups (their runs are consecutive chunks too).
+// 0 for an empty chunk, so that every block of the grid agrees). Size 1
+// is a put per block (count = s_cnt, idx = s_idx). The combine's reducer
+// blocks put their partial rows in groups too (their runs are consecutive
+// chunks as well).
 struct goep_inn_put_groups {
   int size, count, idx, first, members;
   __device__ goep_inn_put_groups(int want, int put_bytes, int s_idx, int s_cnt, int slots) {
     size = 1;
-    if (want > 1 && put_bytes <= 0) {
-      slots = max(slots, 1);
-      size = max(min(want, s_cnt), (s_cnt + slots - 1) / slots);
+    if (want > 0 && put_bytes <= 0) {
+      const int groups = min(want, max(slots, 1));
+      size = max((s_cnt + groups - 1) / groups, 1);
     }
     count = (s_cnt + size - 1) / size;
     idx = s_idx / size;
@@ -1209,7 +1211,7 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     // put_bytes asks for more), each put as soon as it is packed.
     const goep_inn_pieces pl = goep_inn_plan_pieces(t1 - t0, dl.put_bytes, (u64)dl.relay_row);
     const int pieces = pl.count;
-    const goep_inn_put_groups grp(dl.put_group, dl.put_bytes, ro.s_idx, ro.s_cnt, GOEP_INN_MAX_GROUPS);
+    const goep_inn_put_groups grp(dl.put_groups, dl.put_bytes, ro.s_idx, ro.s_cnt, GOEP_INN_MAX_GROUPS);
     // The put of rows [lo, hi) at node n (not this one).
     auto put_rows = [&](int n, int lo, int hi) {
       ok &= goep_pc_put_ids(ports[n], ports[n].dst, dl.relay + ((u64)node * dl.max_tokens + lo) * dl.relay_row,
@@ -1987,7 +1989,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     // finish a source's partials puts the group's run, on an arrival
     // counter per other node and group (the dispatch's, cleared again
     // before this launch).
-    const goep_inn_put_groups grp(dl.put_group, dl.put_bytes, blk, red_cnt, GOEP_INN_MAX_GROUPS / max(nodes - 1, 1));
+    const goep_inn_put_groups grp(dl.put_groups, dl.put_bytes, blk, red_cnt, GOEP_INN_MAX_GROUPS / max(nodes - 1, 1));
     // Partial rows [a, b) of source node src to that node (thread 0; the
     // FIFO push fences after the barrier or the group's arrival).
     auto put_partials = [&](int src, u64 stride, int a, int b) {

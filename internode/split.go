@@ -203,8 +203,10 @@ const MaxPutGroups = maxBlocks
 // H200s, 4096 tokens, dispatch us), 24 blocks: a put per block 431-439,
 // 12 puts 375, 8 353, 6 339-344, 4 340-345, 2 357, 1 403; 48 blocks: 8
 // puts 318-319, 4 299-300; 64 blocks in 4 puts 289; 32 blocks in 4 puts
-// 318 (in 6: 324-327). The combine likewise (24 blocks, 4 puts against a
-// put per block: 464 against 478-479 us; 48 blocks in 4 puts 364-368).
+// 318 (in 6: 324-327). The combine's puts start after its reduce: at 24
+// blocks within the spread at 4096 tokens (464-476 against 473-480 us)
+// and -18% at 1024; 48 blocks in 4 puts 364-377 against 494 a put per
+// block.
 const PortPutGroups = 4
 
 // DefaultPutGroupsOver is NotifyConfig.PutGroups where

@@ -439,7 +439,7 @@ func TestParsePutGroups(t *testing.T) {
 // unit) and by node counters, on 2 x 2, 2 x 4 and 3 x 2 ranks, the
 // combine's seven reducer blocks grouped likewise (3, 3, 1; 4, 3; 7); one
 // case with ranks of different sender counts (groups differ from rank to
-// rank).
+// rank); the graph-shaped sequence.
 func runPutGroupCases(t *testing.T, b backend, seed int64) {
 	split := internode.Split{Senders: 5, Forwarders: 2, Receivers: 1}
 	for _, c := range []struct {
@@ -468,6 +468,17 @@ func runPutGroupCases(t *testing.T, b backend, seed int64) {
 		withPutGroups(t, 2)
 		withForward(t, internode.ForwardBlocks)
 		checkDispatchRounds(t, b, internode.Topology{Nodes: 2, RanksPerNode: 2}, seed+200)
+	})
+	// The graph-shaped sequence (cached and route-only dispatches, combines;
+	// the group counters are cleared by the launch's own memset node).
+	t.Run("graph", func(t *testing.T) {
+		withPutGroups(t, 2)
+		withForward(t, internode.ForwardBlocks)
+		replays := 4
+		if b == cudaBackend {
+			replays = 20
+		}
+		checkGraphReplays(t, b, internode.Topology{Nodes: 2, RanksPerNode: 2}, seed+300, replays, split)
 	})
 }
 

@@ -149,8 +149,7 @@ const (
 	stageDispatchReady
 	stageDispatchNVL
 	stageDispatchPut
-	stageDispatchDone   // a cached dispatch's wait for its peers' earlier steps (kernels only)
-	stageDispatchChunks // a sender block's wait for the earlier blocks' chunk counts (kernels only)
+	stageDispatchDone // a cached dispatch's wait for its peers' earlier steps (kernels only)
 )
 
 // Dispatch moves this rank's rows for the last notify round (Run's ids

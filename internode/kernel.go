@@ -117,15 +117,6 @@ const (
 	groupRangeWords = 2 * maxPutGroups * maxNodes
 )
 
-// chunkCountBytes is the dispatch's chunk counts after the group ranges
-// (internode.cu's goep_inn_chunk_flags and goep_inn_chunk_counts): a u64
-// round per sender block, then each block's rows and slots per target
-// local rank at each node, i32 [maxBlocks][nodes][1 + ranks per node].
-// Zero at setup (a round is never 0), never cleared.
-func (s Shape) chunkCountBytes() int {
-	return 8*maxBlocks + 4*maxBlocks*s.Nodes*(1+s.RanksPerNode)
-}
-
 // epochWords is the device epochs' u64 words (internode.cu's
 // GOEP_INN_EPOCH_*: notify, dispatch, combine, steps).
 const epochWords = 4
@@ -325,7 +316,7 @@ func (s Shape) kernelRegions(maxTokens, maxIDs, layouts int) kernelRegions {
 	o.ports = take(n * devapi.PortChannelSize)
 	o.peers = take(8 * p)
 	o.waits = take(4 * (n + p))
-	o.out = take(4*(outWords+groupRangeWords) + s.chunkCountBytes()) // dispatch's and combine's words
+	o.out = take(4 * (outWords + groupRangeWords)) // dispatch's and combine's words
 	o.notifyStride = int(align16(int64(4 * s.notifyOutInts())))
 	o.notifyOut = take(layouts * o.notifyStride) // the caller bounds layouts (MaxLayouts)
 	o.ids = take(8 * maxIDs)
@@ -334,7 +325,7 @@ func (s Shape) kernelRegions(maxTokens, maxIDs, layouts int) kernelRegions {
 	o.scales = take(m * 4 * (h / FP8Block))
 	o.weights = take(4 * maxIDs)
 	o.scratch = take(traceOffset(m, n) + TraceBytes) // the row scratch, then the phase trace's region
-	o.dwaits = take(4 * (2*n + 3*p + 1))
+	o.dwaits = take(4 * (2*n + 3*p))
 	o.bias0 = take(m * 2 * h)
 	o.bias1 = take(m * 2 * h)
 	o.cwaits = take(4 * (p + n))
@@ -377,7 +368,7 @@ func (nt *Notify) setupKernels(ctx context.Context) error {
 		at  uintptr
 		ids []uint32
 	}{
-		{ks.dwaits, append(append(append(append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...), nt.doneNetWait...), nt.doneNVLWait...), nt.chunkWait)},
+		{ks.dwaits, append(append(append(append(append([]uint32(nil), nt.dispNetWait...), nt.readyWait...), nt.dispNVLWait...), nt.doneNetWait...), nt.doneNVLWait...)},
 		{ks.cwaits, append(append([]uint32(nil), nt.combReady...), nt.combNetWait...)},
 	} {
 		b := make([]byte, 4*len(t.ids))

@@ -222,9 +222,6 @@ type Notify struct {
 	// doneNetWait[n], doneNVLWait[l]: a cached dispatch's waits for the
 	// earlier steps of forwarder (n, i) and of local rank l (kernels only).
 	doneNetWait, doneNVLWait []uint32
-	// chunkWait: a dispatch sender block's wait for the earlier sender
-	// blocks' chunk counts (this rank's own grid).
-	chunkWait uint32
 	// steps is the dispatch and combine kernels this rank launched.
 	steps uint64
 	// Combine state (combine.go): rounds done, whether this round's ran,
@@ -499,7 +496,6 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 		nt.combReady = inNode("combine: expert outputs of")
 		nt.doneNetWait = overNet("cached dispatch: earlier steps of")
 		nt.doneNVLWait = inNode("cached dispatch: earlier steps of")
-		nt.chunkWait = comm.NewWaitID(fmt.Sprintf("internode dispatch: token counts of the earlier sender blocks of rank %d (node %d), its own grid", s.Rank(a, i), a))
 	}
 	if runsKernels(dev) {
 		if err := nt.setupKernels(ctx); err != nil {

@@ -39,8 +39,7 @@ func traceOffset(maxTokens, nodes int) int {
 var (
 	// DispatchTraceEvents: send_gate (a cached dispatch's wait for the
 	// peers' earlier steps done), prefix (the rows of the tokens before
-	// the block's chunk known: its own chunk counted, the earlier blocks'
-	// counts added), packed (the chunk's rows and slots
+	// the block's chunk counted), packed (the chunk's rows and slots
 	// planned), first_put and last_put (pushed), sent (the block's puts
 	// and, in the last sender, the counters out), fwd_ready (the local
 	// ranks' bases published), fwd_own (this node's rows forwarded),

@@ -378,7 +378,6 @@ __device__ __forceinline__ u32* goep_inn_unit_done(u8* rdma, const goep_inn_disp
 #define GOEP_INN_STAGE_DISPATCH_NVL 52
 #define GOEP_INN_STAGE_DISPATCH_PUT 53
 #define GOEP_INN_STAGE_DISPATCH_DONE 54
-#define GOEP_INN_STAGE_DISPATCH_CHUNKS 55
 
 // Dispatch's and combine's words in out: status (1 when every wait
 // succeeded), bad (a relayed row whose place lies outside
@@ -393,28 +392,13 @@ __device__ __forceinline__ u32* goep_inn_unit_done(u8* rdma, const goep_inn_disp
 // every launch): each put group's first row and end row at every node
 // (i32 [2][GOEP_INN_MAX_GROUPS][GOEP_INN_MAX_NODES]).
 #define GOEP_INN_MAX_GROUPS 64
-#define GOEP_INN_MAX_NODES 64
 #define GOEP_INN_OUT_WORDS (6 + GOEP_INN_MAX_GROUPS)
-// Then the dispatch's chunk counts (written before they are read, never
-// cleared): u64 [GOEP_INN_MAX_UNITS], the round in which sender block s
-// last published its counts, then i32 [GOEP_INN_MAX_UNITS][N][1 + P], the
-// rows (column 0) and slots per target local rank (1 + l) that block's
-// chunk of tokens takes at each node. A block adds up its predecessors'
-// counts to place its rows (internode's chunkCountBytes).
-__device__ __forceinline__ u64* goep_inn_chunk_flags(i32* out) {
-  return (u64*)(out + GOEP_INN_OUT_WORDS + 2 * GOEP_INN_MAX_GROUPS * GOEP_INN_MAX_NODES);
-}
-__device__ __forceinline__ i32* goep_inn_chunk_counts(i32* out) {
-  return (i32*)(goep_inn_chunk_flags(out) + GOEP_INN_MAX_UNITS);
-}
 
 // Multi-block kernels. Every block of a launch takes every role in turn
-// (sender, forwarder, receiver) on its share of the rows. Blocks wait for
-// other ranks' blocks, which must be co-resident with ours (the launcher
-// keeps the grid within the spin budget of ranks sharing a GPU), and so
-// may wait for earlier blocks of their own grid: a dispatch sender block
-// for its predecessors' chunk counts, a forwarder for its own rank's unit
-// words. Where a step must follow all of
+// (sender, forwarder, receiver) on its share of the rows; no block ever
+// waits for another block of its own grid, only for other ranks (their
+// blocks must be co-resident with ours: the launcher keeps the grid within
+// the spin budget of ranks sharing a GPU). Where a step must follow all of
 // the grid's blocks (a counter a peer waits on, the status word), the
 // blocks arrive on a counter and the last to arrive does it:
 // goep_inn_arrive (expected: how many blocks arrive there) returns true in exactly one block, after a system fence
@@ -1020,6 +1004,7 @@ __device__ __forceinline__ void goep_inn_row_from(u32* row, const u8* x, const f
     goep_inn_warp_copy(row, x + (u64)t * 2 * h, 2ull * h, lane);
   }
 }
+#define GOEP_INN_MAX_NODES 64
 
 // Thread 0 of a forwarder block: the source's sender blocks S, from the
 // first of its unit words to land. Every word names S and every source has
@@ -1241,25 +1226,21 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
     __syncthreads();
     // What the tokens before the chunk take at each node: a row per token
     // with an expert there (column 0) and a slot per target rank (column
-    // 1 + l). Each sender block counts its own chunk only (warp ballots
-    // over tiles of nt tokens, node after node, added once per warp and
-    // column), publishes the counts with the round, and adds up the counts
-    // of the sender blocks before it: their chunks are the tokens before
-    // its own. (Each block scanning every token before its chunk instead
-    // cost the last of 24 blocks 50 us at 4096 tokens before it could pack,
-    // so the last put group's rows left last; session 21's kernel trace.
-    // A shared-memory atomic per token and expert before that serialised
-    // on the few counters of a small world, session 18.) Every thread runs
-    // the same number of tiles, so the ballots see whole warps.
+    // 1 + l), counted by warp ballots over tiles of nt tokens, node after
+    // node, and added once per warp and column. (A shared-memory atomic
+    // per token and expert instead serialised on the few counters of a
+    // small world: at 4096 tokens the last of 16 blocks spent 100 us here
+    // before packing, session 18's kernel trace.) Every thread runs the
+    // same number of tiles, so the ballots see whole warps.
     for (int n = 0; n < nodes; ++n) {
       int cnt[1 + GOEP_INN_MAX_P];
 #pragma unroll
       for (int c = 0; c <= GOEP_INN_MAX_P; ++c) {
         cnt[c] = 0;
       }
-      for (int tt = t0; tt < t1; tt += nt) {
+      for (int tt = 0; tt < t0; tt += nt) {
         const int t = tt + tid;
-        const u32 mask = t < t1 ? goep_inn_node_mask(ids, t, k, num_experts, le, p, n) : 0u;
+        const u32 mask = t < t0 ? goep_inn_node_mask(ids, t, k, num_experts, le, p, n) : 0u;
 #pragma unroll
         for (int c = 0; c <= GOEP_INN_MAX_P; ++c) {
           if (c <= p) {
@@ -1275,38 +1256,6 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
             atomicAdd(&base[n * (1 + GOEP_INN_MAX_P) + c], cnt[c]);
           }
         }
-      }
-    }
-    __syncthreads();
-    {
-      const int cols = nodes * (1 + p);
-      u64* flags = goep_inn_chunk_flags(out);
-      i32* counts = goep_inn_chunk_counts(out);
-      for (int j = tid; j < cols; j += nt) {
-        counts[(i64)ro.s_idx * cols + j] = base[j / (1 + p) * (1 + GOEP_INN_MAX_P) + j % (1 + p)];
-      }
-      __syncthreads();
-      if (tid == 0) {
-        goep_st_release_sys_u64(flags + ro.s_idx, round);
-      }
-      // The blocks before this one: thread q waits for block q's counts
-      // (as a wait downstream of the network ones: a block that left on a
-      // failed wait never publishes, and the error names that wait).
-      for (int q = tid; q < ro.s_idx; q += nt) {
-        ok &= goep_wait_ge_u64_after(flags + q, round, wd, wait_ids[2 * nodes + 3 * p], (u32)(node * p + local),
-                                     GOEP_INN_STAGE_DISPATCH_CHUNKS);
-      }
-      if (goep_block_any_failed(!ok)) {
-        return;
-      }
-      // Volatile loads: another SM wrote them, after this SM may have
-      // cached the same words in an earlier round.
-      for (int j = tid; j < cols; j += nt) {
-        int sum = 0;
-        for (int q = 0; q < ro.s_idx; ++q) {
-          sum += ((const volatile i32*)counts)[(i64)q * cols + j];
-        }
-        base[j / (1 + p) * (1 + GOEP_INN_MAX_P) + j % (1 + p)] = sum;
       }
     }
     __syncthreads();

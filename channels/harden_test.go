@@ -13,6 +13,7 @@ import (
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/apicheck"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 )
 
 // apiTable is one value of every exported type of package channels with
@@ -145,7 +146,5 @@ func TestAgreeConfig(t *testing.T) {
 	errs = bootstrap.RunInProcess(ctx, 3, bootstrap.Config{}, func(ctx context.Context, bs bootstrap.Bootstrap) error {
 		return channels.AgreeConfig(ctx, bs, "Thing", []string{"A=1"}, nil)
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }

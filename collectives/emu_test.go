@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/collectives"
@@ -20,6 +18,7 @@ import (
 	"github.com/goep-dev/goep/collectives/ref"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 )
 
 // emuConfig keeps the emulation small: 64 threads, 2 blocks, a 96 KiB
@@ -40,9 +39,7 @@ func runEmu(t *testing.T, ranks int, cfg collectives.Config, fn func(ctx context
 	open := func(r int) (device.Device, error) { return cpuemu.Open(r, cpuemu.Options{SMs: 2}) }
 	errs := colltest.RunDevices(ctx, ranks, open, bootstrap.Config{Timeout: 5 * time.Minute},
 		func(int) collectives.Config { return cfg }, fn)
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // emuKernels lists every native algorithm of every collective.

@@ -14,6 +14,7 @@ import (
 	"github.com/goep-dev/goep/collectives/plan"
 	"github.com/goep-dev/goep/collectives/ref"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 )
 
 // TestPlansFirst registers the 2-GPU in-place allreduce and allgather
@@ -99,9 +100,7 @@ func TestPlansFirst(t *testing.T) {
 		}
 		return nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // On GPUs a matching plan runs on the GPU interpreter when the call's
@@ -169,7 +168,5 @@ func TestPlansFirstGPU(t *testing.T) {
 		}
 		return nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }

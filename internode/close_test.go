@@ -14,6 +14,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/channels/bootstrap"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -116,8 +117,6 @@ func checkNotifyClose(t *testing.T, gone bool, seed int64) {
 			t.Logf("rank %d: %v", r, err)
 		}
 	}
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	require.Less(t, time.Since(start), 2*time.Minute, "Close is bounded")
 }

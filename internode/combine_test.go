@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 	"github.com/goep-dev/goep/kernels"
 )
@@ -131,9 +132,7 @@ func checkCombineRounds(t *testing.T, b backend, topo internode.Topology, seed i
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for e, rd := range rounds {
 		want, err := internode.ReferenceCombine(s, tokens[e], disp[e], cin[e], internode.CombineOptions{Partial: rd.partial})
 		require.NoError(t, err)
@@ -218,9 +217,7 @@ func TestCombineBadInput(t *testing.T) {
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // A rank that dispatches but never combines: rank 2 (its node peer) names
@@ -256,9 +253,7 @@ func checkCombinePeerNeverArrives(t *testing.T, b backend, wait time.Duration) {
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for r, peer := range map[int]int{0: 2, 1: absent, 2: absent} {
 		var te *channels.TimeoutError
 		require.True(t, errors.As(got[r], &te), "rank %d: %v", r, got[r])

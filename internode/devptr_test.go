@@ -25,6 +25,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -153,9 +154,7 @@ func TestDevicePointersHostRefused(t *testing.T) {
 		_, err = nt.Run([]int64{0, 5, 7, -1})
 		return nt, err
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 func containsAll(s string, subs ...string) bool {
@@ -344,9 +343,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 			t.Logf("rank %d: %v\n  %s\n  %s", r, errs[r], strings.Join(tl.ev[r], "\n  "), dumps[r])
 		}
 	}
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // devIDs draws t tokens of ids with -1 and out-of-range ids mixed in.
@@ -913,7 +910,5 @@ func TestEmulatedResumeRefused(t *testing.T) {
 		}
 		return nt, free, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -141,9 +142,7 @@ func checkDispatchRounds(t *testing.T, b backend, topo internode.Topology, seed 
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for e := 0; e < rounds; e++ {
 		want, err := internode.ReferenceDispatch(s, in[e], align)
 		require.NoError(t, err)
@@ -258,9 +257,7 @@ func TestDispatchBadInput(t *testing.T) {
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // A rank that runs the notify round but never its dispatch: the ranks
@@ -292,9 +289,7 @@ func checkDispatchPeerNeverArrives(t *testing.T, b backend, wait time.Duration) 
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for r, peer := range map[int]int{0: 1, 1: absent, 2: absent} {
 		var te *channels.TimeoutError
 		require.True(t, errors.As(got[r], &te), "rank %d: %v", r, got[r])

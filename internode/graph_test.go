@@ -26,6 +26,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -261,9 +262,7 @@ func checkGraphReplays(t *testing.T, b backend, topo internode.Topology, seed in
 		}
 		return nt, free, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // checkReplay writes one replay's inputs, runs it and checks this rank's

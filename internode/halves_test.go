@@ -13,6 +13,7 @@ import (
 
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/cpuemu"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -112,9 +113,7 @@ func checkOwnNodeRowsFirst(t *testing.T, b backend) {
 		gotSrc[me], err = m.get("rsrc", 4*rows)
 		return nt, free, err
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for r := 0; r < topo.RanksPerNode; r++ {
 		var te *channels.TimeoutError
 		require.True(t, errors.As(gaveUp[r], &te), "rank %d: %v, want a timeout", r, gaveUp[r])

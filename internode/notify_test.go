@@ -19,6 +19,7 @@ import (
 	"github.com/goep-dev/goep/channels/channeltest"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -278,9 +279,7 @@ func checkNotifyRounds(t *testing.T, b backend, topo internode.Topology, rounds 
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for e := 0; e < rounds; e++ {
 		want := wantNotify(t, s, ids[e], align)
 		for r := range want {
@@ -325,9 +324,7 @@ func checkNotifyPeerNeverArrives(t *testing.T, b backend, wait time.Duration) {
 		return nt, nil
 	})
 	took := time.Since(start)
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	require.Less(t, took, time.Minute, "the waits are bounded")
 	// Rank 1 waits for rank 3's counts over the network, rank 2 for
 	// forwarder 3's counts inside node 1; rank 0 for forwarder 1, which is
@@ -349,9 +346,7 @@ func TestNotifyBadInput(t *testing.T) {
 	errs := runNotifyRanks(t, topo, 10*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
 		return nil, badNotifyInput(ctx, c, topo)
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 func badNotifyInput(ctx context.Context, c *channels.Communicator, topo internode.Topology) error {

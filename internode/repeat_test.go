@@ -9,9 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -137,9 +136,7 @@ func checkRepeatedRounds(t *testing.T, b backend, topo internode.Topology, round
 		}
 		return nt, nil
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	t.Logf("%d checked rounds of %v in %v", rounds, topo, time.Since(start))
 }
 

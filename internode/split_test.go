@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/channels"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -141,9 +142,7 @@ func TestEmulatedDefaultGrid(t *testing.T) {
 				want[c.Rank()] = tc.want(capped)
 				return nt, nil
 			})
-			for r, err := range errs {
-				require.NoError(t, err, "rank %d", r)
-			}
+			ranktest.NoErrors(t, errs)
 			require.Equal(t, want, got)
 			require.NotZero(t, got[0])
 		})
@@ -156,8 +155,6 @@ func TestEmulatedDefaultGrid(t *testing.T) {
 			}
 			return nt, nil
 		})
-		for r, err := range errs {
-			require.NoError(t, err, "rank %d", r)
-		}
+		ranktest.NoErrors(t, errs)
 	})
 }

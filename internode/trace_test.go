@@ -13,6 +13,7 @@ import (
 	"github.com/goep-dev/goep/channels"
 	"github.com/goep-dev/goep/internal/cpuemu"
 	"github.com/goep-dev/goep/internal/kernelflags"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/internode"
 )
 
@@ -101,9 +102,7 @@ func traceRounds(t *testing.T, sp internode.Split, traced bool) {
 		raws[me], err = nt.KernelTrace()
 		return nt, err
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 	for r, raw := range raws {
 		d, c, err := internode.ParseKernelTrace(raw)
 		require.NoError(t, err, "rank %d", r)

@@ -2,6 +2,7 @@ package bootstrap
 
 import (
 	"context"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"net"
 	"runtime"
 	"strconv"
@@ -59,9 +60,7 @@ func forAll(n int, fn func(r int) error) []error {
 
 func requireAllOK(t *testing.T, errs []error) {
 	t.Helper()
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
+	ranktest.NoErrors(t, errs)
 }
 
 // connectTCP starts size TCP ranks as goroutines, each with its own Connect.

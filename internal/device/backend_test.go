@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goep-dev/goep/internal/device"
+	"github.com/goep-dev/goep/internal/ranktest"
 	"github.com/goep-dev/goep/kernels"
 )
 
@@ -164,9 +165,7 @@ func TestGoroutineRanksReadEachOther(t *testing.T) {
 				}(r)
 			}
 			wg.Wait()
-			for r, err := range errs {
-				require.NoError(t, err, "rank %d", r)
-			}
+			ranktest.NoErrors(t, errs)
 		})
 	}
 }

@@ -51,7 +51,7 @@ var layerTable = []struct {
 }
 
 // testSupport are packages only tests (and bench) may import.
-var testSupport = []string{"internal/cpuemu", "internal/apicheck", "channels/channeltest", "collectives/colltest", "collectives/plan/plantest",
+var testSupport = []string{"internal/cpuemu", "internal/apicheck", "internal/ranktest", "channels/channeltest", "collectives/colltest", "collectives/plan/plantest",
 	"intranode/intranodetest", "collectives/internal/fakenccl", "collectives/nccl/nccltest"}
 
 // mayImportTestSupport are product packages allowed to use test support:

@@ -29,11 +29,18 @@ func putGroups() int {
 	if testPutGroups != nil {
 		return *testPutGroups
 	}
+	return internode.DefaultPutGroupsOver(envTransport())
+}
+
+// envTransport is the network transport the tests' worlds use
+// ($GOEP_NET_TRANSPORT; TCP where unset or unknown), which the Buffer's
+// defaults follow.
+func envTransport() channels.Transport {
 	tr, err := channels.ParseTransport(os.Getenv(channels.NetTransportEnv))
 	if err != nil {
-		tr = channels.TransportEthernet
+		return channels.TransportEthernet
 	}
-	return internode.DefaultPutGroupsOver(tr)
+	return tr
 }
 
 func withPutGroups(t *testing.T, n int) {
@@ -119,11 +126,7 @@ func forward() internode.Forward {
 	if testForward != nil {
 		return *testForward
 	}
-	tr, err := channels.ParseTransport(os.Getenv(channels.NetTransportEnv))
-	if err != nil {
-		tr = channels.TransportEthernet
-	}
-	return internode.DefaultForwardOver(tr)
+	return internode.DefaultForwardOver(envTransport())
 }
 
 func withForward(t *testing.T, f internode.Forward) {

@@ -849,12 +849,16 @@ type interReport struct {
 	// TCP is the TCP transport's settings between the nodes (sockets a
 	// connection, chunk bytes, receive read-ahead), or why they did not
 	// resolve; empty over another transport.
-	TCP    string          `json:"tcp,omitempty"`
-	Checks []check         `json:"checks"`
-	Rows   []interRow      `json:"results"`
-	Sweep  []interSweepRow `json:"sweep,omitempty"`
-	Best   string          `json:"best_split,omitempty"`
-	Errors []string        `json:"errors,omitempty"`
+	TCP string `json:"tcp,omitempty"`
+	// EmulatedGBps is the line rate the proxies pace each rank's puts over
+	// the network to ($GOEP_NET_EMULATE_GBPS, NetworkConfig.EmulatedGBps;
+	// 0: none): figures taken with it emulate a NIC of that speed.
+	EmulatedGBps float64         `json:"emulated_gbps,omitempty"`
+	Checks       []check         `json:"checks"`
+	Rows         []interRow      `json:"results"`
+	Sweep        []interSweepRow `json:"sweep,omitempty"`
+	Best         string          `json:"best_split,omitempty"`
+	Errors       []string        `json:"errors,omitempty"`
 }
 
 func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []interOutcome, sweep []interSweepRow) error {
@@ -868,7 +872,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	if vnodes == 0 {
 		vnodes, _ = strconv.Atoi(strings.TrimSpace(envVirtualNodes()))
 	}
-	rep.Network, rep.TCP = networkSettings(n, vnodes)
+	rep.Network, rep.TCP, rep.EmulatedGBps = networkSettings(n, vnodes)
 	// What the Buffers used (they read the same environment); the run
 	// itself failed before here if it does not parse.
 	if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
@@ -939,20 +943,21 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 
 // networkSettings names the network transport a communicator of ranks
 // ranks in vnodes virtual nodes (0: hosts) resolves here (what this
-// process's Buffers use between nodes) and, for TCP, its settings.
-func networkSettings(ranks, vnodes int) (transport, tcp string) {
+// process's Buffers use between nodes), for TCP its settings, and the
+// line rate emulated (0: none).
+func networkSettings(ranks, vnodes int) (transport, tcp string, emulatedGBps float64) {
 	nc, err := channels.NetworkConfig{VirtualNodes: vnodes}.Resolve(ranks)
 	if err != nil {
-		return "", "unresolved: " + err.Error()
+		return "", "unresolved: " + err.Error(), 0
 	}
 	if nc.Transport != channels.TransportEthernet {
-		return nc.Transport.String(), ""
+		return nc.Transport.String(), "", nc.EmulatedGBps
 	}
 	ahead := "off"
 	if nc.ReceiveAhead > 0 {
 		ahead = strconv.Itoa(nc.ReceiveAhead) + " buffers a socket (GPUs)"
 	}
-	return nc.Transport.String(), fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead)
+	return nc.Transport.String(), fmt.Sprintf("%d sockets a connection, %d KiB chunks, receive read-ahead %s", nc.Sockets, nc.ChunkBytes>>10, ahead), nc.EmulatedGBps
 }
 
 // overPort reports whether the report's network is the port over CUDA IPC.
@@ -966,6 +971,9 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		fmt.Fprintf(w, "network between the nodes: the port over CUDA IPC ($%s=ipc: port channels whose puts the proxy carries out with copy engines; host memory on the host backend), no TCP\n", channels.NetTransportEnv)
 	case rep.TCP != "":
 		fmt.Fprintf(w, "network between the nodes: TCP, %s ($%s, $%s, $%s)\n", rep.TCP, channels.TCPSocketsEnv, channels.TCPChunkEnv, channels.TCPAheadEnv)
+	}
+	if rep.EmulatedGBps > 0 {
+		fmt.Fprintf(w, "line rate EMULATED at %g GB/s a rank ($%s): each rank's proxy issues its puts over the network in pieces no faster than that, as one NIC a GPU would carry them; put and network figures below are of that emulated link, not of a network\n", rep.EmulatedGBps, channels.NetEmulateEnv)
 	}
 	fmt.Fprintf(w, "timing: %d warm-ups, mean of the last %d of %d calls each between two events (combine: after-dispatch = each combine issued right after an untimed cached dispatch of its handle, as an engine runs them; dispatch older-handle = a cached dispatch of a handle after an untimed cached dispatch of another); bytes per rank from internode's Traffic (payload: rows and FP8 scales): "+
 		"network = rows sent to other nodes (combine: BF16 partials), NVLink = rows between two ranks of a node; DeepEP's RDMA send and NVL receive figures count a rank's traffic with itself too\n",

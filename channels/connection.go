@@ -120,6 +120,10 @@ type connBase struct {
 	settle func() error
 }
 
+// overNetwork reports whether the peer is on another node (the proxy's
+// pacing: NetworkConfig.EmulatedGBps).
+func (b *connBase) overNetwork() bool { return b != nil && b.network }
+
 func (b *connBase) Transport() Transport {
 	if b == nil {
 		var r0 Transport

@@ -78,6 +78,53 @@ func TestPortOverIPC(t *testing.T) {
 	}
 }
 
+// With an emulated line rate (NetworkConfig.EmulatedGBps) the proxy cuts
+// puts into paced pieces: the same checks hold (ordered byte-exact puts
+// with signals and flushes, atomic adds summing exactly), with puts of up
+// to 4 pieces at random offsets.
+func TestPortOverIPCPaced(t *testing.T) {
+	for _, w := range tcpWorlds(t) {
+		t.Run(w.String(), func(t *testing.T) {
+			nc := ipcNet(w.ranks)
+			nc.EmulatedGBps = 2 // pieces of 64 KiB
+			rounds, maxBytes := 100, 1<<20
+			if w.gpu() {
+				nc.EmulatedGBps = 20 // pieces of 496 KiB
+				rounds, maxBytes = 400, 2<<20
+			}
+			runRanksNet(t, w, nc, maxBytes, func(ctx context.Context, r *channeltest.Rank) error {
+				if err := r.CheckPortStream(ctx, seed, rounds, maxBytes); err != nil {
+					return err
+				}
+				return r.CheckPortAtomics(ctx, seed, 500, 1)
+			})
+		})
+	}
+}
+
+// The emulated rate's setting: Config, else the environment; bad values
+// are refused by name.
+func TestEmulatedRateConfig(t *testing.T) {
+	nc, err := channels.NetworkConfig{VirtualNodes: 2, Transport: channels.TransportCudaIPC}.Resolve(4)
+	require.NoError(t, err)
+	require.Zero(t, nc.EmulatedGBps)
+	t.Setenv(channels.NetEmulateEnv, "50")
+	nc, err = channels.NetworkConfig{VirtualNodes: 2, Transport: channels.TransportCudaIPC}.Resolve(4)
+	require.NoError(t, err)
+	require.Equal(t, 50.0, nc.EmulatedGBps)
+	nc, err = channels.NetworkConfig{VirtualNodes: 2, Transport: channels.TransportCudaIPC, EmulatedGBps: 12.5}.Resolve(4)
+	require.NoError(t, err)
+	require.Equal(t, 12.5, nc.EmulatedGBps, "the Config wins over the environment")
+	for _, bad := range []string{"fast", "-3", "0.01", "1e6", "NaN"} {
+		t.Setenv(channels.NetEmulateEnv, bad)
+		_, err = channels.NetworkConfig{VirtualNodes: 2, Transport: channels.TransportCudaIPC}.Resolve(4)
+		require.ErrorContains(t, err, channels.NetEmulateEnv, bad)
+	}
+	t.Setenv(channels.NetEmulateEnv, "")
+	_, err = channels.NetworkConfig{VirtualNodes: 2, Transport: channels.TransportCudaIPC, EmulatedGBps: -1}.Resolve(4)
+	require.ErrorContains(t, err, "EmulatedGBps -1: want 0 (off) or 0.1 to 10000 GB/s")
+}
+
 // The configuration: names, the refusal without virtual nodes (the port
 // over CUDA IPC reaches one host only), no TCP staging.
 func TestPortOverIPCConfig(t *testing.T) {

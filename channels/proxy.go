@@ -465,7 +465,7 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 		if err != nil {
 			return err
 		}
-		if err := conn.Write(dst, int(t.DstOff), src, int(t.SrcOff), int(t.Size)); err != nil {
+		if err := p.write(conn, dst, int(t.DstOff), src, int(t.SrcOff), int(t.Size)); err != nil {
 			return p.errorf("%v on %v: %w", t, ch, err)
 		}
 		work++
@@ -487,6 +487,17 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 	}
 	p.fifo.consume(pos + 1)
 	return p.queued(conn, work)
+}
+
+// write issues a put on conn: at once, or in paced pieces when the rank
+// emulates a line rate (NetworkConfig.EmulatedGBps) and conn goes over the
+// network.
+func (p *Proxy) write(conn Connection, dst RegisteredMemory, dstOff int, src RegisteredMemory, srcOff, size int) error {
+	pace := p.c.net.pace
+	if n, ok := conn.(interface{ overNetwork() bool }); pace == nil || !ok || !n.overNetwork() {
+		return conn.Write(dst, dstOff, src, srcOff, size)
+	}
+	return pace.write(size, func(off, n int) error { return conn.Write(dst, dstOff+off, src, srcOff+off, n) })
 }
 
 // traceTrigger records trigger t, popped at start, as carried out now.

@@ -72,6 +72,16 @@ type NetworkConfig struct {
 	// every interface, advertising loopback to ranks of this host and this
 	// host's interface addresses to the others.
 	ListenHost string
+	// EmulatedGBps, when set, caps this rank's puts over the network
+	// transport at this many GB/s (10^9 bytes a second), all its network
+	// connections together, as one NIC per GPU would: the proxy issues each
+	// put in pieces no faster than the rate (pace.go). It is for emulating
+	// a NIC's line rate on the port over CUDA IPC between virtual nodes,
+	// whose copy engines are several times faster than a NIC; figures taken
+	// with it are emulations, not network figures. Zero means
+	// $GOEP_NET_EMULATE_GBPS, else no cap; 0.1 to 10000. Send side only:
+	// ranks may differ.
+	EmulatedGBps float64
 }
 
 // Environment variables of NetworkConfig.
@@ -82,6 +92,7 @@ const (
 	TCPChunkEnv     = "GOEP_TCP_CHUNK_BYTES"
 	TCPAheadEnv     = "GOEP_TCP_RECEIVE_AHEAD"
 	NetListenEnv    = "GOEP_NET_LISTEN_HOST"
+	NetEmulateEnv   = "GOEP_NET_EMULATE_GBPS"
 	// tcpStageEnv=always makes the host backend stage its TCP traffic
 	// through host-mapped buffers as GPUs do, so CI runs the staging
 	// pipeline too.
@@ -206,6 +217,13 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	if n.ListenHost == "" {
 		n.ListenHost = strings.TrimSpace(os.Getenv(NetListenEnv))
 	}
+	if s := strings.TrimSpace(os.Getenv(NetEmulateEnv)); n.EmulatedGBps == 0 && s != "" {
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fail("%s=%q is not a number", NetEmulateEnv, s)
+		}
+		n.EmulatedGBps = x
+	}
 	if n.Sockets == 0 {
 		n.Sockets = defaultSockets(runtime.NumCPU())
 	}
@@ -229,6 +247,9 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 		return fail("ChunkBytes %d: want %d to %d", n.ChunkBytes, minTCPChunk, maxTCPChunk)
 	case n.ReceiveAhead != ReceiveAheadOff && (n.ReceiveAhead < 2 || n.ReceiveAhead > maxTCPAhead):
 		return fail("ReceiveAhead %d: want ReceiveAheadOff (-1) or 2 to %d (set by Config or $%s)", n.ReceiveAhead, maxTCPAhead, TCPAheadEnv)
+	}
+	if err := checkEmulatedGBps(n.EmulatedGBps); err != nil {
+		return fail("%v (set by Config or $%s)", err, NetEmulateEnv)
 	}
 	return n, nil
 }
@@ -285,6 +306,10 @@ type netState struct {
 
 	topoMu sync.Mutex // held through Topology's exchange
 	topo   *Topology
+
+	// pace caps the rank's puts over network connections (EmulatedGBps;
+	// nil: no cap). Every proxy of the rank shares it.
+	pace *pacer
 }
 
 // initNet resolves the network configuration; NewCommunicator calls it.
@@ -294,6 +319,9 @@ func (c *Communicator) initNet(cfg NetworkConfig) error {
 		return err
 	}
 	c.net.cfg = n
+	if c.net.pace, err = newPacer(n.EmulatedGBps); err != nil {
+		return err
+	}
 	c.net.locality = c.hostID
 	if c.kind == device.Host {
 		// Host-backend memory is shared between goroutines of one process

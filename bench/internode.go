@@ -1026,7 +1026,7 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		case rep.PutBytesUsed == 0:
 			fmt.Fprintf(w, "puts: one per node and block ($%s, $%s)\n", internode.PutBytesEnv, internode.PutGroupsEnv)
 		default:
-			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
+			fmt.Fprintf(w, "puts in pieces of %d KiB (the default over TCP and at an emulated line rate; $%s)\n", rep.PutBytesUsed>>10, internode.PutBytesEnv)
 		}
 		fmt.Fprintf(w, "dispatch forwarding: %s ($%s: nodes, blocks or auto)\n", rep.Forward, internode.ForwardEnv)
 		if rep.Split == "default" || rep.Split == "shared" {

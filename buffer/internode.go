@@ -231,9 +231,13 @@ type NetworkTuning struct {
 	// Transport is the network transport between nodes named by
 	// $GOEP_NET_TRANSPORT (unset: TCP), which picks the defaults below.
 	Transport channels.Transport
+	// EmulatedGBps is the line rate $GOEP_NET_EMULATE_GBPS emulates
+	// (channels.NetworkConfig.EmulatedGBps; 0: none), which picks the put
+	// size too.
+	EmulatedGBps float64
 	// PutBytes is internode.NotifyConfig.PutBytes: $GOEP_INTERNODE_PUT_BYTES,
-	// unset internode.DefaultPutBytesOver the transport (0: one put per
-	// node and block).
+	// unset internode.DefaultPutBytesOver the transport and rate (0: one
+	// put per node and block).
 	PutBytes int
 	// PutGroups is internode.NotifyConfig.PutGroups: $GOEP_INTERNODE_PUT_GROUPS,
 	// unset internode.DefaultPutGroupsOver the transport.
@@ -259,7 +263,12 @@ func NetworkTuningFromEnv() (NetworkTuning, error) {
 		}
 		nw.Transport = t
 	}
-	nw.PutBytes = internode.DefaultPutBytesOver(nw.Transport)
+	rate, err := channels.EmulatedGBpsFromEnv()
+	if err != nil {
+		return NetworkTuning{}, err
+	}
+	nw.EmulatedGBps = rate
+	nw.PutBytes = internode.DefaultPutBytesOver(nw.Transport, rate)
 	if s := os.Getenv(internode.PutBytesEnv); strings.TrimSpace(s) != "" {
 		v, err := internode.ParsePutBytes(s)
 		if err != nil {

@@ -18,20 +18,23 @@ import (
 func TestNotifyConfigNetwork(t *testing.T) {
 	c := Config{MaxTokens: 8}
 	for _, tc := range []struct {
-		transport, put, forward string
-		wantPut                 int
-		wantForward             internode.Forward
-		wantSMs                 int
+		transport, put, forward, rate string
+		wantPut                       int
+		wantForward                   internode.Forward
+		wantSMs                       int
 	}{
-		{"", "", "", internode.DefaultPutBytes, internode.ForwardNodes, 16},
-		{"tcp", "", "", internode.DefaultPutBytes, internode.ForwardNodes, 16},
-		{"ipc", "", "", 0, internode.ForwardAuto, 24},
-		{"ipc", "4m", "nodes", 4 << 20, internode.ForwardNodes, 24},
-		{"tcp", "0", " Blocks ", 0, internode.ForwardBlocks, 16},
+		{"", "", "", "", internode.DefaultPutBytes, internode.ForwardNodes, 16},
+		{"tcp", "", "", "", internode.DefaultPutBytes, internode.ForwardNodes, 16},
+		{"ipc", "", "", "", 0, internode.ForwardAuto, 24},
+		{"ipc", "", "", "50", internode.DefaultPutBytes, internode.ForwardAuto, 24},
+		{"ipc", "4m", "nodes", "", 4 << 20, internode.ForwardNodes, 24},
+		{"ipc", "0", "", "50", 0, internode.ForwardAuto, 24},
+		{"tcp", "0", " Blocks ", "", 0, internode.ForwardBlocks, 16},
 	} {
 		t.Setenv(channels.NetTransportEnv, tc.transport)
 		t.Setenv(internode.PutBytesEnv, tc.put)
 		t.Setenv(internode.ForwardEnv, tc.forward)
+		t.Setenv(channels.NetEmulateEnv, tc.rate)
 		nc, err := c.notifyConfig()
 		require.NoError(t, err, "%+v", tc)
 		require.Equal(t, tc.wantPut, nc.PutBytes, "%+v", tc)
@@ -41,8 +44,9 @@ func TestNotifyConfigNetwork(t *testing.T) {
 	}
 	for _, bad := range []struct{ env, value string }{
 		{channels.NetTransportEnv, "nvlink"}, {internode.PutBytesEnv, "lots"}, {internode.ForwardEnv, "pieces"},
+		{channels.NetEmulateEnv, "fast"}, {channels.NetEmulateEnv, "-5"},
 	} {
-		for _, env := range []string{channels.NetTransportEnv, internode.PutBytesEnv, internode.ForwardEnv} {
+		for _, env := range []string{channels.NetTransportEnv, internode.PutBytesEnv, internode.ForwardEnv, channels.NetEmulateEnv} {
 			t.Setenv(env, "")
 		}
 		t.Setenv(bad.env, bad.value)

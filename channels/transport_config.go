@@ -143,6 +143,23 @@ func defaultSockets(cpus int) int {
 	return 2
 }
 
+// EmulatedGBpsFromEnv is the line rate $GOEP_NET_EMULATE_GBPS asks for
+// (NetworkConfig.EmulatedGBps; 0 when unset), or why it is refused.
+func EmulatedGBpsFromEnv() (float64, error) {
+	s := strings.TrimSpace(os.Getenv(NetEmulateEnv))
+	if s == "" {
+		return 0, nil
+	}
+	x, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q is not a number", NetEmulateEnv, s)
+	}
+	if err := checkEmulatedGBps(x); err != nil {
+		return 0, fmt.Errorf("%s: %w", NetEmulateEnv, err)
+	}
+	return x, nil
+}
+
 // ParseTransport accepts the network transports' names: "tcp" (or
 // "ethernet"), "ipc" (or "cuda-ipc", "port": the port over CUDA IPC
 // between virtual nodes of one host) and "ib" (or "verbs").
@@ -217,10 +234,10 @@ func (n NetworkConfig) resolve(size int) (NetworkConfig, error) {
 	if n.ListenHost == "" {
 		n.ListenHost = strings.TrimSpace(os.Getenv(NetListenEnv))
 	}
-	if s := strings.TrimSpace(os.Getenv(NetEmulateEnv)); n.EmulatedGBps == 0 && s != "" {
-		x, err := strconv.ParseFloat(s, 64)
+	if n.EmulatedGBps == 0 {
+		x, err := EmulatedGBpsFromEnv()
 		if err != nil {
-			return fail("%s=%q is not a number", NetEmulateEnv, s)
+			return fail("%v", err)
 		}
 		n.EmulatedGBps = x
 	}

@@ -414,9 +414,12 @@ func TestPutPiecesGPU(t *testing.T) {
 // pieces over TCP (and the verbs transport to come), one put per node and
 // block over the port over CUDA IPC.
 func TestDefaultPutBytesOver(t *testing.T) {
-	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportEthernet))
-	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportIB))
-	require.Zero(t, internode.DefaultPutBytesOver(channels.TransportCudaIPC))
+	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportEthernet, 0))
+	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportIB, 0))
+	require.Zero(t, internode.DefaultPutBytesOver(channels.TransportCudaIPC, 0))
+	// A line rate emulated over the port: pieces, as over a network.
+	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportCudaIPC, 50))
+	require.Equal(t, internode.DefaultPutBytes, internode.DefaultPutBytesOver(channels.TransportEthernet, 10))
 }
 
 func TestDefaultForwardOver(t *testing.T) {

@@ -69,17 +69,23 @@ func DefaultSMsOver(t channels.Transport) int {
 }
 
 // DefaultPutBytesOver is the put size the Buffer asks for over network
-// transport t when $GOEP_INTERNODE_PUT_BYTES is unset: DefaultPutBytes,
-// except over the port over CUDA IPC (channels.TransportCudaIPC between
-// virtual nodes), where it is 0, one put per node and block. There the
-// proxy issues each put as a copy on one stream at a fixed cost, and with
-// the senders' copies shortened (session 18) the copies paced the call:
-// EP2 on 2 H100s at 4096 tokens, one put per block (and 4 MiB pieces) took
-// dispatch 568 -> 531-538 us and combine 722-742 -> 641-661 us against 1
-// MiB pieces; at 1024 tokens the same within the spread (PERFORMANCE.md,
-// session 18).
-func DefaultPutBytesOver(t channels.Transport) int {
-	if t == channels.TransportCudaIPC {
+// transport t, whose line rate is emulated at emulatedGBps (0: not;
+// channels.NetworkConfig.EmulatedGBps), when $GOEP_INTERNODE_PUT_BYTES is
+// unset: DefaultPutBytes, except over the port over CUDA IPC at the copy
+// engines' own speed, where it is 0, one put per node and block (grouped:
+// DefaultPutGroupsOver). There the proxy issues each put as a copy on one
+// stream at a fixed cost, and with the senders' copies shortened (session
+// 18) the copies paced the call: EP2 on 2 H100s at 4096 tokens, one put per
+// block (and 4 MiB pieces) took dispatch 568 -> 531-538 us and combine
+// 722-742 -> 641-661 us against 1 MiB pieces; at 1024 tokens the same
+// within the spread (PERFORMANCE.md, session 18). Over a link slower than
+// the copies around it (TCP, a NIC, the port at an emulated rate) the
+// first piece should leave as soon as it is packed: EP2 on 2 H200s at 4096
+// tokens over the port paced at 50 GB/s (a 400 Gb/s NIC), 1 MiB pieces
+// took dispatch / combine 1354 / 1389 us (4 put groups) to 1303 / 1327
+// (net/put once 87% / 84% -> 90% / 88%; session 23).
+func DefaultPutBytesOver(t channels.Transport, emulatedGBps float64) int {
+	if t == channels.TransportCudaIPC && emulatedGBps == 0 {
 		return 0
 	}
 	return DefaultPutBytes

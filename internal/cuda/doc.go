@@ -11,7 +11,10 @@
 // then returns the implementation the CUDA 12.0 headers bind that name to
 // (cuMemAlloc_v2, cuStreamBeginCapture_v2, cuGraphInstantiateWithFlags...),
 // whatever newer versions it also has, so our declarations stay valid on
-// every future driver. A missing entry point is an error naming it. Loading
+// every future driver. A missing entry point is an error naming it. The one
+// exception is optional: cuMemcpyBatchAsync, resolved at 12080 (its first
+// form), is nil on older drivers and MemcpyBatchAsync then answers
+// ErrNotSupported (HasMemcpyBatch). Loading
 // happens once (cuInit(0) included) and never panics: without a driver,
 // Load returns an error wrapping ErrNoDriver. The same binary thus builds and
 // runs its CPU-only tests on machines without a GPU.

@@ -7,6 +7,7 @@ import "C"
 
 import (
 	"errors"
+	"fmt"
 	"unsafe"
 )
 
@@ -178,6 +179,49 @@ func MemcpyDtoDAsync(dst, src DevicePtr, n int, s *Stream) error {
 	}
 	return check("cuMemcpyDtoDAsync",
 		C.gc_memcpy_dtod_async(s.ch, C.uint64_t(dst), C.uint64_t(src), C.size_t(n), s.h))
+}
+
+// HasMemcpyBatch reports whether the driver has cuMemcpyBatchAsync (CUDA
+// 12.8+), which MemcpyBatchAsync needs.
+func HasMemcpyBatch() bool { return C.gc_has_memcpy_batch() != 0 }
+
+// MemcpyBatchAsync queues len(dsts) device copies (dsts[i] <- srcs[i],
+// sizes[i] bytes) on s as one batch (cuMemcpyBatchAsync): the batch runs
+// in stream order, the copies in it in no particular order, so none may
+// depend on another. preferOverlap asks the driver to overlap them with
+// kernels (CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE). ErrNotSupported
+// where the driver lacks the call (HasMemcpyBatch).
+func MemcpyBatchAsync(dsts, srcs []DevicePtr, sizes []int, preferOverlap bool, s *Stream) error {
+	if s == nil {
+		return errNilStream
+	}
+	if len(srcs) != len(dsts) || len(sizes) != len(dsts) {
+		return fmt.Errorf("cuda: batch copy: %d destinations, %d sources, %d sizes", len(dsts), len(srcs), len(sizes))
+	}
+	if len(dsts) == 0 {
+		return nil
+	}
+	cs := make([]C.size_t, len(sizes))
+	for i, n := range sizes {
+		if n < 0 {
+			return errNegativeSize
+		}
+		cs[i] = C.size_t(n)
+	}
+	var flags C.uint
+	if preferOverlap {
+		flags = 1 // CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+	}
+	var fail C.size_t
+	r := C.gc_memcpy_batch_async(s.ch, (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(dsts))), (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(srcs))),
+		unsafe.SliceData(cs), C.size_t(len(dsts)), flags, s.h, &fail)
+	if err := check("cuMemcpyBatchAsync", r); err != nil {
+		if int(fail) >= 0 && int(fail) < len(dsts) {
+			return fmt.Errorf("%w (copy %d of %d)", err, int(fail), len(dsts))
+		}
+		return err
+	}
+	return nil
 }
 
 // MemcpyPeer copies n bytes from src in srcCtx to dst in dstCtx (another

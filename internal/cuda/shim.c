@@ -19,6 +19,7 @@
 #define GC_GET_PROC_ADDRESS_SUCCESS 0           // CU_GET_PROC_ADDRESS_SUCCESS
 
 static gc_api gc;         // resolved entry points; all NULL until gc_load succeeds
+static gcMemcpyBatchAsyncFn gc_memcpy_batch; // optional: NULL where the driver lacks it
 static int gc_ready;      // set once the table is complete
 
 // ---- Loader -----------------------------------------------------------------
@@ -60,6 +61,14 @@ int gc_load(void *gpa_fn, char *err, int errlen, int *detail) {
 	GC_API(GC_RESOLVE)
 #undef GC_RESOLVE
 	if (gc_ready) return 5;
+	{
+		void *fn = NULL;
+		gcProcStatus st = (gcProcStatus)GC_GET_PROC_ADDRESS_SUCCESS;
+		gcResult r = gpa("cuMemcpyBatchAsync", &fn, GC_MEMCPY_BATCH_VERSION, GC_GET_PROC_ADDRESS_DEFAULT, &st);
+		if (r == GC_SUCCESS && (int)st == GC_GET_PROC_ADDRESS_SUCCESS) {
+			*(void **)(&gc_memcpy_batch) = fn;
+		}
+	}
 	gc = table;
 	__atomic_store_n(&gc_ready, 1, __ATOMIC_RELEASE);
 	return 0;
@@ -482,6 +491,24 @@ int gc_memcpy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, size_t n, ui
 int gc_memcpy_peer(uintptr_t ctx, uint64_t dst, uintptr_t dstCtx, uint64_t src, uintptr_t srcCtx, size_t n) {
 	BOUND(ctx, gc.cuMemcpyPeer((gcDptr)dst, (gcCtx)dstCtx, (gcDptr)src, (gcCtx)srcCtx, n));
 }
+int gc_has_memcpy_batch(void) { return gc_ready && gc_memcpy_batch != NULL; }
+
+#define GC_MEMCPY_SRC_ACCESS_ORDER_STREAM 1 // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+#define GC_ERROR_NOT_SUPPORTED 801          // CUDA_ERROR_NOT_SUPPORTED
+
+int gc_memcpy_batch_async(uintptr_t ctx, uint64_t *dsts, uint64_t *srcs, size_t *sizes, size_t count,
+                          unsigned int flags, uintptr_t s, size_t *fail) {
+	struct gc_memcpy_attr attr;
+	size_t first = 0;
+	*fail = (size_t)-1;
+	if (!gc_ready) return GC_ERROR_NOT_INITIALIZED;
+	if (gc_memcpy_batch == NULL) return GC_ERROR_NOT_SUPPORTED;
+	memset(&attr, 0, sizeof attr);
+	attr.srcAccessOrder = GC_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+	attr.flags = flags;
+	BOUND(ctx, gc_memcpy_batch((gcDptr *)dsts, (gcDptr *)srcs, sizes, count, &attr, &first, 1, fail, (gcStream)s));
+}
+
 int gc_memcpy_peer_async(uintptr_t ctx, uint64_t dst, uintptr_t dstCtx, uint64_t src, uintptr_t srcCtx,
                          size_t n, uintptr_t s) {
 	BOUND(ctx, gc.cuMemcpyPeerAsync((gcDptr)dst, (gcCtx)dstCtx, (gcDptr)src, (gcCtx)srcCtx, n, (gcStream)s));

@@ -62,6 +62,14 @@ struct gc_alloc_prop {
 	} allocFlags;
 };
 
+// CUmemcpyAttributes (CUDA 12.8+, 24 bytes): a batch copy's attributes.
+struct gc_memcpy_attr {
+	int srcAccessOrder;                 // CUmemcpySrcAccessOrder, offset 0
+	struct gc_mem_location srcLocHint;  // offset 4
+	struct gc_mem_location dstLocHint;  // offset 12
+	unsigned int flags;                 // CUmemcpyFlags, offset 20
+};
+
 // CUmemAccessDesc (12 bytes).
 struct gc_access_desc {
 	struct gc_mem_location location; // offset 0
@@ -282,6 +290,18 @@ typedef gcResult (*gcGetProcAddressFn)(const char *symbol, void **pfn,
 	X(cuGraphDestroy, cuGraphDestroy, (gcGraph hGraph))                                     \
 	X(cuGraphExecDestroy, cuGraphExecDestroy, (gcGraphExec hGraphExec))
 
+// ---- Optional entry points ---------------------------------------------------
+// Resolved at a later API version than GC_API_VERSION; a driver without them
+// leaves them NULL and the helpers answer CUDA_ERROR_NOT_SUPPORTED.
+//
+// cuMemcpyBatchAsync at 12080 (CUDA 12.8's first form, with failIdx): a
+// batch of copies that executes in stream order as a whole, the copies in
+// it in no particular order.
+#define GC_MEMCPY_BATCH_VERSION 12080
+typedef gcResult (*gcMemcpyBatchAsyncFn)(gcDptr *dsts, gcDptr *srcs, size_t *sizes, size_t count,
+                                         struct gc_memcpy_attr *attrs, size_t *attrsIdxs, size_t numAttrs,
+                                         size_t *failIdx, gcStream hStream);
+
 // The resolved table.
 #define GC_FIELD(name, impl, params) gcResult (*name) params;
 typedef struct gc_api {
@@ -391,6 +411,12 @@ int gc_memcpy_htod_async(uintptr_t ctx, uint64_t dst, const void *src, size_t n,
 int gc_memcpy_dtoh_async(uintptr_t ctx, void *dst, uint64_t src, size_t n, uintptr_t s);
 int gc_memcpy_dtod_async(uintptr_t ctx, uint64_t dst, uint64_t src, size_t n, uintptr_t s);
 int gc_memcpy_peer(uintptr_t ctx, uint64_t dst, uintptr_t dstCtx, uint64_t src, uintptr_t srcCtx, size_t n);
+int gc_has_memcpy_batch(void);
+// gc_memcpy_batch_async queues count copies as one batch (sources in stream
+// order; flags: CUmemcpyFlags for all of them). *fail is the index of a
+// copy the driver refused, where it says.
+int gc_memcpy_batch_async(uintptr_t ctx, uint64_t *dsts, uint64_t *srcs, size_t *sizes, size_t count,
+                          unsigned int flags, uintptr_t s, size_t *fail);
 int gc_memcpy_peer_async(uintptr_t ctx, uint64_t dst, uintptr_t dstCtx, uint64_t src, uintptr_t srcCtx,
                          size_t n, uintptr_t s);
 gcRetPtr gc_mem_host_alloc(uintptr_t ctx, size_t size, unsigned int flags);

@@ -63,6 +63,16 @@ SAME_SIZE(int, CUresult);
 SAME_SIZE(int, CUmemAllocationHandleType);
 SAME_SIZE(int, CUdevice_attribute);
 _Static_assert(GC_MAX_ACCESS_DEVICES > 0, "");
+#if CUDA_VERSION >= 12080
+// The optional batch copy (resolved at GC_MEMCPY_BATCH_VERSION).
+SAME_SIZE(struct gc_memcpy_attr, CUmemcpyAttributes_v1);
+SAME_OFF(struct gc_memcpy_attr, CUmemcpyAttributes_v1, srcAccessOrder);
+SAME_OFF(struct gc_memcpy_attr, CUmemcpyAttributes_v1, srcLocHint);
+SAME_OFF(struct gc_memcpy_attr, CUmemcpyAttributes_v1, dstLocHint);
+SAME_OFF(struct gc_memcpy_attr, CUmemcpyAttributes_v1, flags);
+_Static_assert(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM == 1, "CU_MEMCPY_SRC_ACCESS_ORDER_STREAM");
+_Static_assert(CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE == 1, "CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE");
+#endif
 
 // ---- Enumerator values (generated) ----------------------------------------
 #include "abicheck_values.h"

@@ -40,6 +40,12 @@ type cudaIPCConnection struct {
 	// markEv is the proxy's flow-control mark in the stream (windowed),
 	// made at the first mark; guarded by streamMu.
 	markEv device.Event
+	// batchEv marks the ends of the last batchesAhead batches (writeBatch),
+	// used in turn from batchNext; batchLive says which still count.
+	// Guarded by streamMu.
+	batchEv   [batchesAhead]device.Event
+	batchLive [batchesAhead]bool
+	batchNext int
 }
 
 func newCudaIPCConnection(base *connBase, dev device.Device) *cudaIPCConnection {
@@ -90,6 +96,12 @@ func (k *cudaIPCConnection) closeStream() error {
 	if k.markEv != nil {
 		errs = append(errs, k.markEv.Close())
 		k.markEv = nil
+	}
+	for i, e := range k.batchEv {
+		if e != nil {
+			errs = append(errs, e.Close())
+			k.batchEv[i], k.batchLive[i] = nil, false
+		}
 	}
 	if !k.sharedStream {
 		errs = append(errs, k.stream.Close())
@@ -150,6 +162,65 @@ func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src Register
 		return k.errorf("write %d bytes: %w", size, err)
 	}
 	return nil
+}
+
+// writeBatch queues ws as one batch copy on the connection's stream
+// (device.CopyBatchAsync: one cuMemcpyBatchAsync where the driver has it)
+// and marks its end for batchesInFlight.
+func (k *cudaIPCConnection) writeBatch(ws []batchedWrite) error {
+	if k == nil {
+		return ErrNil
+	}
+	for _, w := range ws {
+		if err := k.checkWrite(w.dst, w.dstOff, w.src, w.srcOff, w.n); err != nil {
+			return err
+		}
+	}
+	stream, _, err := k.streams()
+	if err != nil {
+		return err
+	}
+	k.enqueued.Add(1)
+	if err := device.CopyBatchAsync(k.c.dev, copiesOf(ws), stream); err != nil {
+		return k.errorf("write a batch of %d: %w", len(ws), err)
+	}
+	k.streamMu.Lock()
+	defer k.streamMu.Unlock()
+	i := k.batchNext
+	if k.batchEv[i] == nil {
+		if k.batchEv[i], err = k.c.dev.NewEvent(); err != nil {
+			k.batchEv[i] = nil
+			return k.errorf("batch mark: %w", err)
+		}
+	}
+	if err := k.batchEv[i].Record(stream); err != nil {
+		return k.errorf("batch mark: %w", err)
+	}
+	k.batchLive[i], k.batchNext = true, (i+1)%batchesAhead
+	return nil
+}
+
+// batchesInFlight is how many of the last batchesAhead batches have not
+// landed (cuEventQuery on their marks).
+func (k *cudaIPCConnection) batchesInFlight() (int, error) {
+	k.streamMu.Lock()
+	defer k.streamMu.Unlock()
+	n := 0
+	for i, e := range k.batchEv {
+		if e == nil || !k.batchLive[i] {
+			continue
+		}
+		done, err := device.EventDone(e)
+		if err != nil {
+			return 0, k.errorf("batch mark: %w", err)
+		}
+		if done {
+			k.batchLive[i] = false
+		} else {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // UpdateAndSync queues a 64-bit stream write of the value behind the

@@ -78,6 +78,13 @@ type Proxy struct {
 	pending map[Connection]int
 	marks   map[Connection]int
 
+	// batching: puts on a batchWriter connection gather into open batches
+	// (batch.go; off with $GOEP_PROXY_BATCH=off). open holds each
+	// connection's unissued puts, in the order the connections first got
+	// one; owned by the goroutine (and by Stop once it has exited).
+	batching bool
+	open     []*openBatch
+
 	// trace records the triggers carried out (trace.go; off by default).
 	trace *traceTrack
 }
@@ -114,6 +121,10 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	// Load the atomic-add kernel now rather than at the first atomic add,
 	// which would otherwise wait for NVRTC (or the kernel cache) inside the
 	// proxy loop. A failure here shows again, with context, at that launch.
+	batching, err := proxyBatchFromEnv()
+	if err != nil {
+		return nil, c.errorf("proxy: %w", err)
+	}
 	_ = c.dev.Preload(devapi.KernelProxyAtomicAdd)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -125,7 +136,7 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 		return nil, c.errorf("proxy: %w", err)
 	}
 	p := &Proxy{c: c, cfg: cfg, fifo: f, host: c.kind == device.Host, pending: map[Connection]int{},
-		marks: map[Connection]int{}, trace: newTraceTrack(c.rank, -1, RoleProxy, -1)}
+		marks: map[Connection]int{}, batching: batching, trace: newTraceTrack(c.rank, -1, RoleProxy, -1)}
 	p.table.Store(&proxyTable{})
 	c.proxies = append(c.proxies, p)
 	return p, nil
@@ -363,6 +374,15 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 	defer runtime.UnlockOSThread()
 	idle := 0
 	for !stop.Load() {
+		if len(p.open) > 0 {
+			if err := p.issueReady(); err != nil {
+				p.fail(err)
+				return
+			}
+			if len(p.open) > 0 {
+				idle = 0 // a held batch: keep polling, never sleep
+			}
+		}
 		pos := p.fifo.next
 		t, ok := p.fifo.peek(pos)
 		if !ok {
@@ -402,12 +422,17 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 		pos := p.fifo.next
 		t, ok := p.fifo.peek(pos)
 		if !ok {
-			return
+			break
 		}
 		if err := p.handle(pos, t); err != nil {
 			p.fail(err)
 			return
 		}
+	}
+	// Puts taken from the FIFO into open batches are issued before the
+	// goroutine ends (Start again resumes after them).
+	if err := p.issueAll(); err != nil {
+		p.fail(err)
 	}
 }
 
@@ -428,6 +453,33 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 			return RegisteredMemory{}, p.errorf("%v on %v: no memory id %d (the proxy has %d)", t, ch, id, len(tab.mems))
 		}
 		return tab.mems[id], nil
+	}
+	bw := p.batcher(conn)
+	putDone := false
+	if bw != nil && t.Type&devapi.TriggerPut != 0 && t.Type&^(devapi.TriggerPut|devapi.TriggerSignal|devapi.TriggerFlush) == 0 {
+		dst, err := mem(t.Dst)
+		if err != nil {
+			return err
+		}
+		src, err := mem(t.Src)
+		if err != nil {
+			return err
+		}
+		if err := p.gather(bw, batchedWrite{dst: dst, src: src, dstOff: int(t.DstOff), srcOff: int(t.SrcOff), n: int(t.Size)}); err != nil {
+			return p.errorf("%v on %v: %w", t, ch, err)
+		}
+		if t.Type == devapi.TriggerPut {
+			p.fifo.consume(pos + 1)
+			return p.issueIfAhead(bw)
+		}
+		putDone = true // the signal or flush below follows the batch
+	}
+	if bw != nil {
+		// Whatever else this trigger does on the connection comes after
+		// the puts gathered before it.
+		if err := p.issue(bw); err != nil {
+			return err
+		}
 	}
 	if t.Type == devapi.TriggerAtomicAdd {
 		dst, err := mem(t.Dst)
@@ -456,7 +508,7 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 		return p.errorf("%v at FIFO position %d: unknown trigger type %#x", t, pos, t.Type)
 	}
 	work := 0
-	if t.Type&devapi.TriggerPut != 0 {
+	if t.Type&devapi.TriggerPut != 0 && !putDone {
 		dst, err := mem(t.Dst)
 		if err != nil {
 			return err
@@ -487,6 +539,105 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 	}
 	p.fifo.consume(pos + 1)
 	return p.queued(conn, work)
+}
+
+// batcher is conn as a batchWriter where the proxy batches its puts: not
+// with $GOEP_PROXY_BATCH=off, nor where the proxy paces conn's puts
+// (EmulatedGBps: the pacer cuts them into timed pieces itself).
+func (p *Proxy) batcher(conn Connection) batchWriter {
+	if !p.batching {
+		return nil
+	}
+	bw, ok := conn.(batchWriter)
+	if !ok {
+		return nil
+	}
+	if n, ok := conn.(interface{ overNetwork() bool }); ok && n.overNetwork() && p.c.net.pace != nil {
+		return nil
+	}
+	return bw
+}
+
+// gather adds w to conn's open batch, issuing that batch first where w
+// does not fit in it.
+func (p *Proxy) gather(conn batchWriter, w batchedWrite) error {
+	var b *openBatch
+	for _, o := range p.open {
+		if o.conn == conn {
+			b = o
+			break
+		}
+	}
+	if b != nil && !b.fits(w) {
+		if err := p.issue(conn); err != nil {
+			return err
+		}
+		b = nil
+	}
+	if b == nil {
+		b = &openBatch{conn: conn}
+		p.open = append(p.open, b)
+	}
+	b.writes = append(b.writes, w)
+	return nil
+}
+
+// issue issues conn's open batch, if it has one.
+func (p *Proxy) issue(conn batchWriter) error {
+	for i, b := range p.open {
+		if b.conn != conn {
+			continue
+		}
+		p.open = append(p.open[:i], p.open[i+1:]...)
+		if err := conn.writeBatch(b.writes); err != nil {
+			return p.errorf("a batch of %d puts: %w", len(b.writes), err)
+		}
+		return p.queued(conn, 1)
+	}
+	return nil
+}
+
+// issueIfAhead issues conn's open batch where fewer than batchesAhead of
+// its batches are in flight (its copy engine would otherwise run out of
+// work); else the batch stays open for more puts (issueReady).
+func (p *Proxy) issueIfAhead(conn batchWriter) error {
+	n, err := conn.batchesInFlight()
+	if err != nil {
+		return p.errorf("%w", err)
+	}
+	if n < batchesAhead {
+		return p.issue(conn)
+	}
+	return nil
+}
+
+// issueReady issues every open batch whose connection has room ahead.
+func (p *Proxy) issueReady() error {
+	for i := 0; i < len(p.open); {
+		b := p.open[i]
+		n, err := b.conn.batchesInFlight()
+		if err != nil {
+			return p.errorf("%w", err)
+		}
+		if n >= batchesAhead {
+			i++
+			continue
+		}
+		if err := p.issue(b.conn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// issueAll issues every open batch.
+func (p *Proxy) issueAll() error {
+	for len(p.open) > 0 {
+		if err := p.issue(p.open[0].conn); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // write issues a put on conn: at once, or in paced pieces when the rank

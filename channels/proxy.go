@@ -470,6 +470,9 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 		}
 		if t.Type == devapi.TriggerPut {
 			p.fifo.consume(pos + 1)
+			if p.gathersNext(tab, pos+1, conn) {
+				return nil // the next trigger joins this batch
+			}
 			return p.issueIfAhead(bw)
 		}
 		putDone = true // the signal or flush below follows the batch
@@ -580,6 +583,14 @@ func (p *Proxy) gather(conn batchWriter, w batchedWrite) error {
 	}
 	b.writes = append(b.writes, w)
 	return nil
+}
+
+// gathersNext reports whether the trigger at pos is already in the FIFO
+// and is a plain put on conn, which the batch then waits for: a batch
+// takes every put in sight before it is issued.
+func (p *Proxy) gathersNext(tab *proxyTable, pos uint64, conn Connection) bool {
+	u, ok := p.fifo.peek(pos)
+	return ok && u.Type == devapi.TriggerPut && int(u.Channel) < len(tab.chans) && tab.chans[u.Channel].sem.conn == conn
 }
 
 // issue issues conn's open batch, if it has one.

@@ -325,6 +325,11 @@ const (
 	busyCheck   = 64
 )
 
+// openPoll: with a batch held, the proxy asks whether its connection has
+// room ahead every openPoll empty polls of the FIFO, and every openPoll
+// triggers while it keeps carrying them out.
+const openPoll = 8
+
 // Flow control counts work in flight: every settleCheck empty polls (a
 // hundred microseconds or so of spinning; and once per idle stretch at
 // least, as the count passes it) the proxy forgets the count of every
@@ -372,19 +377,35 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 	// stable thread.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	idle := 0
+	idle, held, handled := 0, 0, 0
 	for !stop.Load() {
-		if len(p.open) > 0 {
-			if err := p.issueReady(); err != nil {
-				p.fail(err)
-				return
-			}
-			if len(p.open) > 0 {
-				idle = 0 // a held batch: keep polling, never sleep
-			}
-		}
 		pos := p.fifo.next
 		t, ok := p.fifo.peek(pos)
+		if !ok && len(p.open) > 0 {
+			// A held batch: poll its connection's copy engine now and
+			// then (a query takes the driver's lock), never sleep (the
+			// host backend yields: its kernels need the CPU).
+			if held++; held%openPoll == 0 {
+				if err := p.issueReady(); err != nil {
+					p.fail(err)
+					return
+				}
+			}
+			if p.host {
+				runtime.Gosched()
+			}
+			continue
+		}
+		if ok && len(p.open) > 0 {
+			// Triggers keep coming: a held batch on another connection is
+			// still looked at every openPoll of them.
+			if handled++; handled%openPoll == 0 {
+				if err := p.issueReady(); err != nil {
+					p.fail(err)
+					return
+				}
+			}
+		}
 		if !ok {
 			idle++
 			if idle%settleCheck == 0 {

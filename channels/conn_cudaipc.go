@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/cuda"
@@ -46,6 +47,17 @@ type cudaIPCConnection struct {
 	batchEv   [batchesAhead]device.Event
 	batchLive [batchesAhead]bool
 	batchNext int
+	// landed is a word of pinned host memory that the stream sets to a
+	// batch's number once the batch has landed (a stream write behind
+	// it), so the proxy reads how many batches are in flight from memory
+	// instead of asking the driver: a cuEventQuery waits for the driver's
+	// lock, which other threads' calls hold, and with a query every 8
+	// triggers the proxy took 512 KiB puts off the FIFO at only 170 GB/s
+	// (session 23). batchSeq counts the batches issued. The events above
+	// are the fallback where stream writes are unavailable. Guarded by
+	// streamMu.
+	landed   device.HostMapped
+	batchSeq uint64
 }
 
 func newCudaIPCConnection(base *connBase, dev device.Device) *cudaIPCConnection {
@@ -102,6 +114,10 @@ func (k *cudaIPCConnection) closeStream() error {
 			errs = append(errs, e.Close())
 			k.batchEv[i], k.batchLive[i] = nil, false
 		}
+	}
+	if k.landed.Dev != 0 {
+		errs = append(errs, k.c.dev.FreeHostMapped(k.landed))
+		k.landed = device.HostMapped{}
 	}
 	if !k.sharedStream {
 		errs = append(errs, k.stream.Close())
@@ -176,7 +192,7 @@ func (k *cudaIPCConnection) writeBatch(ws []batchedWrite) error {
 			return err
 		}
 	}
-	stream, _, err := k.streams()
+	stream, memops, err := k.streams()
 	if err != nil {
 		return err
 	}
@@ -195,6 +211,22 @@ func (k *cudaIPCConnection) writeBatch(ws []batchedWrite) error {
 	}
 	k.streamMu.Lock()
 	defer k.streamMu.Unlock()
+	if memops != nil && !k.noMemops.Load() {
+		if k.landed.Dev == 0 {
+			if k.landed, err = k.c.dev.AllocHostMapped(8); err != nil {
+				k.landed = device.HostMapped{}
+				return k.errorf("batch counter: %w", err)
+			}
+			clear(k.landed.Host)
+		}
+		k.batchSeq++
+		if err := memops.WriteValue64(cuda.DevicePtr(k.landed.Dev), k.batchSeq, cuda.WriteValueDefault); err == nil {
+			return nil
+		}
+		// No stream writes here: events from now on (batchesInFlight
+		// reads the counter only while it tracks every batch).
+		k.noMemops.Store(true)
+	}
 	i := k.batchNext
 	if k.batchEv[i] == nil {
 		if k.batchEv[i], err = k.c.dev.NewEvent(); err != nil {
@@ -214,6 +246,10 @@ func (k *cudaIPCConnection) writeBatch(ws []batchedWrite) error {
 func (k *cudaIPCConnection) batchesInFlight() (int, error) {
 	k.streamMu.Lock()
 	defer k.streamMu.Unlock()
+	if k.landed.Dev != 0 && !k.noMemops.Load() {
+		done := devapi.U64(uintptr(unsafe.Pointer(&k.landed.Host[0]))).Load()
+		return int(min(k.batchSeq-done, batchesAhead)), nil
+	}
 	n := 0
 	for i, e := range k.batchEv {
 		if e == nil || !k.batchLive[i] {

@@ -621,8 +621,16 @@ func (p *Proxy) issue(conn batchWriter) error {
 			continue
 		}
 		p.open = append(p.open[:i], p.open[i+1:]...)
+		start := traceStart()
 		if err := conn.writeBatch(b.writes); err != nil {
 			return p.errorf("a batch of %d puts: %w", len(b.writes), err)
+		}
+		if start != 0 {
+			n := 0
+			for _, w := range b.writes {
+				n += w.n
+			}
+			p.trace.rec(StageBatch, OpPut, uint64(len(b.writes)), int64(n), start)
 		}
 		return p.queued(conn, 1)
 	}

@@ -63,12 +63,6 @@ func (a *accounting) FreeHostMapped(m device.HostMapped) error {
 // backend), for the events.
 func (a *accounting) Context() *cuda.Context { return cudaContext(a.Device) }
 
-// CopyBatchAsync forwards device.CopyBatchAsync to the wrapped device (an
-// embedded interface hides the method).
-func (a *accounting) CopyBatchAsync(copies []device.Copy, s device.Stream) error {
-	return device.CopyBatchAsync(a.Device, copies, s)
-}
-
 // Memory is what a Buffer holds on its rank, counted allocation by
 // allocation (the Buffer's own and its communicator's).
 type Memory struct {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/goep-dev/goep/channels/devapi"
 	"github.com/goep-dev/goep/internal/cuda"
@@ -41,23 +40,6 @@ type cudaIPCConnection struct {
 	// markEv is the proxy's flow-control mark in the stream (windowed),
 	// made at the first mark; guarded by streamMu.
 	markEv device.Event
-	// batchEv marks the ends of the last batchesAhead batches (writeBatch),
-	// used in turn from batchNext; batchLive says which still count.
-	// Guarded by streamMu.
-	batchEv   [batchesAhead]device.Event
-	batchLive [batchesAhead]bool
-	batchNext int
-	// landed is a word of pinned host memory that the stream sets to a
-	// batch's number once the batch has landed (a stream write behind
-	// it), so the proxy reads how many batches are in flight from memory
-	// instead of asking the driver: a cuEventQuery waits for the driver's
-	// lock, which other threads' calls hold, and with a query every 8
-	// triggers the proxy took 512 KiB puts off the FIFO at only 170 GB/s
-	// (session 23). batchSeq counts the batches issued. The events above
-	// are the fallback where stream writes are unavailable. Guarded by
-	// streamMu.
-	landed   device.HostMapped
-	batchSeq uint64
 }
 
 func newCudaIPCConnection(base *connBase, dev device.Device) *cudaIPCConnection {
@@ -108,16 +90,6 @@ func (k *cudaIPCConnection) closeStream() error {
 	if k.markEv != nil {
 		errs = append(errs, k.markEv.Close())
 		k.markEv = nil
-	}
-	for i, e := range k.batchEv {
-		if e != nil {
-			errs = append(errs, e.Close())
-			k.batchEv[i], k.batchLive[i] = nil, false
-		}
-	}
-	if k.landed.Dev != 0 {
-		errs = append(errs, k.c.dev.FreeHostMapped(k.landed))
-		k.landed = device.HostMapped{}
 	}
 	if !k.sharedStream {
 		errs = append(errs, k.stream.Close())
@@ -178,94 +150,6 @@ func (k *cudaIPCConnection) Write(dst RegisteredMemory, dstOff int, src Register
 		return k.errorf("write %d bytes: %w", size, err)
 	}
 	return nil
-}
-
-// writeBatch queues ws as one batch copy on the connection's stream
-// (device.CopyBatchAsync: one cuMemcpyBatchAsync where the driver has it)
-// and marks its end for batchesInFlight.
-func (k *cudaIPCConnection) writeBatch(ws []batchedWrite) error {
-	if k == nil {
-		return ErrNil
-	}
-	for _, w := range ws {
-		if err := k.checkWrite(w.dst, w.dstOff, w.src, w.srcOff, w.n); err != nil {
-			return err
-		}
-	}
-	stream, memops, err := k.streams()
-	if err != nil {
-		return err
-	}
-	k.enqueued.Add(1)
-	if len(ws) == 1 {
-		// One write: a plain copy, which the driver issues in a fraction
-		// of a batch call's host time (measured: a proxy issuing 512 KiB
-		// puts one batch call each kept up with only 60 GB/s, session 23).
-		w := ws[0]
-		err = k.c.dev.CopyAsync(w.dst.Ptr()+uintptr(w.dstOff), w.src.Ptr()+uintptr(w.srcOff), w.n, stream)
-	} else {
-		err = device.CopyBatchAsync(k.c.dev, copiesOf(ws), stream)
-	}
-	if err != nil {
-		return k.errorf("write a batch of %d: %w", len(ws), err)
-	}
-	k.streamMu.Lock()
-	defer k.streamMu.Unlock()
-	if memops != nil && !k.noMemops.Load() {
-		if k.landed.Dev == 0 {
-			if k.landed, err = k.c.dev.AllocHostMapped(8); err != nil {
-				k.landed = device.HostMapped{}
-				return k.errorf("batch counter: %w", err)
-			}
-			clear(k.landed.Host)
-		}
-		k.batchSeq++
-		if err := memops.WriteValue64(cuda.DevicePtr(k.landed.Dev), k.batchSeq, cuda.WriteValueDefault); err == nil {
-			return nil
-		}
-		// No stream writes here: events from now on (batchesInFlight
-		// reads the counter only while it tracks every batch).
-		k.noMemops.Store(true)
-	}
-	i := k.batchNext
-	if k.batchEv[i] == nil {
-		if k.batchEv[i], err = k.c.dev.NewEvent(); err != nil {
-			k.batchEv[i] = nil
-			return k.errorf("batch mark: %w", err)
-		}
-	}
-	if err := k.batchEv[i].Record(stream); err != nil {
-		return k.errorf("batch mark: %w", err)
-	}
-	k.batchLive[i], k.batchNext = true, (i+1)%batchesAhead
-	return nil
-}
-
-// batchesInFlight is how many of the last batchesAhead batches have not
-// landed (cuEventQuery on their marks).
-func (k *cudaIPCConnection) batchesInFlight() (int, error) {
-	k.streamMu.Lock()
-	defer k.streamMu.Unlock()
-	if k.landed.Dev != 0 && !k.noMemops.Load() {
-		done := devapi.U64(uintptr(unsafe.Pointer(&k.landed.Host[0]))).Load()
-		return int(min(k.batchSeq-done, batchesAhead)), nil
-	}
-	n := 0
-	for i, e := range k.batchEv {
-		if e == nil || !k.batchLive[i] {
-			continue
-		}
-		done, err := device.EventDone(e)
-		if err != nil {
-			return 0, k.errorf("batch mark: %w", err)
-		}
-		if done {
-			k.batchLive[i] = false
-		} else {
-			n++
-		}
-	}
-	return n, nil
 }
 
 // UpdateAndSync queues a 64-bit stream write of the value behind the

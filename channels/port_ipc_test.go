@@ -102,29 +102,6 @@ func TestPortOverIPCPaced(t *testing.T) {
 	}
 }
 
-// The proxy's batches on the host backend: with connections claiming
-// batches in flight most of the time, puts gather into batches that go out
-// before the signal, flush or atomic add behind them; the port checks
-// (ordered byte-exact puts with signals and flushes, "two puts + signal"
-// among them; atomic adds) hold. A signal issued before its batch shows as
-// wrong bytes.
-func TestPortBatchedOnHost(t *testing.T) {
-	defer channels.HoldHostBatchesForTest()()
-	for _, w := range tcpWorlds(t) {
-		if w.gpu() {
-			continue // GPU connections batch on their own (TestPortOverIPC)
-		}
-		t.Run(w.String(), func(t *testing.T) {
-			runRanksNet(t, w, ipcNet(w.ranks), 256<<10, func(ctx context.Context, r *channeltest.Rank) error {
-				if err := r.CheckPortStream(ctx, seed, 300, 256<<10); err != nil {
-					return err
-				}
-				return r.CheckPortAtomics(ctx, seed, 2000, 1)
-			})
-		})
-	}
-}
-
 // The emulated rate's setting: Config, else the environment; bad values
 // are refused by name.
 func TestEmulatedRateConfig(t *testing.T) {

@@ -78,13 +78,6 @@ type Proxy struct {
 	pending map[Connection]int
 	marks   map[Connection]int
 
-	// batching: puts on a batchWriter connection gather into open batches
-	// (batch.go; off with $GOEP_PROXY_BATCH=off). open holds each
-	// connection's unissued puts, in the order the connections first got
-	// one; owned by the goroutine (and by Stop once it has exited).
-	batching bool
-	open     []*openBatch
-
 	// trace records the triggers carried out (trace.go; off by default).
 	trace *traceTrack
 }
@@ -121,10 +114,6 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 	// Load the atomic-add kernel now rather than at the first atomic add,
 	// which would otherwise wait for NVRTC (or the kernel cache) inside the
 	// proxy loop. A failure here shows again, with context, at that launch.
-	batching, err := proxyBatchFromEnv()
-	if err != nil {
-		return nil, c.errorf("proxy: %w", err)
-	}
 	_ = c.dev.Preload(devapi.KernelProxyAtomicAdd)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -136,7 +125,7 @@ func (c *Communicator) NewProxy(cfg ProxyConfig) (*Proxy, error) {
 		return nil, c.errorf("proxy: %w", err)
 	}
 	p := &Proxy{c: c, cfg: cfg, fifo: f, host: c.kind == device.Host, pending: map[Connection]int{},
-		marks: map[Connection]int{}, batching: batching, trace: newTraceTrack(c.rank, -1, RoleProxy, -1)}
+		marks: map[Connection]int{}, trace: newTraceTrack(c.rank, -1, RoleProxy, -1)}
 	p.table.Store(&proxyTable{})
 	c.proxies = append(c.proxies, p)
 	return p, nil
@@ -325,11 +314,6 @@ const (
 	busyCheck   = 64
 )
 
-// openPoll: with a batch held, the proxy asks whether its connection has
-// room ahead every openPoll empty polls of the FIFO, and every openPoll
-// triggers while it keeps carrying them out.
-const openPoll = 8
-
 // Flow control counts work in flight: every settleCheck empty polls (a
 // hundred microseconds or so of spinning; and once per idle stretch at
 // least, as the count passes it) the proxy forgets the count of every
@@ -377,35 +361,10 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 	// stable thread.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	idle, held, handled := 0, 0, 0
+	idle := 0
 	for !stop.Load() {
 		pos := p.fifo.next
 		t, ok := p.fifo.peek(pos)
-		if !ok && len(p.open) > 0 {
-			// A held batch: poll its connection's copy engine now and
-			// then (a query takes the driver's lock), never sleep (the
-			// host backend yields: its kernels need the CPU).
-			if held++; held%openPoll == 0 {
-				if err := p.issueReady(); err != nil {
-					p.fail(err)
-					return
-				}
-			}
-			if p.host {
-				runtime.Gosched()
-			}
-			continue
-		}
-		if ok && len(p.open) > 0 {
-			// Triggers keep coming: a held batch on another connection is
-			// still looked at every openPoll of them.
-			if handled++; handled%openPoll == 0 {
-				if err := p.issueReady(); err != nil {
-					p.fail(err)
-					return
-				}
-			}
-		}
 		if !ok {
 			idle++
 			if idle%settleCheck == 0 {
@@ -443,17 +402,12 @@ func (p *Proxy) run(stop *atomic.Bool, exited chan struct{}) {
 		pos := p.fifo.next
 		t, ok := p.fifo.peek(pos)
 		if !ok {
-			break
+			return
 		}
 		if err := p.handle(pos, t); err != nil {
 			p.fail(err)
 			return
 		}
-	}
-	// Puts taken from the FIFO into open batches are issued before the
-	// goroutine ends (Start again resumes after them).
-	if err := p.issueAll(); err != nil {
-		p.fail(err)
 	}
 }
 
@@ -474,36 +428,6 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 			return RegisteredMemory{}, p.errorf("%v on %v: no memory id %d (the proxy has %d)", t, ch, id, len(tab.mems))
 		}
 		return tab.mems[id], nil
-	}
-	bw := p.batcher(conn)
-	putDone := false
-	if bw != nil && t.Type&devapi.TriggerPut != 0 && t.Type&^(devapi.TriggerPut|devapi.TriggerSignal|devapi.TriggerFlush) == 0 {
-		dst, err := mem(t.Dst)
-		if err != nil {
-			return err
-		}
-		src, err := mem(t.Src)
-		if err != nil {
-			return err
-		}
-		if err := p.gather(bw, batchedWrite{dst: dst, src: src, dstOff: int(t.DstOff), srcOff: int(t.SrcOff), n: int(t.Size)}); err != nil {
-			return p.errorf("%v on %v: %w", t, ch, err)
-		}
-		if t.Type == devapi.TriggerPut {
-			p.fifo.consume(pos + 1)
-			if p.gathersNext(tab, pos+1, conn) {
-				return nil // the next trigger joins this batch
-			}
-			return p.issueIfAhead(bw)
-		}
-		putDone = true // the signal or flush below follows the batch
-	}
-	if bw != nil {
-		// Whatever else this trigger does on the connection comes after
-		// the puts gathered before it.
-		if err := p.issue(bw); err != nil {
-			return err
-		}
 	}
 	if t.Type == devapi.TriggerAtomicAdd {
 		dst, err := mem(t.Dst)
@@ -532,7 +456,7 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 		return p.errorf("%v at FIFO position %d: unknown trigger type %#x", t, pos, t.Type)
 	}
 	work := 0
-	if t.Type&devapi.TriggerPut != 0 && !putDone {
+	if t.Type&devapi.TriggerPut != 0 {
 		dst, err := mem(t.Dst)
 		if err != nil {
 			return err
@@ -563,121 +487,6 @@ func (p *Proxy) handle(pos uint64, t devapi.Trigger) error {
 	}
 	p.fifo.consume(pos + 1)
 	return p.queued(conn, work)
-}
-
-// batcher is conn as a batchWriter where the proxy batches its puts: not
-// with $GOEP_PROXY_BATCH=off, nor where the proxy paces conn's puts
-// (EmulatedGBps: the pacer cuts them into timed pieces itself).
-func (p *Proxy) batcher(conn Connection) batchWriter {
-	if !p.batching {
-		return nil
-	}
-	bw, ok := conn.(batchWriter)
-	if !ok {
-		return nil
-	}
-	if n, ok := conn.(interface{ overNetwork() bool }); ok && n.overNetwork() && p.c.net.pace != nil {
-		return nil
-	}
-	return bw
-}
-
-// gather adds w to conn's open batch, issuing that batch first where w
-// does not fit in it.
-func (p *Proxy) gather(conn batchWriter, w batchedWrite) error {
-	var b *openBatch
-	for _, o := range p.open {
-		if o.conn == conn {
-			b = o
-			break
-		}
-	}
-	if b != nil && !b.fits(w) {
-		if err := p.issue(conn); err != nil {
-			return err
-		}
-		b = nil
-	}
-	if b == nil {
-		b = &openBatch{conn: conn}
-		p.open = append(p.open, b)
-	}
-	b.writes = append(b.writes, w)
-	return nil
-}
-
-// gathersNext reports whether the trigger at pos is already in the FIFO
-// and is a plain put on conn, which the batch then waits for: a batch
-// takes every put in sight before it is issued.
-func (p *Proxy) gathersNext(tab *proxyTable, pos uint64, conn Connection) bool {
-	u, ok := p.fifo.peek(pos)
-	return ok && u.Type == devapi.TriggerPut && int(u.Channel) < len(tab.chans) && tab.chans[u.Channel].sem.conn == conn
-}
-
-// issue issues conn's open batch, if it has one.
-func (p *Proxy) issue(conn batchWriter) error {
-	for i, b := range p.open {
-		if b.conn != conn {
-			continue
-		}
-		p.open = append(p.open[:i], p.open[i+1:]...)
-		start := traceStart()
-		if err := conn.writeBatch(b.writes); err != nil {
-			return p.errorf("a batch of %d puts: %w", len(b.writes), err)
-		}
-		if start != 0 {
-			n := 0
-			for _, w := range b.writes {
-				n += w.n
-			}
-			p.trace.rec(StageBatch, OpPut, uint64(len(b.writes)), int64(n), start)
-		}
-		return p.queued(conn, 1)
-	}
-	return nil
-}
-
-// issueIfAhead issues conn's open batch where fewer than batchesAhead of
-// its batches are in flight (its copy engine would otherwise run out of
-// work); else the batch stays open for more puts (issueReady).
-func (p *Proxy) issueIfAhead(conn batchWriter) error {
-	n, err := conn.batchesInFlight()
-	if err != nil {
-		return p.errorf("%w", err)
-	}
-	if n < batchesAhead {
-		return p.issue(conn)
-	}
-	return nil
-}
-
-// issueReady issues every open batch whose connection has room ahead.
-func (p *Proxy) issueReady() error {
-	for i := 0; i < len(p.open); {
-		b := p.open[i]
-		n, err := b.conn.batchesInFlight()
-		if err != nil {
-			return p.errorf("%w", err)
-		}
-		if n >= batchesAhead {
-			i++
-			continue
-		}
-		if err := p.issue(b.conn); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// issueAll issues every open batch.
-func (p *Proxy) issueAll() error {
-	for len(p.open) > 0 {
-		if err := p.issue(p.open[0].conn); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // write issues a put on conn: at once, or in paced pieces when the rank

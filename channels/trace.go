@@ -117,13 +117,10 @@ const (
 	// StageAck: the receiver answering a flush (settling its stream, then
 	// writing the acknowledgement).
 	StageAck
-	// StageBatch: the proxy issuing a batch of puts it gathered (Bytes;
-	// batch.go), from the call to its return.
-	StageBatch
 	numStages
 )
 
-var stageNames = [numStages]string{"", "trigger", "enqueue", "flush", "copy-out", "copy-out-wait", "send", "recv", "turn", "copy-in", "apply", "ack", "batch"}
+var stageNames = [numStages]string{"", "trigger", "enqueue", "flush", "copy-out", "copy-out-wait", "send", "recv", "turn", "copy-in", "apply", "ack"}
 
 func (s TraceStage) String() string {
 	if s < numStages && s > 0 {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -38,8 +37,6 @@ type cudaDevice struct {
 	mapped  map[uintptr]*cuda.HostBuffer
 	imports map[uintptr]cudaImport
 	modules *ctxModules // shared by every Device open on this GPU
-	// noBatch: the driver refused a batch copy once (CopyBatchAsync).
-	noBatch atomic.Bool
 }
 
 // ctxModules are the modules loaded into one GPU's primary context, shared
@@ -323,39 +320,6 @@ func (d *cudaDevice) CopyAsync(dst, src uintptr, n int, s Stream) error {
 	return nil
 }
 
-// CopyBatchAsync is device.CopyBatchAsync: one cuMemcpyBatchAsync where the
-// driver has it (copies of 0 bytes left out), else CopyAsync each. A
-// driver that refuses the batch (it validates before queueing anything)
-// is not asked again: the copies then go one by one.
-func (d *cudaDevice) CopyBatchAsync(copies []Copy, s Stream) error {
-	cs, err := d.stream0(s)
-	if err != nil {
-		return err
-	}
-	if !d.noBatch.Load() && cuda.HasMemcpyBatch() {
-		dsts, srcs, sizes := make([]cuda.DevicePtr, 0, len(copies)), make([]cuda.DevicePtr, 0, len(copies)), make([]int, 0, len(copies))
-		for _, c := range copies {
-			if c.N < 0 {
-				return d.errorf("copy of %d bytes", c.N)
-			}
-			if c.N > 0 {
-				dsts, srcs, sizes = append(dsts, cuda.DevicePtr(c.Dst)), append(srcs, cuda.DevicePtr(c.Src)), append(sizes, c.N)
-			}
-		}
-		err := cuda.MemcpyBatchAsync(dsts, srcs, sizes, false, cs)
-		if err == nil {
-			return nil
-		}
-		d.noBatch.Store(true)
-	}
-	for _, c := range copies {
-		if err := d.CopyAsync(c.Dst, c.Src, c.N, s); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 func (d *cudaDevice) MemsetAsync(dst uintptr, v byte, n int, s Stream) error {
 	if n < 0 {
 		return d.errorf("memset of %d bytes", n)
@@ -517,9 +481,6 @@ func (e *cudaEvent) Record(s Stream) error {
 }
 func (e *cudaEvent) Synchronize() error { return e.e.Synchronize() }
 func (e *cudaEvent) Close() error       { return e.e.Destroy() }
-
-// Done is device.EventDone: cuEventQuery.
-func (e *cudaEvent) Done() (bool, error) { return e.e.Query() }
 
 func (d *cudaDevice) NewEvent() (Event, error) {
 	e, err := cuda.NewEvent(d.ctx, 0)

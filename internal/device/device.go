@@ -77,48 +77,6 @@ type Event interface {
 	Close() error
 }
 
-// Copy is one device-to-device copy of a batch (CopyBatchAsync).
-type Copy struct {
-	Dst, Src uintptr
-	N        int
-}
-
-// CopyBatchAsync queues copies on s as one batch where d has one (CUDA
-// 12.8+ drivers: cuMemcpyBatchAsync), else one copy after another
-// (CopyAsync). A batch runs in stream order as a whole and its copies in
-// no particular order among themselves, so no copy may write bytes that
-// another of the batch reads or writes. In a stream a copy engine pauses
-// after every copy before it starts the next (about 2.6 us a copy between
-// two H200s, channels' copy-engine lab); a batch's copies run back to back
-// (256 pieces of 58.7 MB at 376 GB/s, as one copy: internal/cuda's
-// TestCopyBatchLab, session 23).
-func CopyBatchAsync(d Device, copies []Copy, s Stream) error {
-	if b, ok := d.(interface {
-		CopyBatchAsync(copies []Copy, s Stream) error
-	}); ok {
-		return b.CopyBatchAsync(copies, s)
-	}
-	for _, c := range copies {
-		if err := d.CopyAsync(c.Dst, c.Src, c.N, s); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// EventDone reports whether the work before e's last Record has finished,
-// without waiting where the backend can tell (CUDA: cuEventQuery);
-// elsewhere it waits for it (Synchronize) and reports true.
-func EventDone(e Event) (bool, error) {
-	if q, ok := e.(interface{ Done() (bool, error) }); ok {
-		return q.Done()
-	}
-	if err := e.Synchronize(); err != nil {
-		return false, err
-	}
-	return true, nil
-}
-
 // HostMapped is pinned host memory mapped into the device's address space.
 type HostMapped struct {
 	Host []byte

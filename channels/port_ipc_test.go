@@ -81,25 +81,40 @@ func TestPortOverIPC(t *testing.T) {
 // With an emulated line rate (NetworkConfig.EmulatedGBps) the proxy cuts
 // puts into paced pieces: the same checks hold (ordered byte-exact puts
 // with signals and flushes, atomic adds summing exactly), with puts of up
-// to 4 pieces at random offsets.
+// to 16 pieces at random offsets. TestTCPPortPaced runs them over TCP.
 func TestPortOverIPCPaced(t *testing.T) {
 	for _, w := range tcpWorlds(t) {
-		t.Run(w.String(), func(t *testing.T) {
-			nc := ipcNet(w.ranks)
-			nc.EmulatedGBps = 2 // pieces of 64 KiB
-			rounds, maxBytes := 100, 1<<20
-			if w.gpu() {
-				nc.EmulatedGBps = 20 // pieces of 496 KiB
-				rounds, maxBytes = 400, 2<<20
-			}
-			runRanksNet(t, w, nc, maxBytes, func(ctx context.Context, r *channeltest.Rank) error {
-				if err := r.CheckPortStream(ctx, seed, rounds, maxBytes); err != nil {
-					return err
-				}
-				return r.CheckPortAtomics(ctx, seed, 500, 1)
-			})
-		})
+		t.Run(w.String(), func(t *testing.T) { pacedPortChecks(t, w, channels.TransportCudaIPC) })
 	}
+}
+
+// TestTCPPortPaced is TestPortOverIPCPaced over TCP (host backend; the
+// pacing is the proxy's, the same for every transport).
+func TestTCPPortPaced(t *testing.T) {
+	for _, w := range tcpWorlds(t) {
+		if !w.gpu() {
+			t.Run(w.String(), func(t *testing.T) { pacedPortChecks(t, w, channels.TransportEthernet) })
+		}
+	}
+}
+
+// pacedPortChecks runs the port checks on w over transport tr, every rank
+// its own virtual node, at an emulated rate.
+func pacedPortChecks(t *testing.T, w world, tr channels.Transport) {
+	nc := ipcNet(w.ranks)
+	nc.Transport = tr
+	nc.EmulatedGBps = 2 // pieces of 64 KiB
+	rounds, maxBytes := 100, 1<<20
+	if w.gpu() {
+		nc.EmulatedGBps = 20 // pieces of 496 KiB
+		rounds, maxBytes = 400, 2<<20
+	}
+	runRanksNet(t, w, nc, maxBytes, func(ctx context.Context, r *channeltest.Rank) error {
+		if err := r.CheckPortStream(ctx, seed, rounds, maxBytes); err != nil {
+			return err
+		}
+		return r.CheckPortAtomics(ctx, seed, 500, 1)
+	})
 }
 
 // The emulated rate's setting: Config, else the environment; bad values

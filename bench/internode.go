@@ -830,6 +830,11 @@ type interReport struct {
 	// internode.DefaultForwardOver): "nodes" once all landed, "blocks" as
 	// each sender block's landed, "auto" by block for large calls.
 	Forward string `json:"forward"`
+	// ReduceUnits is when the combine summed each token
+	// ($GOEP_INTERNODE_REDUCE_UNITS, or internode.DefaultReduceUnitsOver the
+	// transport and rate): "off" after the last partial landed, "units" as
+	// its partials landed.
+	ReduceUnits string `json:"reduce_units"`
 	// SMs is the grid asked for: --sms, or where 0 the Buffer's default
 	// over the transport (internode.DefaultSMsOver; the launch caps it by
 	// the GPU's SMs and the spin budget of ranks sharing a GPU).
@@ -877,6 +882,7 @@ func reportInternode(stdout io.Writer, xo interOpts, n int, as string, outs []in
 	// itself failed before here if it does not parse.
 	if nw, err := buffer.NetworkTuningFromEnv(); err == nil {
 		rep.PutBytesUsed, rep.PutGroups, rep.Forward, rep.SMs = nw.PutBytes, nw.PutGroups, nw.Forward.String(), nw.SMs
+		rep.ReduceUnits = nw.ReduceUnits.String()
 	}
 	if o.interSMs != 0 {
 		rep.SMs = o.interSMs
@@ -1035,7 +1041,9 @@ func printInternode(w io.Writer, o inOpts, rep interReport) {
 		if rep.ProxyPending != "" {
 			fmt.Fprintf(w, "proxy flushes a connection every $%s=%s operations\n", internode.ProxyPendingEnv, rep.ProxyPending)
 		}
-		if rep.ReduceSMs != "" {
+		if rep.ReduceUnits != "" && rep.ReduceUnits != internode.ReduceAfter.String() {
+			fmt.Fprintf(w, "the combine's final reduce: each token as its partials land, in the combine kernel ($%s=%s)\n", internode.ReduceUnitsEnv, rep.ReduceUnits)
+		} else if rep.ReduceSMs != "" {
 			fmt.Fprintf(w, "the combine's final reduce: $%s=%s (-1: inside the combine kernel)\n", internode.ReduceSMsEnv, rep.ReduceSMs)
 		}
 		if rep.SendMemory != "" {

@@ -248,6 +248,10 @@ type NetworkTuning struct {
 	// SMs is internode.NotifyConfig.DefaultSMs, the grid where the caller
 	// names none: internode.DefaultSMsOver the transport.
 	SMs int
+	// ReduceUnits is internode.NotifyConfig.ReduceUnits:
+	// $GOEP_INTERNODE_REDUCE_UNITS, unset
+	// internode.DefaultReduceUnitsOver the transport and rate.
+	ReduceUnits internode.ReduceUnits
 }
 
 // NetworkTuningFromEnv is the network tuning every Buffer in internode
@@ -287,6 +291,11 @@ func NetworkTuningFromEnv() (NetworkTuning, error) {
 	}
 	nw.Forward = f
 	nw.SMs = internode.DefaultSMsOver(nw.Transport)
+	u, err := internode.ParseReduceUnits(os.Getenv(internode.ReduceUnitsEnv), internode.DefaultReduceUnitsOver(nw.Transport, rate))
+	if err != nil {
+		return NetworkTuning{}, fmt.Errorf("$%s: %w", internode.ReduceUnitsEnv, err)
+	}
+	nw.ReduceUnits = u
 	return nw, nil
 }
 
@@ -301,7 +310,8 @@ func NetworkTuningFromEnv() (NetworkTuning, error) {
 // internode.DefaultForwardOver the network transport),
 // $GOEP_INTERNODE_PROXY_PENDING (unset: channels' default),
 // $GOEP_INTERNODE_REDUCE_SMS (unset: the combine's final reduce on every
-// SM, after its kernel) and $GOEP_INTERNODE_SEND_MEMORY (unset: device
+// SM, after its kernel), $GOEP_INTERNODE_REDUCE_UNITS (unset:
+// internode.DefaultReduceUnitsOver the transport and rate) and $GOEP_INTERNODE_SEND_MEMORY (unset: device
 // memory). SizeHints sizes what NewNotify allocates from the same.
 func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	split, err := internode.ParseSplit(os.Getenv(internode.SplitEnv))
@@ -326,7 +336,7 @@ func (c Config) notifyConfig() (internode.NotifyConfig, error) {
 	}
 	return internode.NotifyConfig{MaxTokens: c.MaxTokens, SMs: c.Dispatch.SMs, DefaultSMs: nw.SMs,
 		Threads: c.Dispatch.Threads, Split: split,
-		PutBytes: nw.PutBytes, PutGroups: nw.PutGroups, Forward: nw.Forward, ProxyMaxPending: pending, ReduceSMs: reduceSMs, SendMemory: sendMem,
+		PutBytes: nw.PutBytes, PutGroups: nw.PutGroups, Forward: nw.Forward, ProxyMaxPending: pending, ReduceSMs: reduceSMs, ReduceUnits: nw.ReduceUnits, SendMemory: sendMem,
 		// One kept layout per handle slot: a cached dispatch or combine of
 		// any live handle resumes its round (internode_device.go).
 		Layouts: c.handles()}, nil

@@ -114,7 +114,7 @@ func checkCombineRounds(t *testing.T, b backend, topo internode.Topology, seed i
 		gotDisp[e] = make([]*internode.RankOutput, w)
 	}
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 41, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroups: putGroups(), ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), ReduceSMs: testReduceSMs, SendMemory: testSendMemory, Forward: forward()})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 41, MaxTokens: maxTokens, PutBytes: testPutBytes, PutGroups: putGroups(), ProxyMaxPending: testProxyPending, Threads: testThreads, Split: splitOf(c.Rank()), ReduceSMs: testReduceSMs, ReduceUnits: reduceUnits(), SendMemory: testSendMemory, Forward: forward()})
 		if err != nil {
 			return nil, err
 		}

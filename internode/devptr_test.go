@@ -281,7 +281,7 @@ func checkDeviceRounds(t *testing.T, b backend, topo internode.Topology, seed in
 				return nil, nil, err
 			}
 		}
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs, SendMemory: testSendMemory,
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 71, MaxTokens: maxTokens, ReduceSMs: testReduceSMs, ReduceUnits: reduceUnits(), SendMemory: testSendMemory,
 			Layouts: len(rounds), Forward: forward(), PutGroups: putGroups()})
 		if err != nil {
 			if st != nil {

@@ -82,7 +82,13 @@ type dispatchLayout struct {
 	// goep_inn_unit_word), then u32 [Nodes][maxBlocks], the rows of each
 	// that this rank's forwarder blocks claimed, and u32 [Nodes][maxBlocks/32],
 	// a bit per unit whose rows are all claimed; 0 between rounds.
-	unitWords                      int
+	unitWords int
+	// combUnitWords in the RDMA buffer: the combine's landed units of
+	// partials when reducing by units (ReduceUnits; internode.cu's
+	// goep_inn_comb_plan): u64 [Nodes][maxCombUnits] words, u32
+	// [Nodes][maxCombUnits] claims, u32 [Nodes][maxCombUnits/32] done bits;
+	// 0 between rounds.
+	combUnitWords                  int
 	rdmaBytes, nvlBytes, sendBytes int
 	// The send memory's base, where kernels and twins write the rows, and
 	// its id in the Notify's proxy (the puts' source id): set by NewNotify
@@ -118,7 +124,8 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	combRecv := align16(combCounters + 8*n)
 	doneNet := combRecv + n*mt*partialRow
 	unitWords := align16(doneNet + 8*n)
-	rdmaBytes := unitWords + 12*n*maxBlocks + 4*n*(maxBlocks/32)
+	combUnitWords := align16(unitWords + 12*n*maxBlocks + 4*n*(maxBlocks/32))
+	rdmaBytes := combUnitWords + 12*n*maxCombUnits + 4*n*(maxCombUnits/32)
 	// The send memory: dispatch's rows, then combine's partials.
 	send := int64(0)
 	combSend := send + n*mt*relayRow
@@ -139,7 +146,7 @@ func newDispatchLayout(s Shape, m int) (dispatchLayout, error) {
 	dl.netCounters, dl.relay, dl.send, dl.rdmaBytes = int(netCounters), int(relay), int(send), int(rdmaBytes)
 	dl.nvlCounters, dl.ready, dl.bases, dl.recv, dl.nvlBytes = int(nvlCounters), int(ready), int(bases), int(recv), int(nvlBytes)
 	dl.partialRow, dl.combCounters, dl.combRecv, dl.combSend, dl.combReady = int(partialRow), int(combCounters), int(combRecv), int(combSend), int(combReady)
-	dl.doneNet, dl.doneNVL, dl.unitWords = int(doneNet), int(doneNVL), int(unitWords)
+	dl.doneNet, dl.doneNVL, dl.unitWords, dl.combUnitWords = int(doneNet), int(doneNVL), int(unitWords), int(combUnitWords)
 	return dl, nil
 }
 

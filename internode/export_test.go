@@ -15,6 +15,15 @@ func SetForwardAutoBytes(n int) int {
 	return prev
 }
 
+// SetCombUnitsPerBlock makes ReduceByUnits name a forwarder block's whole
+// run a unit (the kernel's fallback) for Notifys made after it, and
+// returns the previous value.
+func SetCombUnitsPerBlock(on bool) bool {
+	prev := combUnitsPerBlock
+	combUnitsPerBlock = on
+	return prev
+}
+
 // LaunchSplitFor is launchSplit: the split a launch runs.
 var LaunchSplitFor = launchSplit
 

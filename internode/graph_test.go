@@ -173,7 +173,7 @@ func checkGraphReplays(t *testing.T, b backend, topo internode.Topology, seed in
 	// 2 GPUs: replay 120 of 120 timing out at "wanted 240, saw 239").
 	errs := runNotifyRanksFree(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, func() error, error) {
 		me := c.Rank()
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 91, MaxTokens: maxTokens, Split: sp, PutBytes: testPutBytes, PutGroups: putGroups(), ProxyMaxPending: testProxyPending, Forward: forward()})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 91, MaxTokens: maxTokens, Split: sp, PutBytes: testPutBytes, PutGroups: putGroups(), ProxyMaxPending: testProxyPending, Forward: forward(), ReduceUnits: reduceUnits()})
 		if err != nil {
 			return nil, nil, err
 		}

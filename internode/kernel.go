@@ -103,6 +103,14 @@ const (
 	// GOEP_INN_MAX_UNITS (a unit word per sender block and source node).
 	maxBlocks = 1024
 	flagUnits = 1 // internode.cu's GOEP_INN_FLAG_UNITS
+	// flagCombUnits and flagCombBlocks are internode.cu's
+	// GOEP_INN_FLAG_COMB_UNITS and GOEP_INN_FLAG_COMB_BLOCKS
+	// (NotifyConfig.ReduceUnits).
+	flagCombUnits  = 2
+	flagCombBlocks = 4
+	// maxCombUnits is internode.cu's GOEP_INN_MAX_CUNITS: a combine unit
+	// table's words per node.
+	maxCombUnits = 4096
 )
 
 // outWords is the dispatch/combine words
@@ -324,7 +332,7 @@ func (s Shape) kernelRegions(maxTokens, maxIDs, layouts int) kernelRegions {
 	o.x = take(m * 2 * h)        // BF16 rows are the larger
 	o.scales = take(m * 4 * (h / FP8Block))
 	o.weights = take(4 * maxIDs)
-	o.scratch = take(traceOffset(m, n) + TraceBytes) // the row scratch, then the phase trace's region
+	o.scratch = take(tokenMapOffset(m, n) + 4*(n+1)*m) // the row scratch, the phase trace's region, the token map
 	o.dwaits = take(4 * (2*n + 3*p))
 	o.bias0 = take(m * 2 * h)
 	o.bias1 = take(m * 2 * h)
@@ -680,7 +688,7 @@ func (nt *Notify) launchDispatch(st device.Stream, ids uintptr, tokens int, a De
 }
 
 // dlayBytes is sizeof(goep_inn_dispatch_layout) (internode.cu).
-const dlayBytes = 160
+const dlayBytes = 168
 
 // dlayFor is the device copy of the dispatch layout for BF16 or FP8 rows.
 func (ks *kernelState) dlayFor(fp8 bool) uintptr {
@@ -729,10 +737,17 @@ func (dl dispatchLayout) encode(s Shape, fp8 bool, cfg NotifyConfig) []byte {
 			minRows = uint32(min((forwardAutoBytes+dl.relayRow-1)/dl.relayRow, math.MaxUint32))
 		}
 	}
+	if cfg.ReduceUnits == ReduceByUnits {
+		flags |= flagCombUnits
+		if combUnitsPerBlock {
+			flags |= flagCombBlocks
+		}
+	}
 	le.PutUint32(lay[140:], flags)
 	le.PutUint64(lay[144:], uint64(dl.unitWords))
 	le.PutUint32(lay[152:], minRows)
 	le.PutUint32(lay[156:], uint32(cfg.PutGroups))
+	le.PutUint64(lay[160:], uint64(dl.combUnitWords))
 	return lay
 }
 
@@ -744,6 +759,17 @@ func (s Shape) notifyOffsets() (relay, prefix int) {
 	relay = 4 * (2 + w + n + s.Experts + w)
 	return relay, relay + 4*(n+n*s.RanksPerNode+s.LocalExperts())
 }
+
+// perNodeOffset is the byte offset, in the notify kernel's output, of
+// this rank's token counts per node (the rows it sends to each: the
+// combine by units waits for that many at each node).
+func (s Shape) perNodeOffset() int { return 4 * (2 + s.World()) }
+
+// tokenMapOffset is the offset of the combine's token map from the row
+// scratch (internode.cu's goep_inn_token_of): after the phase trace's
+// region; i32 [nodes][maxTokens] tokens, then u32 [maxTokens] pending
+// counts, zero at setup.
+func tokenMapOffset(maxTokens, nodes int) int { return traceOffset(maxTokens, nodes) + TraceBytes }
 
 // combineKernel runs the next combine round with the combine kernel: the twin's
 // steps (combine.go) on the same memory, with the expert outputs copied
@@ -849,12 +875,16 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	// the flags.
 	dlay := ks.dlayFor(nt.dispXBytes != 2*s.Hidden)
 	withWeights, fp32 := b2i(weights), b2i(a.Partial == PartialFP32)
-	args := device.NewArgs(28).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
+	// The final reduce on a grid of its own after the combine kernel,
+	// unless the combine kernel sums each token as its partials land
+	// (ReduceUnits).
+	apart := ks.reduceBlocks > 0 && nt.cfg.ReduceUnits == ReduceAfter
+	args := device.NewArgs(29).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(s.RanksPerNode).I32Int(node).I32Int(i).
 		I32Int(withWeights).I32Int(fp32).Ptr(ks.epochs).Ptr(dlay).
 		Ptr(cur + uintptr(relayOff)).Ptr(ks.scratch).Ptr(a.Bias0).Ptr(a.Bias1).Ptr(a.Out).Ptr(a.OutWeights).
 		Ptr(nt.rdma.Ptr).Ptr(nt.nvl.Ptr).Ptr(ks.peers).Ptr(ks.ports).Ptr(nt.comm.Watchdog()).Ptr(ks.cwaits).Ptr(ks.dout()).
 		Ptr(a.Y).Ptr(a.Weights).Ptr(cur + uintptr(prefixOff)).I32Int(sp.Senders).I32Int(sp.Forwarders).
-		I32Int(b2i(ks.reduceBlocks > 0))
+		I32Int(b2i(apart)).Ptr(cur + uintptr(s.perNodeOffset()))
 	// Clear the status words and the block arrival counters in stream
 	// order (a memset node in a graph).
 	if err := nt.dev.MemsetAsync(ks.dout(), 0, 4*outWords, st); err != nil {
@@ -863,7 +893,7 @@ func (nt *Notify) launchCombine(st device.Stream, tokens int, weights bool, a De
 	if err := nt.dev.Launch(KernelCombine, device.Dim3{X: ks.blocks}, device.Dim3{X: ks.threads}, 0, st, args); err != nil {
 		return err
 	}
-	if ks.reduceBlocks > 0 {
+	if apart {
 		// The final reduce on its own grid, in stream order after the
 		// combine kernel (it reads the status word that kernel wrote).
 		ra := device.NewArgs(15).I32Int(tokens).I32Int(s.Hidden).I32Int(s.TopK).I32Int(s.Nodes).I32Int(node).

@@ -137,6 +137,15 @@ type NotifyConfig struct {
 	// (the SMs budget strictly); at most MaxReduceSMs. The Buffer reads it
 	// from $GOEP_INTERNODE_REDUCE_SMS (ReduceSMsEnv, ParseReduceSMs).
 	ReduceSMs int
+	// ReduceUnits, where kernels run, is when the combine sums each token
+	// (ReduceUnits; the zero value ReduceAfter: after the last partial
+	// landed). By units, each token as soon as every node's partial of it
+	// is in, while the network still carries the others (ReduceSMs is
+	// then unused). Every rank must pass the same. The Buffer reads it
+	// from $GOEP_INTERNODE_REDUCE_UNITS (ReduceUnitsEnv, ParseReduceUnits;
+	// unset: DefaultReduceUnitsOver the network transport and its
+	// emulated rate).
+	ReduceUnits ReduceUnits
 	// SendMemory is where the rows this rank packs for other nodes live,
 	// the source of the kernels' network puts: device memory (the zero
 	// value), or pinned host memory that the TCP transport sends from
@@ -313,7 +322,7 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	// before any check that could fail on some ranks only and leave the
 	// others waiting in a later exchange.
 	mine := binary.LittleEndian.AppendUint64(nil, 0)
-	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment, cfg.MaxTokens} {
+	for _, v := range []int{s.Nodes, s.RanksPerNode, s.Hidden, s.TopK, s.Experts, cfg.Tag, cfg.Alignment, cfg.MaxTokens, int(cfg.ReduceUnits)} {
 		mine = binary.LittleEndian.AppendUint64(mine, uint64(int64(v)))
 	}
 	all, err := comm.Bootstrap().AllGather(ctx, mine)
@@ -373,6 +382,9 @@ func NewNotify(ctx context.Context, comm *channels.Communicator, s Shape, cfg No
 	}
 	if cfg.SendMemory < SendDevice || cfg.SendMemory > SendHost {
 		return nil, fail("%v: want SendDevice or SendHost", cfg.SendMemory)
+	}
+	if cfg.ReduceUnits < ReduceAfter || cfg.ReduceUnits > ReduceByUnits {
+		return nil, fail("%v: want ReduceAfter or ReduceByUnits", cfg.ReduceUnits)
 	}
 	if cfg.ReduceSMs < -1 || cfg.ReduceSMs > MaxReduceSMs {
 		return nil, fail("reduce SMs %d: want -1 (inside the combine kernel), 0 (every SM) or 1..%d", cfg.ReduceSMs, MaxReduceSMs)

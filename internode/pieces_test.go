@@ -43,6 +43,35 @@ func envTransport() channels.Transport {
 	return tr
 }
 
+// testReduceUnits, when set (withReduceUnits), is the
+// NotifyConfig.ReduceUnits of checkCombineRounds, checkGraphReplays,
+// checkDeviceRounds and checkRepeatedRounds; unset they take
+// $GOEP_INTERNODE_REDUCE_UNITS, else the Buffer's default for the test's
+// transport and emulated rate (reduceUnits).
+var testReduceUnits *internode.ReduceUnits
+
+func reduceUnits() internode.ReduceUnits {
+	if testReduceUnits != nil {
+		return *testReduceUnits
+	}
+	rate, err := channels.EmulatedGBpsFromEnv()
+	if err != nil {
+		rate = 0
+	}
+	u, err := internode.ParseReduceUnits(os.Getenv(internode.ReduceUnitsEnv), internode.DefaultReduceUnitsOver(envTransport(), rate))
+	if err != nil {
+		return internode.ReduceAfter
+	}
+	return u
+}
+
+func withReduceUnits(t *testing.T, u internode.ReduceUnits) {
+	t.Helper()
+	prev := testReduceUnits
+	testReduceUnits = &u
+	t.Cleanup(func() { testReduceUnits = prev })
+}
+
 func withPutGroups(t *testing.T, n int) {
 	t.Helper()
 	prev := testPutGroups

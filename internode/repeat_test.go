@@ -100,7 +100,7 @@ func checkRepeatedRounds(t *testing.T, b backend, topo internode.Topology, round
 	}
 	start := time.Now()
 	errs := runNotifyRanksOn(t, b, topo, 30*time.Second, func(ctx context.Context, c *channels.Communicator) (*internode.Notify, error) {
-		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 61, MaxTokens: maxNotifyTokens, SendMemory: testSendMemory, Forward: forward(), PutGroups: putGroups()})
+		nt, err := internode.NewNotify(ctx, c, s, internode.NotifyConfig{Tag: 61, MaxTokens: maxNotifyTokens, SendMemory: testSendMemory, Forward: forward(), PutGroups: putGroups(), ReduceUnits: reduceUnits()})
 		if err != nil {
 			return nil, err
 		}

@@ -267,6 +267,74 @@ func ParseReduceSMs(v string) (int, error) {
 	return n, nil
 }
 
+// ReduceUnitsEnv names the environment variable the Buffer reads
+// NotifyConfig.ReduceUnits from (ParseReduceUnits).
+const ReduceUnitsEnv = "GOEP_INTERNODE_REDUCE_UNITS"
+
+// ReduceUnits says when the combine's final reduce sums a token
+// (NotifyConfig.ReduceUnits).
+type ReduceUnits int
+
+const (
+	// ReduceAfter: once every node's partials landed, on a grid of its own
+	// after the combine kernel (NotifyConfig.ReduceSMs).
+	ReduceAfter ReduceUnits = iota
+	// ReduceByUnits: as soon as every node's partial of the token is in,
+	// inside the combine kernel, while the network still carries the
+	// others: each put of partials to another node is followed on its
+	// channel by a word naming its rows (a unit), and the source's combine
+	// blocks claim the landed units. It removes the final reduce's tail
+	// after the last partial (about 80 us at 4096 tokens), but over the
+	// port every word is one more driver call of the proxy, which at an
+	// emulated 50 GB/s slowed the link by about 10%; the combine's own SMs
+	// sum the tokens about 5x slower than every SM after it does, so the
+	// units must land through the call, not at its end. Measured slower
+	// or level on 2 H200s (session 24, PERFORMANCE.md), so not a default:
+	// for links where a word costs next to nothing (an RDMA write).
+	ReduceByUnits
+)
+
+func (u ReduceUnits) String() string {
+	switch u {
+	case ReduceAfter:
+		return "off"
+	case ReduceByUnits:
+		return "units"
+	}
+	return fmt.Sprintf("ReduceUnits(%d)", int(u))
+}
+
+// DefaultReduceUnitsOver is NotifyConfig.ReduceUnits where
+// $GOEP_INTERNODE_REDUCE_UNITS is unset, over network transport t whose
+// line rate is emulated at emulatedGBps (0: not): ReduceAfter on every
+// transport and rate measured (ReduceByUnits says why).
+func DefaultReduceUnitsOver(t channels.Transport, emulatedGBps float64) ReduceUnits {
+	return ReduceAfter
+}
+
+// ParseReduceUnits reads a NotifyConfig.ReduceUnits: "" (def), "off" (or
+// "0", "false"), "units" (or "on", "1", "true").
+func ParseReduceUnits(v string, def ReduceUnits) (ReduceUnits, error) {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "":
+		return def, nil
+	case "off", "0", "false":
+		return ReduceAfter, nil
+	case "units", "on", "1", "true":
+		return ReduceByUnits, nil
+	}
+	return ReduceAfter, fmt.Errorf("reduce units %q: want off or units", v)
+}
+
+// combUnitsPerBlock makes the combine's units a forwarder block's whole
+// run of rows to a node (one word after its last put there) instead of
+// each put: what the kernel falls back to when a forwarder's puts to a
+// node would be more than its unit table holds. Measured (EP2, 2 H200s,
+// 50 GB/s, 4096 tokens): the units then land in the link's last third and
+// the combine's SMs sum most tokens after it, 1780 us against 1319-1365
+// with ReduceAfter. A variable for tests (the fallback's path).
+var combUnitsPerBlock = false
+
 // ProxyPendingEnv names the environment variable the Buffer reads
 // NotifyConfig.ProxyMaxPending from (ParseProxyPending).
 const ProxyPendingEnv = "GOEP_INTERNODE_PROXY_PENDING"

@@ -27,6 +27,9 @@
 // Groups of eight elements a lane per step of combine's final reduce: 3
 // and 4 spilled at 128 registers (ptxas -v, session 12).
 #define GOEP_INN_FINAL_GROUPS 2
+// The same when reducing by units, where the sums run inside the combine
+// kernel's other loops (2 spilled there; the sums overlap the network).
+#define GOEP_INN_UNIT_GROUPS 1
 
 // The dispatch and combine kernels' largest block (internode's
 // maxThreads), declared with one block an SM: 128 registers a thread,
@@ -325,8 +328,14 @@ struct goep_inn_dispatch_layout {
   // dispatch a group is one unit (goep_inn_put_groups). <= 0: a put per
   // block.
   i32 put_groups;
+  // RDMA buffer: u64 [N][GOEP_INN_MAX_CUNITS], the combine's landed units
+  // of partials from each node (goep_inn_unit_word) when
+  // GOEP_INN_FLAG_COMB_UNITS is set, then their claim counters u32
+  // [N][GOEP_INN_MAX_CUNITS] and done bits u32 [N][GOEP_INN_MAX_CUNITS / 32]
+  // (0 between rounds).
+  u64 comb_unit_words;
 };
-static_assert(sizeof(goep_inn_dispatch_layout) == 160, "goep: goep_inn_dispatch_layout layout");
+static_assert(sizeof(goep_inn_dispatch_layout) == 168, "goep: goep_inn_dispatch_layout layout");
 
 // Dispatch forwards by units (NotifyConfig.Forward = ForwardBlocks): every
 // sender block tells each node, right after its last put there, which run
@@ -336,6 +345,23 @@ static_assert(sizeof(goep_inn_dispatch_layout) == 160, "goep: goep_inn_dispatch_
 // block adds one counter per node after every block's puts, and the
 // forwarders start on a source node's rows only once all have landed.
 #define GOEP_INN_FLAG_UNITS 1u
+// The combine reduces by units (NotifyConfig.ReduceByUnits): every put of
+// partials to another node is followed, on the same channel, by a word
+// naming its rows (goep_inn_unit_word: the forwarder's unit count, rows
+// [lo, hi)), and the source's final reduce sums each token as soon as
+// every node's partial of it is in (a pending count per token), while the
+// network still carries the rest, instead of after the last partial
+// landed. Every rank sets it or none (NewNotify checks).
+#define GOEP_INN_FLAG_COMB_UNITS 2u
+// With it, a unit is a forwarder block's whole run of rows to a node (one
+// word after its last piece there: fewer words, later units) instead of
+// each put: the fallback when the puts would overflow a unit table, set
+// by tests (internode's combUnitsPerBlock) to run it.
+#define GOEP_INN_FLAG_COMB_BLOCKS 4u
+// Units a combine unit table holds per node: a forwarder's puts of
+// partials to one source node (at most 4095, the word's 12-bit count;
+// past that each block's pieces are one unit).
+#define GOEP_INN_MAX_CUNITS 4096
 
 // Whether a source's rows at a node (rows of them) go by units: the sender
 // decides from its count of rows to the node, the forwarder from its relay
@@ -807,17 +833,23 @@ __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 bloc
     return;
   }
   if (units != nullptr) {
-    // Every forwarder block has read its words (each source's word 0
-    // says how many it sent; 0 where its rows went by node), with their
-    // claim counters and done bits. The next round's stores come only
-    // after this step is done (a notify round, or a cached dispatch's wait
-    // for it), so they land on 0.
+    // Every block has read its words (each node's word 0 says how many
+    // units it sent; 0 where none came), with their claim counters and
+    // done bits. The next round's stores come only after this step is
+    // done (a notify round, or a cached dispatch's wait for it), so they
+    // land on 0. The dispatch's table (forwarding by units) or the
+    // combine's (reducing by units).
+    const bool comb = epoch == GOEP_INN_EPOCH_COMBINE;
+    const int cap = comb ? GOEP_INN_MAX_CUNITS : GOEP_INN_MAX_UNITS;
+    u64* words = (u64*)(units + (comb ? dl.comb_unit_words : dl.unit_words));
+    u32* claims = (u32*)(words + (u64)nodes * cap);
+    u32* dones = claims + (u64)nodes * cap;
     for (int src = 0; src < nodes; ++src) {
-      u64* ws = (u64*)(units + dl.unit_words) + (u64)src * GOEP_INN_MAX_UNITS;
-      u32* cs = goep_inn_unit_claims(units, dl, nodes) + (u64)src * GOEP_INN_MAX_UNITS;
+      u64* ws = words + (u64)src * cap;
+      u32* cs = claims + (u64)src * cap;
       const int sent = goep_inn_unit_blocks(*(volatile const u64*)ws);
       __syncthreads();
-      u32* ds = goep_inn_unit_done(units, dl, nodes) + (u64)src * (GOEP_INN_MAX_UNITS / 32);
+      u32* ds = dones + (u64)src * (cap / 32);
       for (int b = threadIdx.x; b < sent; b += blockDim.x) {
         ws[b] = 0;
         cs[b] = 0;
@@ -882,6 +914,19 @@ __device__ __forceinline__ void goep_inn_finish(u32* arrive, int* last, u32 bloc
 // 16-aligned (internode's traceOffset).
 __device__ __forceinline__ u64* goep_inn_trace_region(const i32* scratch, int max_tokens, int nodes) {
   return (u64*)((u8*)scratch + ((4ull * (u64)max_tokens * (u64)nodes + 15ull) & ~15ull));
+}
+
+// The combine's token map (GOEP_INN_FLAG_COMB_UNITS), after the trace
+// region (internode's tokenMapOffset): i32 [N][max_tokens], the source
+// token of this rank's row j at node n (the inverse of the row scratch,
+// written by the dispatch beside it), then u32 [max_tokens], each token's
+// partials in so far (goep_inn_contribute; 0 between rounds).
+#define GOEP_INN_TRACE_BYTES (2ull * GOEP_INN_TRACE_BLOCKS * GOEP_INN_TRACE_SLOTS * 8ull)
+__device__ __forceinline__ i32* goep_inn_token_of(const i32* scratch, int max_tokens, int nodes) {
+  return (i32*)((u8*)goep_inn_trace_region(scratch, max_tokens, nodes) + GOEP_INN_TRACE_BYTES);
+}
+__device__ __forceinline__ u32* goep_inn_pending(const i32* scratch, int max_tokens, int nodes) {
+  return (u32*)(goep_inn_token_of(scratch, max_tokens, nodes) + (u64)nodes * max_tokens);
 }
 
 #if GOEP_INN_TRACE
@@ -1306,6 +1351,10 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
               scratch[(i64)t * nodes + n] = -1;
             } else {
               scratch[(i64)t * nodes + n] = pre[0];
+              if (pre[0] < dl.max_tokens && (dl.flags & GOEP_INN_FLAG_COMB_UNITS) != 0) {
+                // The combine by units finds a landed partial's token here.
+                goep_inn_token_of(scratch, dl.max_tokens, nodes)[(i64)n * dl.max_tokens + pre[0]] = t;
+              }
               if (pre[0] < dl.max_tokens) {
                 i32* meta = (i32*)(region + (u64)pre[0] * dl.relay_row + xb + 12 * k);
                 meta[0] = t;
@@ -1754,16 +1803,20 @@ __device__ __forceinline__ u64 goep_inn_partial_stride(int n, int node, int fp32
   return ((u64)goep_inn_partial_xb(n, node, fp32, h) + 4ull * k + 15ull) & ~15ull;
 }
 
-// 3. The source's final reduce: warp t_first, t_first + t_step, ... of
-// the grid sums token t's partials in ascending node from +0, adds bias0
-// then bias1, rounds once, eight elements a lane. Every node's partials
-// have landed (the combine kernel's receivers waited for them).
-__device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, int num_tokens, int h, int k, int nodes,
-                                                      int node, int weights, int fp32,
-                                                      const goep_inn_dispatch_layout& dl, const i32* scratch,
-                                                      const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
-                                                      const u8* rdma, i32* out, int lane) {
-  for (i64 t = t_first; t < num_tokens; t += t_step) {
+// 3. The source's final reduce of token t (a warp): sums its partials in
+// ascending node from +0, adds bias0 then bias1, rounds once, eight
+// elements a lane. Every node's partial of t is in (the combine kernel's
+// receivers waited for every node's, or, by units, for t's). The warp
+// takes the slices slice, slice + slices, ... of GROUPS * 256 elements
+// (0 and 1: all of x) and, with do_w, the weights: several warps can
+// share a token.
+template <int GROUPS>
+__device__ __forceinline__ void goep_inn_final_token(i64 t, int h, int k, int nodes, int node, int weights, int fp32,
+                                                     const goep_inn_dispatch_layout& dl, const i32* scratch,
+                                                     const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
+                                                     const u8* rdma, i32* out, int lane, int slice = 0,
+                                                     int slices = 1, bool do_w = true) {
+  {
     // Lane n holds node n's partial row of t (node n + 32 in the second
     // word), 0 where t has no expert there: read once per token, then
     // shuffled to the warp per node (a scratch load per node and step
@@ -1790,12 +1843,12 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
     // groups and nodes of a pair have constant bounds (unrolled: the
     // loads stay in registers).
 #pragma unroll 1
-    for (int base = 0; base < h; base += GOEP_INN_FINAL_GROUPS * 256) {
+    for (int base = slice * GROUPS * 256; base < h; base += slices * GROUPS * 256) {
       const int q0 = base + lane * 8;
-      const int groups = q0 < h ? min(GOEP_INN_FINAL_GROUPS, (h - q0 + 255) / 256) : 0;
-      uint4 braw[2][GOEP_INN_FINAL_GROUPS];
+      const int groups = q0 < h ? min(GROUPS, (h - q0 + 255) / 256) : 0;
+      uint4 braw[2][GROUPS];
 #pragma unroll
-      for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+      for (int g = 0; g < GROUPS; ++g) {
         const i64 q = (i64)t * h + q0 + 256 * g;
         if (g < groups && bias0) {
           braw[0][g] = goep_inn_ld16(bias0 + q);
@@ -1804,9 +1857,9 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
           braw[1][g] = goep_inn_ld16(bias1 + q);
         }
       }
-      float acc[GOEP_INN_FINAL_GROUPS][8];
+      float acc[GROUPS][8];
 #pragma unroll
-      for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+      for (int g = 0; g < GROUPS; ++g) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           acc[g][e] = 0.f;
@@ -1815,14 +1868,14 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
       for (int n0 = 0; n0 < nodes; n0 += 2) {
         const u8* pn[2];
         bool f32[2];
-        uint4 raw[2][GOEP_INN_FINAL_GROUPS][2];  // [node of the pair][group][half of an fp32 group]
+        uint4 raw[2][GROUPS][2];  // [node of the pair][group][half of an fp32 group]
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const int n = n0 + b;
           pn[b] = n < nodes ? (const u8*)__shfl_sync(0xffffffffu, row_at[n >= 32 ? 1 : 0], n & 31) : nullptr;
           f32[b] = goep_inn_partial_xb(n, node, fp32, h) == 4 * h;
 #pragma unroll
-          for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+          for (int g = 0; g < GROUPS; ++g) {
             const int q = q0 + 256 * g;
             if (g < groups && pn[b] != nullptr) {
               if (f32[b]) {
@@ -1837,7 +1890,7 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
 #pragma unroll
-          for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+          for (int g = 0; g < GROUPS; ++g) {
             if (g >= groups || pn[b] == nullptr) {
               continue;
             }
@@ -1855,7 +1908,7 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
         }
       }
 #pragma unroll
-      for (int g = 0; g < GOEP_INN_FINAL_GROUPS; ++g) {
+      for (int g = 0; g < GROUPS; ++g) {
         if (g >= groups) {
           continue;
         }
@@ -1868,7 +1921,7 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
         goep_inn_st8_bf16(out_x + (i64)t * h + q0 + 256 * g, acc[g]);
       }
     }
-    if (weights) {
+    if (weights && do_w) {
       for (int q0 = 0; q0 < k; q0 += 32) {
         const int q = q0 + lane;
         float acc = 0.0f;
@@ -1886,6 +1939,137 @@ __device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, i
   }
 }
 
+// The final reduce of every token after every node's partials landed:
+// warp t_first, t_first + t_step, ... of the grid.
+__device__ __forceinline__ void goep_inn_final_reduce(i64 t_first, i64 t_step, int num_tokens, int h, int k, int nodes,
+                                                      int node, int weights, int fp32,
+                                                      const goep_inn_dispatch_layout& dl, const i32* scratch,
+                                                      const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
+                                                      const u8* rdma, i32* out, int lane) {
+  for (i64 t = t_first; t < num_tokens; t += t_step) {
+    goep_inn_final_token<GOEP_INN_FINAL_GROUPS>(t, h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1, out_x,
+                                                out_w, rdma, out, lane);
+  }
+}
+
+// Reducing by units (GOEP_INN_FLAG_COMB_UNITS). need: the nodes whose
+// partial of token t this rank waits for, its valid slots there (every
+// lane returns the count; a slot past its region, or past the rows this
+// rank sent to the node, flags out[1] and is not counted, so such a token
+// is never waited for).
+__device__ __forceinline__ u32 goep_inn_token_need(i64 t, int nodes, const i32* scratch, const i32* sent_rows,
+                                                   int max_tokens, i32* out, int lane) {
+  u32 need = 0;
+  for (int n0 = 0; n0 < nodes; n0 += 32) {
+    const int n = n0 + lane;
+    bool valid = false;
+    if (n < nodes) {
+      const i32 j = scratch[t * nodes + n];
+      if (j >= 0) {
+        valid = j < max_tokens && j < sent_rows[n];
+        if (!valid) {
+          out[1] = 1;
+        }
+      }
+    }
+    need += __popc(__ballot_sync(0xffffffffu, valid));
+  }
+  return need;
+}
+
+// A node's partial of token t is in (written by the calling warp, or named
+// by a unit word its block acquired): the warp adds it to t's pending
+// count, and the warp that brings it to need gets true (every lane) and
+// sums the token then (goep_inn_final_token); it also clears the count for
+// the next round, which nothing else touches in this one. The atomic add
+// releases what the warp wrote or acquired and the last one acquires every
+// earlier add's.
+__device__ __forceinline__ bool goep_inn_contribute(u32* pending, i64 t, u32 need, int lane) {
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) {
+    __threadfence();
+    const u32 old = atomicAdd(pending + t, 1u);
+    if (old + 1u >= need) {
+      __threadfence();
+      pending[t] = 0;
+      last = 1;
+    }
+  }
+  last = __shfl_sync(0xffffffffu, last, 0);
+  __syncwarp();
+  return last != 0;
+}
+
+// Tokens a combine block completes in one step, reducing by units (rows
+// of a claim, or of the own node's pass): at most two a warp.
+#define GOEP_INN_DONE_TOKENS (2 * GOEP_INN_MAX_THREADS / 32)
+
+// Reducing by units: the tokens the block's warps completed in one step
+// (list[0, cnt), shared), summed by the whole block: the work is (token,
+// slice of GOEP_INN_UNIT_GROUPS * 256 elements) items over every warp, and
+// each token's weights go with its slice 0, so that the last unit's tokens
+// take a few steps of every warp rather than a whole row of one warp each
+// (which left the last claims' blocks 60 us behind the last partial,
+// session 24's trace). Every thread calls it after a barrier that follows
+// the list's writes; it ends with a barrier.
+__device__ __forceinline__ void goep_inn_final_tokens_block(const int* list, int cnt, int h, int k, int nodes,
+                                                            int node, int weights, int fp32,
+                                                            const goep_inn_dispatch_layout& dl, const i32* scratch,
+                                                            const u16* bias0, const u16* bias1, u16* out_x,
+                                                            float* out_w, const u8* rdma, i32* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int slices = (h + GOEP_INN_UNIT_GROUPS * 256 - 1) / (GOEP_INN_UNIT_GROUPS * 256);
+  for (int it = warp; it < cnt * slices; it += warps) {
+    const int i = it / slices, sl = it - i * slices;
+    goep_inn_final_token<GOEP_INN_UNIT_GROUPS>(list[i], h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1,
+                                               out_x, out_w, rdma, out, lane, sl, slices, sl == 0);
+  }
+  __syncthreads();
+}
+
+// The combine's units to source node src from this forwarder (reducing by
+// units): count of them, this block's first, and whether a unit is a
+// block's whole run (per_block: asked for with by_block, or the pieces of
+// every block would be more than a table holds) rather than one put (a
+// put group's, or one piece).
+// Rows: the forwarder's relay rows of src, red_cnt its reducer blocks,
+// chunked as goep_inn_chunk does: blocks [0, full) have per rows each,
+// block full the rem left, the rest none. Units are numbered densely in
+// row order, so word 0 exists whenever rows do.
+struct goep_inn_comb_units {
+  int count, first;
+  bool per_block;
+};
+__device__ __forceinline__ goep_inn_comb_units goep_inn_comb_plan(int rows, int blk, int red_cnt,
+                                                                   const goep_inn_put_groups& grp, int put_bytes,
+                                                                   u64 stride, bool by_block) {
+  goep_inn_comb_units u;
+  u.count = 0;
+  u.first = 0;
+  u.per_block = false;
+  if (rows <= 0 || red_cnt <= 0) {
+    return u;
+  }
+  const int per = (rows + red_cnt - 1) / red_cnt, full = rows / per, rem = rows - full * per;
+  const int busy = full + (rem > 0 ? 1 : 0);
+  if (grp.grouped()) {
+    u.count = (busy + grp.size - 1) / grp.size;
+    u.first = grp.idx;
+    return u;
+  }
+  const int cf = goep_inn_plan_pieces(per, put_bytes, stride).count;
+  const int cr = rem > 0 ? goep_inn_plan_pieces(rem, put_bytes, stride).count : 0;
+  u.count = full * cf + cr;
+  u.first = min(blk, full) * cf + (blk > full ? cr : 0);
+  if (by_block || u.count >= GOEP_INN_MAX_CUNITS) {
+    u.per_block = true;
+    u.count = busy;
+    u.first = blk;
+  }
+  return u;
+}
+
 extern "C" {
 __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_combine(int num_tokens, int hidden, int k, int nodes, int p, int node, int local, int weights,
@@ -1893,7 +2077,8 @@ __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
                            const i32* scratch, const u16* bias0, const u16* bias1, u16* out_x, float* out_w,
                            u8* rdma, u8* nvl, const u64* peer_nvl, const goep_port_channel* ports, goep_watchdog* wd,
                            const u32* wait_ids, i32* out, const u16* y_in, const float* w_in,
-                           const i32* rank_prefix, int split_s, int split_f, int reduce_apart);
+                           const i32* rank_prefix, int split_s, int split_f, int reduce_apart,
+                           const i32* sent_rows);
 __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_combine_reduce(int num_tokens, int hidden, int k, int nodes, int node, int weights, int fp32,
                                   const goep_inn_dispatch_layout* dlp, const i32* scratch, const u16* bias0,
@@ -1914,7 +2099,7 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
                                                   const goep_port_channel* ports, goep_watchdog* wd,
                                                   const u32* wait_ids, i32* out, const u16* y_in,
                                                   const float* w_in, const i32* rank_prefix, int split_s,
-                                                  int split_f, int reduce_apart) {
+                                                  int split_f, int reduce_apart, const i32* sent_rows) {
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, warps = nt >> 5;
   const int blk = blockIdx.x, g = gridDim.x, gwarp = blk * warps + warp, gwarps = g * warps;
   const goep_inn_dispatch_layout dl = *dlp;
@@ -1931,6 +2116,18 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
   const goep_inn_roles ro(blk, g, split_s, split_f);
   const bool reducer = ro.send || ro.fwd;
   const int red_cnt = ro.recv && reducer ? g : ro.s_cnt + ro.f_cnt;
+  // Reducing by units (GOEP_INN_FLAG_COMB_UNITS): sent_rows[n] is this
+  // rank's row count at node n (notify's per-node counts, the relay count
+  // of its forwarder there), token_of and pending the token map.
+  const bool by_units = (dl.flags & GOEP_INN_FLAG_COMB_UNITS) != 0;
+  // A claim's word, unit and first row, in two slots (as the dispatch's
+  // forwarders claim).
+  __shared__ u64 unit_word[2];
+  __shared__ int unit_idx[2];
+  __shared__ int unit_claim[2];
+  // The tokens completed in a step (goep_inn_final_tokens_block).
+  __shared__ int done_tok[GOEP_INN_DONE_TOKENS];
+  __shared__ int done_cnt;
 
   // 1. The device-pointer form copies this rank's expert outputs (y BF16
   // [n][H], weights fp32 [n][K], n = notify's received count, on the
@@ -1999,6 +2196,14 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
                             (u64)(b - a) * stride, GOEP_INN_STAGE_COMBINE_PUT);
       GOEP_INN_TR_FIRST(GOEP_INN_EV_C_FIRST_PUT);
       GOEP_INN_TR_THIS(GOEP_INN_EV_C_LAST_PUT);
+    };
+    // Reducing by units: unit u of count, rows [a, b), named to source node
+    // src right after their put, on the same channel (so it lands after
+    // them; a store, which over CUDA IPC is a stream write, where an atomic
+    // add would be a kernel launch between the copies).
+    auto store_unit = [&](int src, int u, int count, int a, int b) {
+      ok &= goep_pc_store(ports[src], dl.comb_unit_words + 8ull * ((u64)node * GOEP_INN_MAX_CUNITS + u),
+                          goep_inn_unit_word(count, a, b), GOEP_INN_STAGE_COMBINE_PUT);
     };
     for (int i = 0; i < nodes; ++i) {
       const int src = (node + 1 + i) % nodes;
@@ -2073,10 +2278,21 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
           }
         }
         // This piece of the block's partial rows to the source's node (the
-        // FIFO push fences after the barrier).
+        // FIFO push fences after the barrier), and by units its word (or,
+        // a unit a block, the block's after its last piece).
         __syncthreads();
         if (src != node && tid == 0 && !grp.grouped()) {
           put_partials(src, stride, a, b);
+          if (by_units) {
+            // (Planned here, not held across the reduce: registers.)
+            const goep_inn_comb_units cu = goep_inn_comb_plan(rows, blk, red_cnt, grp, dl.put_bytes, stride,
+                                                                 (dl.flags & GOEP_INN_FLAG_COMB_BLOCKS) != 0);
+            if (!cu.per_block) {
+              store_unit(src, cu.first + pc, cu.count, a, b);
+            } else if (pc == pl.count - 1) {
+              store_unit(src, cu.first, cu.count, lo, hi);
+            }
+          }
         }
       }
       if (src != node && grp.grouped() &&
@@ -2086,7 +2302,46 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
         goep_inn_chunk(rows, grp.first + grp.members - 1, red_cnt, unused, gb);
         if (gb > ga) {
           put_partials(src, stride, ga, gb);
+          if (by_units) {
+            const goep_inn_comb_units cu = goep_inn_comb_plan(rows, blk, red_cnt, grp, dl.put_bytes, stride,
+                                                                 (dl.flags & GOEP_INN_FLAG_COMB_BLOCKS) != 0);
+            store_unit(src, cu.first, cu.count, ga, gb);
+          }
         }
+      }
+    }
+    if (by_units && relay_count[node] >= 0 && relay_count[node] <= dl.max_tokens) {
+      // The own node's partials are in (written by this block's warps
+      // above, before the barriers): each row's token (this rank's own,
+      // meta[0] of its relay row) is summed now if the other nodes'
+      // partials of it landed already. A pass of its own after the
+      // reduce's loops: inside them the two shared registers, and spilled.
+      int lo, hi;
+      goep_inn_chunk(relay_count[node], blk, red_cnt, lo, hi);
+      for (int j0 = lo; j0 < hi; j0 += warps) {
+        if (tid == 0) {
+          done_cnt = 0;
+        }
+        __syncthreads();
+        const int j = j0 + warp;
+        if (j < hi) {
+          const i32* meta =
+              (const i32*)(rdma + dl.relay + ((u64)node * dl.max_tokens + j) * dl.relay_row + dl.xb + 12ull * k);
+          const i64 t = meta[0];
+          if (t < 0 || t >= num_tokens) {
+            if (lane == 0) {
+              out[1] = 1;
+            }
+          } else if (goep_inn_contribute(goep_inn_pending(scratch, dl.max_tokens, nodes), t,
+                                         goep_inn_token_need(t, nodes, scratch, sent_rows, dl.max_tokens, out, lane),
+                                         lane) &&
+                     lane == 0) {
+            done_tok[atomicAdd(&done_cnt, 1)] = (int)t;
+          }
+        }
+        __syncthreads();
+        goep_inn_final_tokens_block(done_tok, done_cnt, h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1,
+                                    out_x, out_w, rdma, out);
       }
     }
     if (goep_block_any_failed(!ok)) {
@@ -2100,11 +2355,112 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
     GOEP_INN_TR(GOEP_INN_EV_C_REDUCED);
 
   }
+  if (ro.recv && by_units) {
+    // 3. As source, by units: the tokens with no partial anywhere (zeros
+    // and the biases), then every other node's units of partials as they
+    // land, claimed by the receiver blocks a run of rows at a time (two a
+    // warp) as the dispatch's forwarders claim relay rows; each row's
+    // token is summed by the warp whose partial completes it (the own
+    // node's came from this rank's reducers above).
+    for (i64 t = (i64)ro.r_idx * warps + warp; t < num_tokens; t += (i64)ro.r_cnt * warps) {
+      if (goep_inn_token_need(t, nodes, scratch, sent_rows, dl.max_tokens, out, lane) == 0) {
+        goep_inn_final_token<GOEP_INN_UNIT_GROUPS>(t, h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1, out_x, out_w, rdma, out,
+                             lane);
+      }
+    }
+    u64* const cwords = (u64*)(rdma + dl.comb_unit_words);
+    u32* const cclaims = (u32*)(cwords + (u64)nodes * GOEP_INN_MAX_CUNITS);
+    u32* const cdone = cclaims + (u64)nodes * GOEP_INN_MAX_CUNITS;
+    const int chunk = 2 * warps;
+    int turn = 0;  // unit words read so far (their shared slots alternate)
+    for (int i = 1; i < nodes; ++i) {
+      const int n = (node + i) % nodes;
+      const int rows = sent_rows[n];
+      if (rows <= 0) {
+        continue;
+      }
+      if (rows > dl.max_tokens) {
+        if (tid == 0) {
+          out[1] = 1;
+        }
+        continue;
+      }
+      const u64* words = cwords + (u64)n * GOEP_INN_MAX_CUNITS;
+      u32* claims = cclaims + (u64)n * GOEP_INN_MAX_CUNITS;
+      u32* done = cdone + (u64)n * (GOEP_INN_MAX_CUNITS / 32);
+      if (tid == 0) {
+        int units = 0;
+        ok &= goep_inn_unit_senders(words, 32, wd, wait_ids[p + n], (u32)(n * p + local), GOEP_INN_STAGE_COMBINE_NET,
+                                    units);
+        unit_idx[turn & 1] = units;
+      }
+      if (goep_block_any_failed(!ok)) {
+        return;
+      }
+      const int units = unit_idx[turn & 1];
+      ++turn;
+      if (units <= 0 || units >= GOEP_INN_MAX_CUNITS) {
+        if (tid == 0) {
+          out[1] = 1;
+        }
+        continue;
+      }
+      for (int at = ro.r_idx % units;;) {
+        if (tid == 0) {
+          done_cnt = 0;  // ordered before its adds by the claim's barrier
+        }
+        if (warp == 0) {
+          int ub = -1, uc = 0;
+          u64 uv = 0;
+          ok &= goep_inn_claim(words, claims, done, units, rows, at, chunk, wd, wait_ids[p + n], (u32)(n * p + local),
+                               GOEP_INN_STAGE_COMBINE_NET, lane, ub, uc, uv);
+          if (lane == 0) {
+            unit_word[turn & 1] = uv;
+            unit_idx[turn & 1] = ub;
+            unit_claim[turn & 1] = uc;
+          }
+        }
+        if (goep_block_any_failed(!ok)) {
+          return;
+        }
+        const u64 v = unit_word[turn & 1];
+        const int ub = unit_idx[turn & 1], c = unit_claim[turn & 1];
+        ++turn;
+        if (ub < 0) {
+          break;  // every unit's rows are claimed
+        }
+        at = ub;
+        const int cnt = goep_inn_unit_rows(v, units, rows), lo = goep_inn_unit_lo(v);
+        if (cnt == 0 && (goep_inn_unit_hi(v) != lo || goep_inn_unit_blocks(v) != units) && tid == 0) {
+          out[1] = 1;  // not a unit of this node
+        }
+        for (int j = lo + c + warp; j < lo + min(c + chunk, cnt); j += warps) {
+          const i64 t = goep_inn_token_of(scratch, dl.max_tokens, nodes)[(i64)n * dl.max_tokens + j];
+          if (t < 0 || t >= num_tokens) {
+            if (lane == 0) {
+              out[1] = 1;
+            }
+            continue;
+          }
+          if (goep_inn_contribute(goep_inn_pending(scratch, dl.max_tokens, nodes), t,
+                                  goep_inn_token_need(t, nodes, scratch, sent_rows, dl.max_tokens, out, lane), lane) &&
+              lane == 0) {
+            done_tok[atomicAdd(&done_cnt, 1)] = (int)t;
+          }
+        }
+        __syncthreads();
+        goep_inn_final_tokens_block(done_tok, done_cnt, h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1,
+                                    out_x, out_w, rdma, out);
+      }
+    }
+  }
   if (ro.recv) {
     // 3. As source: every node's partials landed; then the final reduce,
     // here by the receiver warps, or (reduce_apart) by
     // goep_internode_combine_reduce right after this kernel, on a grid of
-    // its own.
+    // its own. By units every token is summed already (above, or by the
+    // reducers); the counters still advance every round, and the step
+    // ends only after they landed.
     for (int j = tid; j < nodes; j += nt) {
       ok &= goep_wait_ge_u64_after((const u64*)(rdma + dl.comb_counters) + j, round, wd, wait_ids[p + j],
                                    (u32)(j * p + local), GOEP_INN_STAGE_COMBINE_NET);
@@ -2113,14 +2469,14 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
       return;
     }
     GOEP_INN_TR(GOEP_INN_EV_C_NET_LANDED);
-    if (!reduce_apart) {
+    if (!reduce_apart && !by_units) {
       goep_inn_final_reduce((i64)ro.r_idx * warps + warp, (i64)ro.r_cnt * warps, num_tokens, h, k, nodes, node, weights,
                             fp32, dl, scratch, bias0, bias1, out_x, out_w, rdma, out, lane);
     }
   }
   GOEP_INN_TR(GOEP_INN_EV_C_EXIT);
   goep_inn_finish(arrive + 2, &last, g, dl, nodes, p, node, local, peer_nvl, ports, GOEP_INN_STAGE_COMBINE_PUT, epochs,
-                  GOEP_INN_EPOCH_COMBINE, round, steps, out);
+                  GOEP_INN_EPOCH_COMBINE, round, steps, out, by_units ? rdma : nullptr);
 }
 
 // The combine's final reduce as a kernel of its own (reduce_apart), on a

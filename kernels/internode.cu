@@ -1131,6 +1131,48 @@ __device__ __forceinline__ bool goep_inn_claim(const u64* words, u32* claims, u3
   }
 }
 
+// A block's next claim on a node's landed units: warp 0 claims
+// (goep_inn_claim) and broadcasts through the block's shared slots, which
+// alternate with turn (so warp 0 never overwrites one a warp may still
+// read). Every thread calls it; false (in every thread) when the wait gave
+// up (or ok, the caller's state, is false in some thread). Else ub is the
+// unit (-1 once every unit's rows are claimed) and
+// [first, end) the claimed rows; a word that is no unit of this source
+// flags out[1].
+__device__ __forceinline__ bool goep_inn_claim_block(const u64* words, u32* claims, u32* done, int units, int rows,
+                                                     int at, int chunk, goep_watchdog* wd, u32 id, u32 peer,
+                                                     u32 stage, u64* slot_word, int* slot_idx, int* slot_claim,
+                                                     int& turn, bool ok, i32* out, int& ub, int& first, int& end) {
+  const int lane = threadIdx.x & 31;
+  if ((threadIdx.x >> 5) == 0) {
+    int b = -1, c = 0;
+    u64 v = 0;
+    ok = goep_inn_claim(words, claims, done, units, rows, at, chunk, wd, id, peer, stage, lane, b, c, v) && ok;
+    if (lane == 0) {
+      slot_word[turn & 1] = v;
+      slot_idx[turn & 1] = b;
+      slot_claim[turn & 1] = c;
+    }
+  }
+  if (goep_block_any_failed(!ok)) {
+    return false;
+  }
+  const u64 v = slot_word[turn & 1];
+  const int c = slot_claim[turn & 1];
+  ub = slot_idx[turn & 1];
+  ++turn;
+  if (ub < 0) {
+    return true;
+  }
+  const int n = goep_inn_unit_rows(v, units, rows), lo = goep_inn_unit_lo(v);
+  if (n == 0 && (goep_inn_unit_hi(v) != lo || goep_inn_unit_blocks(v) != units) && threadIdx.x == 0) {
+    out[1] = 1;
+  }
+  first = lo + c;
+  end = lo + min(c + chunk, n);
+  return true;
+}
+
 extern "C" {
 __global__ void __launch_bounds__(GOEP_INN_MAX_THREADS, 1)
     goep_internode_dispatch(const u8* x, const float* scales, const i64* ids, const float* weights, int num_tokens,
@@ -1688,32 +1730,17 @@ extern "C" __global__ void goep_internode_dispatch(const u8* x, const float* sca
           continue;
         }
         for (int at = ro.f_idx % senders;;) {
-          if (warp == 0) {
-            int ub = -1, uc = 0;
-            u64 uv = 0;
-            ok &= goep_inn_claim(words, claims, done, senders, rows, at, chunk, wd, wait_ids[src],
-                                 (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, lane, ub, uc, uv);
-            if (lane == 0) {
-              unit_word[turn & 1] = uv;
-              unit_idx[turn & 1] = ub;
-              unit_claim[turn & 1] = uc;
-            }
-          }
-          if (goep_block_any_failed(!ok)) {
+          int ub, first, end;
+          if (!goep_inn_claim_block(words, claims, done, senders, rows, at, chunk, wd, wait_ids[src],
+                                    (u32)(src * p + local), GOEP_INN_STAGE_DISPATCH_NET, unit_word, unit_idx,
+                                    unit_claim, turn, ok, out, ub, first, end)) {
             return;
           }
-          const u64 v = unit_word[turn & 1];
-          const int ub = unit_idx[turn & 1], c = unit_claim[turn & 1];
-          ++turn;
           if (ub < 0) {
             break;  // every unit's rows are claimed
           }
           at = ub;
-          const int n = goep_inn_unit_rows(v, senders, rows), lo = goep_inn_unit_lo(v);
-          if (n == 0 && (goep_inn_unit_hi(v) != lo || goep_inn_unit_blocks(v) != senders) && tid == 0) {
-            out[1] = 1;  // not a unit of this source
-          }
-          for (int j = lo + c + warp; j < lo + min(c + chunk, n); j += warps) {
+          for (int j = first + warp; j < end; j += warps) {
             forward_row(j);
           }
         }
@@ -2409,32 +2436,17 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
         if (tid == 0) {
           done_cnt = 0;  // ordered before its adds by the claim's barrier
         }
-        if (warp == 0) {
-          int ub = -1, uc = 0;
-          u64 uv = 0;
-          ok &= goep_inn_claim(words, claims, done, units, rows, at, chunk, wd, wait_ids[p + n], (u32)(n * p + local),
-                               GOEP_INN_STAGE_COMBINE_NET, lane, ub, uc, uv);
-          if (lane == 0) {
-            unit_word[turn & 1] = uv;
-            unit_idx[turn & 1] = ub;
-            unit_claim[turn & 1] = uc;
-          }
-        }
-        if (goep_block_any_failed(!ok)) {
+        int ub, first, end;
+        if (!goep_inn_claim_block(words, claims, done, units, rows, at, chunk, wd, wait_ids[p + n],
+                                  (u32)(n * p + local), GOEP_INN_STAGE_COMBINE_NET, unit_word, unit_idx, unit_claim,
+                                  turn, ok, out, ub, first, end)) {
           return;
         }
-        const u64 v = unit_word[turn & 1];
-        const int ub = unit_idx[turn & 1], c = unit_claim[turn & 1];
-        ++turn;
         if (ub < 0) {
           break;  // every unit's rows are claimed
         }
         at = ub;
-        const int cnt = goep_inn_unit_rows(v, units, rows), lo = goep_inn_unit_lo(v);
-        if (cnt == 0 && (goep_inn_unit_hi(v) != lo || goep_inn_unit_blocks(v) != units) && tid == 0) {
-          out[1] = 1;  // not a unit of this node
-        }
-        for (int j = lo + c + warp; j < lo + min(c + chunk, cnt); j += warps) {
+        for (int j = first + warp; j < end; j += warps) {
           const i64 t = goep_inn_token_of(scratch, dl.max_tokens, nodes)[(i64)n * dl.max_tokens + j];
           if (t < 0 || t >= num_tokens) {
             if (lane == 0) {

@@ -20,6 +20,7 @@ func TestAPITable(t *testing.T) {
 		internode.Split{}, internode.Split{Senders: -1, Forwarders: 1 << 40, Receivers: -7, Shared: true},
 		internode.SendDevice, internode.SendHost, internode.SendMemory(-3), internode.SendMemory(99),
 		internode.ForwardNodes, internode.ForwardBlocks, internode.ForwardAuto, internode.Forward(-1), internode.Forward(7),
+		internode.ReduceAfter, internode.ReduceByUnits, internode.ReduceUnits(-1), internode.ReduceUnits(9),
 		internode.Memory{}, internode.Memory{RDMA: -1, Send: 5, SendHost: true, Kernels: -7},
 		internode.KernelTrace{}, internode.KernelTrace{Events: []string{"entry", "exit"}, Blocks: []internode.BlockTrace{{Round: 3}, {Round: 3, Stamps: []uint64{5}}}},
 	}, apicheck.Options{})

@@ -2384,15 +2384,16 @@ extern "C" __global__ void goep_internode_combine(int num_tokens, int hidden, in
   }
   if (ro.recv && by_units) {
     // 3. As source, by units: the tokens with no partial anywhere (zeros
-    // and the biases), then every other node's units of partials as they
-    // land, claimed by the receiver blocks a run of rows at a time (two a
-    // warp) as the dispatch's forwarders claim relay rows; each row's
-    // token is summed by the warp whose partial completes it (the own
-    // node's came from this rank's reducers above).
+    // and the biases, a warp each), then every other node's units of
+    // partials as they land, claimed by the receiver blocks a run of rows
+    // at a time (two a warp) as the dispatch's forwarders claim relay
+    // rows; the tokens whose last partial a claim brings are summed by the
+    // whole block (goep_inn_final_tokens_block; the own node's partials
+    // came from this rank's reducers above).
     for (i64 t = (i64)ro.r_idx * warps + warp; t < num_tokens; t += (i64)ro.r_cnt * warps) {
       if (goep_inn_token_need(t, nodes, scratch, sent_rows, dl.max_tokens, out, lane) == 0) {
-        goep_inn_final_token<GOEP_INN_UNIT_GROUPS>(t, h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1, out_x, out_w, rdma, out,
-                             lane);
+        goep_inn_final_token<GOEP_INN_UNIT_GROUPS>(t, h, k, nodes, node, weights, fp32, dl, scratch, bias0, bias1,
+                                                   out_x, out_w, rdma, out, lane);
       }
     }
     u64* const cwords = (u64*)(rdma + dl.comb_unit_words);
